@@ -1,0 +1,25 @@
+"""tallmh: Metropolis-Hastings for tall data, deciding each step from a small random part of the data.
+
+Quick start::
+
+    import tallmh as tm
+    data, _ = tm.models.LogisticRegression.simulate(100_000, d=10)
+    result = tm.sample(tm.models.LogisticRegression(), data,
+                       test=tm.acceptance.Austerity(epsilon=0.05, batch_size=500), seed=0)
+    print(result.summary())
+"""
+
+from . import acceptance, diagnostics, models, proposals
+from .errors import ConfigError, DataError, ModelError, TallmhError
+from .kernel import build_kernel
+from .model import Model
+from .results import Result, Summary
+from .sampling import decide, decision_fn, sample
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Model", "sample", "decide", "decision_fn", "build_kernel", "Result", "Summary",
+    "acceptance", "proposals", "models", "diagnostics",
+    "TallmhError", "DataError", "ModelError", "ConfigError",
+]

@@ -1,0 +1,153 @@
+"""What every acceptance test sees, and the shared machinery for reading data in chunks.
+
+Following DESIGN.md, an MH step hands its acceptance test a :class:`Problem`: the data-free part of the
+log acceptance ratio (prior ratio and proposal ratio), N, and a function that returns the per-item
+log-likelihood ratios ``l_i = log p(x_i|theta') - log p(x_i|theta)`` for a vector of item indices. The test
+draws u (or the logistic variable) from its key, reads as many items as its rule needs, and returns a
+:class:`Decision`.
+
+Keys: every test splits its key as ``k_u, k_perm, k_extra = split(key, 3)`` and draws
+``u = uniform(k_u)``; the Barker tests use the logistic variable ``logit(u)`` of the same u. So for the
+same key an approximate test and its :class:`~tallmh.acceptance.Exact` oracle see the same u.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from ..data import permute
+
+__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader"]
+
+
+class Problem(NamedTuple):
+    """One accept/reject decision to make.
+
+    ``log_base`` is ``log p0(theta') - log p0(theta) + log q(theta|theta') - log q(theta'|theta)``;
+    ``lik_ratio(idx)`` returns ``l_i`` for the items ``idx``; ``log_lik_prop(idx)`` returns
+    ``log p(x_i|theta')`` (used by the exact test, which keeps the current full log-likelihood);
+    ``bound()`` returns an upper bound on ``max_i |l_i|`` from the model, or None when the model has none.
+    ``log_lik_current`` is the current full-data log-likelihood when the kernel tracks it, else None.
+    """
+
+    n: int
+    log_base: jax.Array
+    lik_ratio: Callable
+    log_lik_prop: Callable
+    bound: Optional[Callable]
+    log_lik_current: Optional[jax.Array] = None
+
+
+class Decision(NamedTuple):
+    accept: jax.Array  # bool
+    n_data: jax.Array  # int32: data items read to decide (including any full pass for a bound)
+    rounds: jax.Array  # int32: number of looks / minibatch rounds
+    log_lik_prop: Optional[jax.Array] = None  # full log-lik at theta' (exact test only)
+
+
+def draw_u(key):
+    k_u, k_perm, k_extra = jax.random.split(key, 3)
+    u = jax.random.uniform(k_u, (), minval=jnp.finfo(jnp.result_type(float)).tiny, maxval=1.0)
+    return u, k_perm, k_extra
+
+
+class Moments(NamedTuple):
+    """Running count, mean and sum of squared deviations (merged chunk by chunk, Chan et al. 1979).
+
+    ``abs1`` and ``abs3`` accumulate ``|l - mean|`` and ``|l - mean|**3`` about the running mean at the
+    time each chunk is merged (used by the minibatch Barker test's CLT error estimate).
+    """
+
+    t: jax.Array
+    mean: jax.Array
+    m2: jax.Array
+    abs1: jax.Array
+    abs3: jax.Array
+    absmax: jax.Array
+
+    @staticmethod
+    def zero(dtype):
+        z = jnp.zeros((), dtype)
+        return Moments(jnp.zeros((), jnp.int32), z, z, z, z, z)
+
+    def merge(self, l, mask):
+        w = mask.astype(l.dtype)
+        nb = jnp.sum(w)
+        mean_b = jnp.sum(w * l) / jnp.maximum(nb, 1.0)
+        m2_b = jnp.sum(w * (l - mean_b) ** 2)
+        na = self.t.astype(l.dtype)
+        ntot = na + nb
+        delta = mean_b - self.mean
+        mean = self.mean + delta * nb / jnp.maximum(ntot, 1.0)
+        m2 = self.m2 + m2_b + delta**2 * na * nb / jnp.maximum(ntot, 1.0)
+        dev = jnp.abs(l - mean)
+        return Moments(
+            self.t + nb.astype(jnp.int32),
+            mean,
+            m2,
+            self.abs1 + jnp.sum(w * dev),
+            self.abs3 + jnp.sum(w * dev**3),
+            jnp.maximum(self.absmax, jnp.max(jnp.where(mask, jnp.abs(l), 0.0))),
+        )
+
+    def var(self):
+        """Unbiased sample variance (0 when fewer than two items)."""
+        tf = self.t.astype(self.mean.dtype)
+        return jnp.where(self.t > 1, self.m2 / jnp.maximum(tf - 1.0, 1.0), 0.0)
+
+
+class StreamReader:
+    """Reads the items at permuted positions ``[t, target)`` in chunks of static sizes.
+
+    The sizes form a ladder ``m, 16 m, 256 m, ...`` (all at most N): the reader takes as many chunks of
+    the largest size as fit, then smaller ones, and finishes with masked chunks of size m. So moving from
+    t to target costs O(target - t) item evaluations plus O(log(N/m)) loop iterations, with static
+    shapes that ``jit`` needs. ``positions -> items`` goes through the keyed permutation (or the
+    identity, for the exact test, which reads everything anyway).
+    """
+
+    def __init__(self, n: int, m: int, fn: Callable, permuted: bool = True, ladder_base: int = 16):
+        self.n = int(n)
+        self.m = int(max(1, min(m, n)))
+        sizes = [self.m]
+        while sizes[-1] * ladder_base <= self.n:
+            sizes.append(sizes[-1] * ladder_base)
+        self.sizes = sizes
+        self.fn = fn  # idx -> per-item values
+        self.permuted = permuted
+
+    def _indices(self, perm, start, size):
+        pos = start + jnp.arange(size, dtype=jnp.int32)
+        if self.permuted:
+            return pos, permute(perm, pos, self.n)
+        return pos, jnp.clip(pos, 0, self.n - 1)
+
+    def advance(self, perm, acc: Moments, target):
+        """Merge the items at positions ``[acc.t, target)`` into ``acc``. ``target <= N``."""
+        for size in reversed(self.sizes[1:]):
+
+            def cond(a, size=size):
+                return target - a.t >= size
+
+            def body(a, size=size):
+                _, idx = self._indices(perm, a.t, size)
+                l = self.fn(idx)
+                return a.merge(l, jnp.ones((size,), bool))
+
+            acc = jax.lax.while_loop(cond, body, acc)
+
+        m = self.m
+
+        def cond0(a):
+            return a.t < target
+
+        def body0(a):
+            pos, idx = self._indices(perm, a.t, m)
+            l = self.fn(idx)
+            return a.merge(l, pos < target)
+
+        return jax.lax.while_loop(cond0, body0, acc)
+

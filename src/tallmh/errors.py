@@ -1,0 +1,21 @@
+"""Exceptions raised by tallmh for bad input.
+
+Each one subclasses :class:`ValueError`, so ``except ValueError`` keeps working, and each message names
+the problem (which leaf, which argument, which value) rather than failing later inside compiled code.
+"""
+
+
+class TallmhError(ValueError):
+    """Base class of tallmh's input errors."""
+
+
+class DataError(TallmhError):
+    """The data pytree is unusable: mismatched leading lengths, empty, non-finite values, ..."""
+
+
+class ModelError(TallmhError):
+    """The model misbehaves at the initial point: wrong shape, non-finite log prior or likelihood."""
+
+
+class ConfigError(TallmhError):
+    """An option of a test, proposal or run is out of its valid range."""

@@ -1,0 +1,102 @@
+"""The model interface: a log prior and a per-item log-likelihood.
+
+A model is ``Model(log_prior=f, log_lik=g)`` where ``f(theta) -> scalar`` and ``g(theta, batch) -> (b,)``
+gives one log-likelihood per item of ``batch`` (a slice of the data pytree with leading length b).
+That is all a user model needs. Optional extras are used when present:
+
+``init(data) -> theta``
+    a default starting point (used when :func:`tallmh.sample` gets no ``init``);
+``setup(data) -> stats``
+    statistics computed once before sampling with one full pass over the data (counted and reported as
+    set-up items), for example ``max_i ||x_i||`` for the logistic-regression bound;
+``lik_ratio_bound(theta, theta_prop, stats) -> scalar``
+    an upper bound on ``C = max_i |log p(x_i|theta') - log p(x_i|theta)|`` (Bardenet et al. 2014, eq. 8),
+    used by the confidence test instead of a full pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ModelError
+
+__all__ = ["Model", "check_model"]
+
+
+class Model:
+    """A Bayesian model for tall data: ``log_prior(theta)`` plus per-item ``log_lik(theta, batch)``.
+
+    Built-in models (``tallmh.models``) subclass this and define the methods; user models pass callables.
+    """
+
+    name = "model"
+
+    def __init__(
+        self,
+        log_prior: Optional[Callable] = None,
+        log_lik: Optional[Callable] = None,
+        *,
+        init: Optional[Callable] = None,
+        setup: Optional[Callable] = None,
+        lik_ratio_bound: Optional[Callable] = None,
+        name: Optional[str] = None,
+    ):
+        if log_prior is not None:
+            self.log_prior = log_prior
+        if log_lik is not None:
+            self.log_lik = log_lik
+        if init is not None:
+            self.init = init
+        if setup is not None:
+            self.setup = setup
+        if lik_ratio_bound is not None:
+            self.lik_ratio_bound = lik_ratio_bound
+        if name is not None:
+            self.name = name
+        if not callable(getattr(self, "log_prior", None)) or not callable(getattr(self, "log_lik", None)):
+            raise ModelError("a Model needs callables log_prior(theta) and log_lik(theta, batch)")
+
+    # Optional extras default to "absent".
+    init: Any = None
+    setup: Any = None
+    lik_ratio_bound: Any = None
+
+    @property
+    def has_bound(self) -> bool:
+        return callable(self.lik_ratio_bound)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def check_model(model: Model, data, theta, n: int):
+    """Evaluate the model at ``theta`` on a few items and raise :class:`ModelError` on misbehaviour.
+
+    Checks: the log prior is a finite scalar; ``log_lik`` on a batch of b items returns shape ``(b,)`` of
+    finite values. Touches at most 16 items (not counted: it happens once, before sampling).
+    """
+    try:
+        lp = jnp.asarray(model.log_prior(theta))
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise ModelError(f"log_prior failed at the initial point: {type(e).__name__}: {e}") from e
+    if lp.shape != ():
+        raise ModelError(f"log_prior must return a scalar; it returned shape {lp.shape}")
+    if not np.isfinite(float(lp)):
+        raise ModelError(f"the log prior at the initial point is not finite ({float(lp)})")
+    b = min(n, 16)
+    batch = jax.tree_util.tree_map(lambda a: a[:b], data)
+    try:
+        ll = jnp.asarray(model.log_lik(theta, batch))
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"log_lik failed at the initial point: {type(e).__name__}: {e}") from e
+    if ll.shape != (b,):
+        raise ModelError(
+            f"log_lik(theta, batch) must return one value per item, shape ({b},) for a batch of {b}; "
+            f"it returned shape {ll.shape}"
+        )
+    if not np.all(np.isfinite(np.asarray(ll))):
+        raise ModelError("log_lik returns non-finite values at the initial point")

@@ -1,0 +1,8 @@
+"""Built-in models."""
+
+from .gaussian import Gaussian, GaussianMean
+from .linear import LinearRegression
+from .logistic import LogisticRegression
+from .mixture import GaussianMixture
+
+__all__ = ["LogisticRegression", "LinearRegression", "GaussianMean", "Gaussian", "GaussianMixture"]

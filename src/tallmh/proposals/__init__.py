@@ -1,0 +1,11 @@
+"""Proposals: ``init(theta, n) -> state``, ``propose(key, theta, state) -> (theta', log q ratio)``,
+``update(state, theta, accepted, step) -> state`` (called during warmup only).
+
+``log q ratio`` is ``log q(theta|theta') - log q(theta'|theta)``; parameters are flat vectors here (the
+kernel ravels pytrees).
+"""
+
+from .adaptive import AdaptiveMetropolis
+from .random_walk import RandomWalk
+
+__all__ = ["RandomWalk", "AdaptiveMetropolis"]
