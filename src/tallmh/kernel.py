@@ -1,7 +1,8 @@
 """One MH step as a pure function: combine a model, a proposal and an acceptance test.
 
 ``build_kernel(model, proposal, test, data, ...) -> Kernel(init, step)`` in the style of BlackJAX:
-``init(theta) -> KernelState`` and ``step(key, state, step_index, adapt) -> (KernelState, StepInfo)``.
+``init(theta) -> KernelState`` and ``step(key, state, step_index, adapt) -> (KernelState, StepInfo)``; ``adapt`` (a Python or traced
+bool) turns on the proposal's adaptation.
 Parameters are carried as flat vectors (``jax.flatten_util.ravel_pytree``); the model sees its pytree.
 """
 
@@ -88,7 +89,11 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None) -> Ke
         theta = jnp.where(acc, theta_p, state.theta)
         lp = jnp.where(acc, lp_p, state.log_prior)
         ll = jnp.where(acc, dec.log_lik_prop, state.log_lik) if tracks else state.log_lik
-        pstate = proposal.update(state.proposal, theta, acc, step_index) if adapt else state.proposal
+        if isinstance(adapt, bool):
+            pstate = proposal.update(state.proposal, theta, acc, step_index) if adapt else state.proposal
+        else:  # traced flag: one compiled function serves warmup and sampling
+            pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
+                                  lambda: state.proposal)
         return KernelState(theta, lp, ll, pstate), StepInfo(acc, dec.n_data, dec.rounds)
 
     return Kernel(init, step, full_log_lik)

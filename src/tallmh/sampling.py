@@ -96,9 +96,12 @@ def sample(
     init_items = n if getattr(test, "tracks_log_lik", False) else 0
     setup_items += init_items
 
-    def make_runner(length: int, adapt: bool, phase: int):
-        def chain_run(state, ckey, start, total):
+    def make_runner(length: int):
+        # One compiled function for both phases: the phase and the adapt flag are traced, unbatched
+        # arguments, so the step's lax.cond stays a real branch under vmap.
+        def chain_run(state, ckey, start, total, phase):
             pkey = jax.random.fold_in(ckey, phase)
+            adapt = phase == 0
 
             def body(st, i):
                 g = start + i
@@ -115,27 +118,30 @@ def sample(
 
             return jax.lax.scan(body, state, jnp.arange(length, dtype=jnp.int32))
 
-        return jax.jit(jax.vmap(chain_run, in_axes=(0, 0, None, None)))
+        return jax.jit(jax.vmap(chain_run, in_axes=(0, 0, None, None, None)))
 
     timings = {"compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
     phases = [("warmup", num_warmup, True, 0), ("sampling", num_samples, False, 1)]
     collected = {"warmup": [], "sampling": []}
     partial = False
     last_print = 0.0
+    totals = [t for _, t, _, _ in phases if t > 0]
+    length = int(chunk_size) if chunk_size else max(1, math.ceil(max(totals) / 10))
+    length = max(1, min(length, max(totals)))
+    compiled = None
     try:
         for pname, total, adapt, phase in phases:
             if total == 0:
                 continue
-            length = int(chunk_size) if chunk_size else max(1, math.ceil(total / 10))
-            length = min(length, total)
-            runner = make_runner(length, adapt, phase)
-            tc = time.perf_counter()
-            compiled = runner.lower(states, chain_keys, jnp.int32(0), jnp.int32(total)).compile()
-            timings["compile_s"] += time.perf_counter() - tc
+            if compiled is None:
+                tc = time.perf_counter()
+                compiled = make_runner(length).lower(
+                    states, chain_keys, jnp.int32(0), jnp.int32(total), jnp.int32(phase)).compile()
+                timings["compile_s"] += time.perf_counter() - tc
             tp = time.perf_counter()
             done = 0
             while done < total:
-                states, out = compiled(states, chain_keys, jnp.int32(done), jnp.int32(total))
+                states, out = compiled(states, chain_keys, jnp.int32(done), jnp.int32(total), jnp.int32(phase))
                 jax.block_until_ready(states)
                 take_n = min(length, total - done)
                 out = jax.tree_util.tree_map(lambda a: np.asarray(a[:, :take_n]), out)

