@@ -51,6 +51,7 @@ def sample(
     init_jitter: float = 0.0,
     progress: Optional[bool] = None,
     chunk_size: Optional[int] = None,
+    callback=None,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -68,6 +69,8 @@ def sample(
     init_jitter : sd of Gaussian noise added to the start of each chain (0: all chains start at ``init``)
     progress : print progress to stderr (default: when more than 2000 steps per chain)
     chunk_size : steps per compiled call between progress reports (default: about a tenth of a phase)
+    callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
+        ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
 
     Returns a :class:`tallmh.results.Result`. Ctrl-C during a run returns the draws of the chunks that
     completed, with ``result.partial = True``.
@@ -148,6 +151,8 @@ def sample(
                 collected[pname].append(out)
                 done += take_n
                 timings[f"{pname}_s"] = time.perf_counter() - tp
+                if callback is not None:
+                    callback({"phase": pname, "done": done, "total": total, "seconds": timings[f"{pname}_s"]})
                 if progress and (time.perf_counter() - last_print > 0.5 or done == total):
                     last_print = time.perf_counter()
                     _report(test, pname, done, total, timings[f"{pname}_s"], out, n)

@@ -1,0 +1,111 @@
+"""The runner: reproducibility, chain streams, pytree parameters, interruption, ArviZ output."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tallmh as tm
+
+
+@pytest.fixture(scope="module")
+def problem():
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=2, seed=1)
+    return tm.models.LogisticRegression(), data
+
+
+def _run(model, data, **kw):
+    base = dict(test=tm.acceptance.Austerity(epsilon=0.05, batch_size=200), num_samples=200, num_warmup=100,
+                num_chains=3, seed=0, progress=False)
+    base.update(kw)
+    return tm.sample(model, data, **base)
+
+
+def test_same_seed_same_draws_and_chains_differ(problem):
+    model, data = problem
+    a = _run(model, data)
+    b = _run(model, data)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    np.testing.assert_array_equal(a.stats["n_data"], b.stats["n_data"])
+    assert not np.array_equal(a.samples[0], a.samples[1])
+    c = _run(model, data, seed=1)
+    assert not np.array_equal(a.samples, c.samples)
+    # draws do not depend on how the run is chunked
+    d = _run(model, data, chunk_size=37)
+    np.testing.assert_array_equal(a.samples, d.samples)
+
+
+def test_shapes_stats_and_summary(problem):
+    model, data = problem
+    r = _run(model, data)
+    assert r.samples.shape == (3, 200, 3)
+    for k in ("accepted", "n_data", "rounds"):
+        assert r.stats[k].shape == (3, 200)
+    assert np.all(r.stats["n_data"] >= 200) and np.all(r.stats["n_data"] <= 2000)
+    s = r.summary()
+    assert list(s.table.index) == ["theta[0]", "theta[1]", "theta[2]"]
+    assert 0 < s.overall["acceptance_rate"] < 1
+    assert 0 < s.overall["data_fraction"] <= 1
+    assert "ESS" in str(s)
+
+
+def test_to_arviz(problem):
+    model, data = problem
+    idata = _run(model, data).to_arviz()
+    assert idata.posterior["theta"].shape == (3, 200, 3)
+    for k in ("is_accepted", "acceptance_rate", "n_data", "data_fraction"):
+        assert k in idata.sample_stats
+    assert idata.sample_stats["data_fraction"].values.max() <= 1.0
+    assert "warmup_posterior" in idata.groups()
+
+
+def test_pytree_parameters():
+    rng = np.random.default_rng(0)
+    data = {"x": 1.0 + 2.0 * rng.standard_normal(3000)}
+
+    def log_lik(th, b):
+        return -0.5 * ((b["x"] - th["mu"]) / jnp.exp(th["log_sd"])) ** 2 - th["log_sd"]
+
+    model = tm.Model(log_prior=lambda th: 0.0 * th["mu"], log_lik=log_lik)
+    r = tm.sample(model, data, test=tm.acceptance.Austerity(0.05, 300), num_samples=300, num_warmup=300,
+                  num_chains=2, init={"mu": 0.9, "log_sd": 0.7}, progress=False)
+    assert set(r.samples) == {"mu", "log_sd"}
+    assert r.samples["mu"].shape == (2, 300)
+    assert abs(r.samples["mu"].mean() - 1.0) < 0.2
+    assert set(r.to_arviz().posterior.data_vars) == {"mu", "log_sd"}
+    assert r.param_names == ["log_sd", "mu"]
+
+
+def test_interrupt_returns_partial_draws(problem):
+    model, data = problem
+    calls = {"n": 0}
+
+    def ctrl_c_on_third_chunk(info):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+
+    r = _run(model, data, num_warmup=40, num_samples=200, chunk_size=40, callback=ctrl_c_on_third_chunk)
+    assert r.partial
+    assert r.num_draws == 80  # warmup chunk, then two sampling chunks completed before Ctrl-C
+    assert r.samples.shape == (3, 80, 3)
+    assert r.summary().overall["partial"]
+
+
+def test_exact_counts_setup_pass(problem):
+    model, data = problem
+    r = _run(model, data, test=tm.acceptance.Exact(), num_samples=20, num_warmup=0)
+    assert np.all(r.stats["n_data"] == 2000)
+    assert r.setup_items == 4000  # model set-up pass + initial full log-likelihood
+
+
+def test_decide_matches_decision_fn(problem):
+    model, data = problem
+    import jax
+
+    th = jnp.array([0.1, 0.2, -0.1])
+    thp = th + 0.05
+    key = jax.random.PRNGKey(3)
+    acc, nd = tm.decide(tm.acceptance.Exact(), model, data, th, thp, key)
+    assert isinstance(acc, bool) and nd == 2000
+    acc2, _ = tm.decision_fn(tm.acceptance.Exact(), model, data)(th, thp, key)
+    assert acc == bool(acc2)
