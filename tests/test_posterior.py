@@ -25,7 +25,7 @@ TESTS = {
 @pytest.fixture(scope="module")
 def gauss():
     rng = np.random.default_rng(1)
-    n = 10_000
+    n = 5_000
     data = {"x": 0.3 + rng.standard_normal(n)}
     model = tm.models.GaussianMean(sigma=1.0)
     mean, sd = model.posterior(data)
