@@ -10,6 +10,7 @@ Quick start::
 """
 
 from . import acceptance, diagnostics, models, proposals
+from .control_variates import ControlVariates
 from .errors import ConfigError, DataError, ModelError, TallmhError
 from .kernel import build_kernel
 from .model import Model
@@ -19,7 +20,7 @@ from .sampling import decide, decision_fn, sample
 __version__ = "0.1.0"
 
 __all__ = [
-    "Model", "sample", "decide", "decision_fn", "build_kernel", "Result", "Summary",
+    "Model", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result", "Summary",
     "acceptance", "proposals", "models", "diagnostics",
     "TallmhError", "DataError", "ModelError", "ConfigError",
 ]

@@ -24,6 +24,7 @@ class KernelState(NamedTuple):
     log_prior: jax.Array
     log_lik: jax.Array  # full-data log-likelihood at theta (kept for the exact test only; else 0)
     proposal: Any
+    cv: Any = None  # CVState of the control variates, or None
 
 
 class StepInfo(NamedTuple):
@@ -38,30 +39,60 @@ class Kernel(NamedTuple):
     full_log_lik: Callable
 
 
-def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_lik_current=None) -> Problem:
-    """The :class:`~tallmh.acceptance.base.Problem` of deciding between flat ``theta`` and ``theta_p``."""
+def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_lik_current=None,
+                 cv=None, cv_order=2) -> Problem:
+    """The :class:`~tallmh.acceptance.base.Problem` of deciding between flat ``theta`` and ``theta_p``.
+
+    With control variates (``cv``, a :class:`~tallmh.control_variates.CVState`), the per-item ratios
+    are the Taylor remainders and the exact proxy sum moves into ``log_base``
+    (:mod:`tallmh.control_variates`); the bound is then the model's ``cv_remainder_bound`` if it has one.
+    """
+    from . import control_variates as cvm
+
     th = unravel(theta)
     thp = unravel(theta_p)
 
-    def lik_ratio(idx):
-        batch = take(data, idx)
-        return model.log_lik(thp, batch) - model.log_lik(th, batch)
+    if cv is None:
+
+        def lik_ratio(idx):
+            batch = take(data, idx)
+            return model.log_lik(thp, batch) - model.log_lik(th, batch)
+
+    else:
+        a, ap = theta - cv.center, theta_p - cv.center
+
+        def lik_ratio(idx):
+            batch = take(data, idx)
+            l = model.log_lik(thp, batch) - model.log_lik(th, batch)
+            return l - (cvm.proxy_terms(model, unravel, cv, batch, ap, cv_order)
+                        - cvm.proxy_terms(model, unravel, cv, batch, a, cv_order))
+
+        log_base = log_base + cvm.proxy_sum_diff(cv, theta, theta_p, cv_order)
 
     def log_lik_prop(idx):
         return model.log_lik(thp, take(data, idx))
 
     bound = None
-    if callable(model.lik_ratio_bound):
+    if cv is None and callable(model.lik_ratio_bound):
 
         def bound():
             return model.lik_ratio_bound(th, thp, stats)
+
+    elif cv is not None and callable(getattr(model, "cv_remainder_bound", None)):
+
+        def bound():
+            return model.cv_remainder_bound(theta, theta_p, cv.center, stats, cv_order)
 
     base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
     return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current)
 
 
-def build_kernel(model, proposal, test, data, n: int, unravel, stats=None) -> Kernel:
-    """Compose ``model``, ``proposal`` and ``test`` into an MH kernel over ``data`` (N = ``n`` items)."""
+def build_kernel(model, proposal, test, data, n: int, unravel, stats=None, cv_order=None) -> Kernel:
+    """Compose ``model``, ``proposal`` and ``test`` into an MH kernel over ``data`` (N = ``n`` items).
+
+    ``cv_order`` (1 or 2) turns on control variates; their state (centre and sums) lives in
+    ``KernelState.cv`` and is given to ``init``.
+    """
     tracks = bool(getattr(test, "tracks_log_lik", False))
 
     def full_log_lik(theta):
@@ -72,10 +103,11 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None) -> Ke
         acc = reader.advance(None, Moments.zero(theta.dtype), n)
         return acc.mean * n
 
-    def init(theta) -> KernelState:
+    def init(theta, cv=None, cov_hint=None) -> KernelState:
         lp = jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
         ll = full_log_lik(theta) if tracks else jnp.zeros((), theta.dtype)
-        return KernelState(theta, lp, ll, proposal.init(theta, n))
+        pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
+        return KernelState(theta, lp, ll, pstate, cv)
 
     def step(key, state: KernelState, step_index, adapt: bool):
         k_prop, k_test = jax.random.split(key)
@@ -83,7 +115,8 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None) -> Ke
         lp_p = jnp.asarray(model.log_prior(unravel(theta_p)), state.theta.dtype)
         log_base = lp_p - state.log_prior + log_q
         problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
-                               state.log_lik if tracks else None)
+                               state.log_lik if tracks else None,
+                               state.cv if cv_order else None, cv_order or 2)
         dec = test.decide(k_test, problem)
         acc = dec.accept & jnp.isfinite(lp_p)
         theta = jnp.where(acc, theta_p, state.theta)
@@ -94,6 +127,6 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None) -> Ke
         else:  # traced flag: one compiled function serves warmup and sampling
             pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
                                   lambda: state.proposal)
-        return KernelState(theta, lp, ll, pstate), StepInfo(acc, dec.n_data, dec.rounds)
+        return KernelState(theta, lp, ll, pstate, state.cv), StepInfo(acc, dec.n_data, dec.rounds)
 
     return Kernel(init, step, full_log_lik)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from . import control_variates as cvm
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, ModelError
@@ -23,10 +24,12 @@ from .results import Result
 __all__ = ["sample", "decide", "decision_fn"]
 
 
-def _prepare(model, data, test, init, check_finite=True):
+def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     data = validate_data(data, check_finite=check_finite)
     n = num_items(data)
     test.check(n)
+    if init is None and cv_center is not None:
+        init = cv_center
     if init is None:
         if not callable(getattr(model, "init", None)):
             raise ModelError("the model has no default init(data); pass init=... to sample()")
@@ -52,6 +55,7 @@ def sample(
     progress: Optional[bool] = None,
     chunk_size: Optional[int] = None,
     callback=None,
+    control_variates=None,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -65,10 +69,14 @@ def sample(
     num_chains : chains run side by side (``jax.vmap``)
     seed : integer seed; chain c at step k uses ``fold_in(fold_in(split(PRNGKey(seed))[c], phase), k)``, so
         the same seed gives the same draws and chains use different streams
-    init : starting point (a pytree like the model's parameter); default ``model.init(data)``
+    init : starting point (a pytree like the model's parameter); default ``model.init(data)``, or the
+        control variates' centre when ``control_variates`` is given
     init_jitter : sd of Gaussian noise added to the start of each chain (0: all chains start at ``init``)
     progress : print progress to stderr (default: when more than 2000 steps per chain)
     chunk_size : steps per compiled call between progress reports (default: about a tenth of a phase)
+    control_variates : a :class:`tallmh.ControlVariates` to use Taylor control variates in the
+        approximate tests (:mod:`tallmh.control_variates`); the full passes it makes (finding the centre,
+        the sums, an optional re-centring after warmup) are counted in ``result.setup_items``
     callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
         ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
 
@@ -82,9 +90,19 @@ def sample(
             raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
     if num_samples + num_warmup == 0:
         raise ConfigError("num_samples + num_warmup must be positive")
+    init_given = init
     data, n, init, stats, setup_items = _prepare(model, data, test, init)
     flat0, unravel = ravel_pytree(init)
-    kernel = build_kernel(model, proposal, test, data, n, unravel, stats)
+    cv0 = None
+    if control_variates is not None:
+        if getattr(test, "tracks_log_lik", False):
+            raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
+        cv0, passes = cvm.prepare(control_variates, model, data, n, unravel, flat0)
+        setup_items += passes * n
+        if init_given is None:  # start at the centre (the posterior mode unless the user gave one)
+            flat0 = cv0.center
+    cv_order = control_variates.order if control_variates is not None else None
+    kernel = build_kernel(model, proposal, test, data, n, unravel, stats, cv_order)
     if progress is None:
         progress = (num_samples + num_warmup) > 2000
 
@@ -95,7 +113,11 @@ def sample(
     if init_jitter > 0:
         starts = starts + init_jitter * jax.random.normal(k_jit, starts.shape, flat0.dtype)
     t0 = time.perf_counter()
-    states = jax.jit(jax.vmap(kernel.init))(starts)
+    if cv0 is not None:
+        hint = cvm.laplace_cov(model, unravel, cv0) if isinstance(proposal, AdaptiveMetropolis) else None
+        states = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None)))(starts, cv0, hint)
+    else:
+        states = jax.jit(jax.vmap(kernel.init))(starts)
     init_items = n if getattr(test, "tracks_log_lik", False) else 0
     setup_items += init_items
 
@@ -136,6 +158,14 @@ def sample(
         for pname, total, adapt, phase in phases:
             if total == 0:
                 continue
+            if pname == "sampling" and control_variates is not None and control_variates.recenter \
+                    and collected["warmup"]:
+                warm = np.concatenate([p[0] for p in collected["warmup"]], axis=1)
+                center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
+                cv_new = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
+                setup_items += n
+                states = states._replace(cv=jax.tree_util.tree_map(
+                    lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), cv_new))
             if compiled is None:
                 tc = time.perf_counter()
                 compiled = make_runner(length).lower(
@@ -207,10 +237,11 @@ def _report(test, phase, done, total, secs, out, n):
 _DECIDERS: dict = {}
 
 
-def decision_fn(test, model, data, check: bool = True):
+def decision_fn(test, model, data, check: bool = True, control_variates=None):
     """A jitted ``f(theta, theta_prop, key, log_q_ratio=0.) -> (accept, n_data)`` for repeated decisions.
 
     ``theta`` and ``theta_prop`` are parameter pytrees; ``f`` can be ``jax.vmap``-ed over keys or pairs.
+    ``control_variates``: ``(ControlVariates, CVState)`` to decide with Taylor control variates.
     """
     data = validate_data(data) if check else data
     n = num_items(data)
@@ -221,7 +252,10 @@ def decision_fn(test, model, data, check: bool = True):
         flat, unravel = ravel_pytree(theta)
         flat_p, _ = ravel_pytree(theta_prop)
         log_base = model.log_prior(theta_prop) - model.log_prior(theta) + log_q_ratio
-        problem = make_problem(model, data, n, unravel, stats, flat, flat_p, jnp.asarray(log_base, flat.dtype))
+        cvs = control_variates[1] if control_variates is not None else None
+        order = control_variates[0].order if control_variates is not None else 2
+        problem = make_problem(model, data, n, unravel, stats, flat, flat_p, jnp.asarray(log_base, flat.dtype),
+                               None, cvs, order)
         dec = test.decide(key, problem)
         return dec.accept, dec.n_data
 

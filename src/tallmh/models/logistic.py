@@ -56,6 +56,22 @@ class LogisticRegression(Model):
     def lik_ratio_bound(self, theta, theta_prop, stats):
         return jnp.linalg.norm(theta_prop - theta) * stats["max_norm"]
 
+    def cv_remainder_bound(self, theta, theta_prop, center, stats, order):
+        """Bound on ``max_i |l~_i|`` for Taylor control variates at ``center`` (flat vectors).
+
+        With ``r_i(t) = ell_i(t) - p_i(t)`` the Taylor remainder, ``|r_i(t)| <= M_{k+1}/(k+1)!
+        (||x_i|| ||t - center||)^(k+1)`` where ``M_2 = 1/4`` and ``M_3 = 1/(6 sqrt 3)`` bound the second and
+        third derivatives of ``log sigmoid``; so ``|l~_i| <= |r_i(theta')| + |r_i(theta)|``.
+        """
+        import math
+
+        x = stats["max_norm"]
+        a = jnp.linalg.norm(theta - center) * x
+        ap = jnp.linalg.norm(theta_prop - center) * x
+        if order == 1:
+            return 0.25 / 2.0 * (a**2 + ap**2)
+        return 1.0 / (6.0 * math.sqrt(3.0)) / 6.0 * (a**3 + ap**3)
+
     @staticmethod
     def simulate(n: int, d: int = 10, seed: int = 0, intercept: bool = True, dtype=np.float32):
         """Synthetic data: standard normal features (plus a column of ones), true theta ~ N(0, I/d)."""

@@ -18,6 +18,7 @@ class AMState(NamedTuple):
     cov: jax.Array  # running covariance of the chain
     log_scale: jax.Array  # log lambda: proposal covariance is lambda^2 cov
     chol: jax.Array  # Cholesky factor of lambda^2 (cov + jitter I); frozen after warmup
+    prior_weight: jax.Array  # pseudo-draws the initial covariance counts for
 
 
 class AdaptiveMetropolis:
@@ -25,15 +26,19 @@ class AdaptiveMetropolis:
 
     Proposal ``theta' = theta + lambda L z`` with ``L L^T = Sigma + jitter I``. During warmup, after each
     step k: ``mu += h (theta - mu)``, ``Sigma += h ((theta - mu)(theta - mu)^T - Sigma)`` with
-    ``h = (k + 10 d)^(-kappa)`` (the initial covariance weighs as about 10 d draws) and
-    ``log lambda += g (accepted - target)`` with ``g = (k + 1)^(-kappa)`` (Andrieu & Thoms 2008, Algorithm 4; the
+    ``h = 1/(k - s + 1 + w0)``: a running average over doubling windows starting at
+    ``s = 50 (2^j - 1)``, in which the estimate at the window's start weighs as ``w0 = 10 d`` draws
+    (``100 d`` when the initial covariance is a Laplace approximation), so the early transient is forgotten and ``log lambda += g (accepted - target)`` with
+    ``g = (k + 1)^(-kappa)`` (Andrieu & Thoms 2008, Algorithm 4; the
     covariance learning of Haario et al. 2001; the Robbins-Monro scale of Atchade & Rosenthal 2005).
     ``target_accept`` defaults to 0.234 for d > 2 and 0.44 for d <= 2 (Roberts & Rosenthal 2001), as the
     adaptive-subsampling paper's experiments use. After warmup the proposal is a fixed random walk, so the
     sampling phase is a homogeneous Markov chain.
 
     ``initial_scale``: starting proposal sd per coordinate; by default ``1/sqrt(N)``, the order of the
-    posterior sd of a regular model with N items.
+    posterior sd of a regular model with N items. When control variates are on and no ``initial_scale``
+    is given, the starting covariance is the Laplace approximation ``(-hess log posterior(theta_hat))^-1``
+    from the sums the control variates computed anyway (the proposal starts as ``2.38^2/d`` times it).
     """
 
     name = "adaptive-metropolis"
@@ -56,13 +61,17 @@ class AdaptiveMetropolis:
             return float(self.target_accept)
         return 0.234 if d > 2 else 0.44
 
-    def init(self, theta, n: int) -> AMState:
+    def init(self, theta, n: int, cov_hint=None) -> AMState:
         d = theta.shape[0]
-        s = self.initial_scale if self.initial_scale is not None else 1.0 / np.sqrt(n)
         lam = 2.38 / np.sqrt(d)
-        cov = jnp.eye(d, dtype=theta.dtype) * (s / lam) ** 2
+        if cov_hint is not None and self.initial_scale is None:
+            cov = jnp.asarray(cov_hint, theta.dtype)
+        else:
+            s = self.initial_scale if self.initial_scale is not None else 1.0 / np.sqrt(n)
+            cov = jnp.eye(d, dtype=theta.dtype) * (s * np.sqrt(d) / 2.38) ** 2
         log_scale = jnp.asarray(np.log(lam), theta.dtype)
-        return AMState(theta, cov, log_scale, self._chol(cov, log_scale))
+        w0 = jnp.asarray((100.0 if cov_hint is not None and self.initial_scale is None else 10.0) * d, theta.dtype)
+        return AMState(theta, cov, log_scale, self._chol(cov, log_scale), w0)
 
     def _chol(self, cov, log_scale):
         d = cov.shape[0]
@@ -78,11 +87,15 @@ class AdaptiveMetropolis:
         d = theta.shape[0]
         k = step.astype(theta.dtype)
         g = (k + 1.0) ** (-self.kappa)
-        gc = (k + 10.0 * d) ** (-self.kappa)  # the initial covariance counts as ~10 d pseudo-draws
+        # running average within doubling windows starting at 50 (2^j - 1): at each window start the
+        # current estimate becomes the prior worth prior_weight draws, so the transient is forgotten
+        j = jnp.floor(jnp.log2(k / 50.0 + 1.0))
+        window_start = 50.0 * (2.0**j - 1.0)
+        gc = 1.0 / (k - window_start + 1.0 + state.prior_weight)
         mean = state.mean + gc * (theta - state.mean)
         dev = theta - mean
         cov = state.cov + gc * (jnp.outer(dev, dev) - state.cov)
         log_scale = state.log_scale + g * (accepted.astype(theta.dtype) - self.target(d))
         chol = self._chol(cov, log_scale)
         ok = jnp.all(jnp.isfinite(chol))
-        return AMState(mean, cov, log_scale, jnp.where(ok, chol, state.chol))
+        return AMState(mean, cov, log_scale, jnp.where(ok, chol, state.chol), state.prior_weight)

@@ -1,0 +1,480 @@
+"""The report of a run: the comparison table, PNG plots, ``results.json`` and ``report.html``.
+
+Everything here is computed from the draws it is given; nothing is cached or typed in. The plots use
+matplotlib's Agg backend (no screen needed). Files are written to a temporary name in the output folder
+and then moved into place, so a failure never leaves half a file and never removes anything else there.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import diagnostics
+
+__all__ = [
+    "MethodRun", "Reference", "method_row", "format_table", "predictive_risk", "plot_traces", "plot_marginals",
+    "plot_data_use", "plot_risk", "write_json", "write_html", "atomic_write", "COLUMNS",
+]
+
+# (key in a row, header printed, format)
+COLUMNS = [
+    ("method", "method", "{}"),
+    ("draws", "draws", "{:d}"),
+    ("seconds", "seconds", "{:.1f}"),
+    ("draws_per_s", "draws/s", "{:.1f}"),
+    ("acceptance_rate", "accept", "{:.3f}"),
+    ("data_fraction", "data/step", "{:.3%}"),
+    ("ess_min", "ESS min", "{:.1f}"),
+    ("ess_per_s", "ESS/s", "{:.2f}"),
+    ("max_mean_err_sd", "max|mean-ref|/sd", "{:.3f}"),
+    ("max_err_z", "max z", "{:.1f}"),
+]
+
+
+@dataclass
+class MethodRun:
+    """One method's run: its :class:`tallmh.Result` and when each draw was made.
+
+    ``times``: ``(chain, draw)`` seconds from the start of that chain's run (compilation excluded) at which
+    each kept sampling draw was made; ``warmup_times`` likewise for the warmup draws. ``seconds``: wall
+    time the method ran, all chains, warmup included, compilation excluded; ``compile_s``: compilation.
+    """
+
+    name: str
+    result: Any
+    times: np.ndarray
+    warmup_times: np.ndarray
+    seconds: float
+    compile_s: float
+    steps: int = 0  # steps made, all chains, warmup included
+    steps_dropped: int = 0  # sampling draws made but dropped to give every chain the same number
+    config: Dict[str, Any] = field(default_factory=dict)
+    _table: Any = field(default=None, repr=False)
+
+    def table(self):
+        """Per-parameter summary (``Result.summary().table``: mean, sd, ess_bulk, ess_tail, r_hat), computed once."""
+        if self._table is None:
+            self._table = self.result.summary().table
+        return self._table
+
+
+@dataclass
+class Reference:
+    """A reference posterior: draws ``(chain, draw, d)`` and how they were made (``info``)."""
+
+    draws: np.ndarray
+    info: Dict[str, Any]
+
+    @property
+    def flat(self):
+        return self.draws.reshape(-1, self.draws.shape[-1])
+
+    @property
+    def mean(self):
+        return self.flat.mean(axis=0)
+
+    @property
+    def sd(self):
+        return self.flat.std(axis=0, ddof=1)
+
+    def ess(self):
+        return np.array([diagnostics.ess(self.draws[:, :, j]) for j in range(self.draws.shape[-1])])
+
+
+# ---------------------------------------------------------------------------------------------------
+# numbers
+
+
+def _finite(v):
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def method_row(run: MethodRun, ref: Optional[Reference] = None) -> Dict[str, Any]:
+    """Every number of the table for one method (a dict, JSON-ready apart from NaN)."""
+    r = run.result
+    x = r.flat_samples
+    c, k, d = x.shape
+    tab = run.table()
+    ess_bulk = tab["ess_bulk"].to_numpy(float) if k else np.full(d, np.nan)
+    rhat = tab["r_hat"].to_numpy(float) if k else np.full(d, np.nan)
+    ess_min = float(np.nanmin(ess_bulk)) if np.any(np.isfinite(ess_bulk)) else float("nan")
+    secs = float(run.seconds)
+    draws = int(c * k)
+    row = {
+        "method": run.name,
+        "chains": int(c),
+        "draws": draws,
+        "steps": int(run.steps),
+        "seconds": secs,
+        "compile_s": float(run.compile_s),
+        "draws_per_s": draws / secs if secs > 0 else float("nan"),
+        "acceptance_rate": float(np.mean(r.stats["accepted"])) if k else float("nan"),
+        "data_fraction": float(np.mean(r.stats["n_data"])) / r.n if k else float("nan"),
+        "mean_items_per_step": float(np.mean(r.stats["n_data"])) if k else float("nan"),
+        "N": int(r.n),
+        "ess_min": ess_min,
+        "ess_per_s": ess_min / secs if secs > 0 else float("nan"),
+        "rhat_max": float(np.nanmax(rhat)) if np.any(np.isfinite(rhat)) else float("nan"),
+        "max_mean_err_sd": float("nan"),
+        "max_err_z": float("nan"),
+        "setup_items": int(r.setup_items),
+        "steps_dropped": int(run.steps_dropped),
+        "partial": bool(r.partial),
+    }
+    if ref is not None and k:
+        mean = x.reshape(-1, d).mean(axis=0)
+        err = np.abs(mean - ref.mean) / ref.sd
+        row["max_mean_err_sd"] = float(np.max(err))
+        row["worst_param"] = int(np.argmax(err))
+        # the error in units of its Monte Carlo standard error (this run's and the reference's): an
+        # unbiased sampler gives |z| mostly below 3; a larger value is bias (or a run too short to mix)
+        sd_run = x.reshape(-1, d).std(axis=0, ddof=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mcse = sd_run / np.sqrt(ess_bulk)
+            mcse_ref = ref.sd / np.sqrt(ref.info.get("ess", ref.ess()))
+            z = np.abs(mean - ref.mean) / np.sqrt(mcse**2 + np.asarray(mcse_ref) ** 2)
+        row["max_err_z"] = float(np.nanmax(z)) if np.any(np.isfinite(z)) else float("nan")
+    return row
+
+
+def format_table(rows: Sequence[Dict[str, Any]], columns=COLUMNS) -> str:
+    """The rows as a fixed-width text table (``-`` where a number is missing)."""
+    cols = [(k, h, f) for k, h, f in columns if any(k in r for r in rows)]
+    cells = [[h for _, h, _ in cols]]
+    for r in rows:
+        line = []
+        for k, _, f in cols:
+            v = r.get(k)
+            if isinstance(v, str):
+                line.append(v)
+            elif _finite(v):
+                line.append(f.format(int(v)) if "d}" in f else f.format(v))
+            else:
+                line.append("-")
+        cells.append(line)
+    widths = [max(len(row[j]) for row in cells) for j in range(len(cols))]
+    out = []
+    for i, row in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _sigmoid(z):
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def predictive_risk(run: MethodRun, X_test: np.ndarray, p_ref: np.ndarray, grid: np.ndarray):
+    """Risk of the predictive mean on held-out rows versus wall-clock time (austerity paper, Fig. 3).
+
+    For each chain, the estimate of ``P(y = 1 | x_j)`` at time t is the mean of ``sigmoid(x_j . theta)``
+    over the sampling draws made by t; its risk is the mean over rows j of the squared difference from the
+    reference ``p_ref``. Returns the risk at each time of ``grid`` averaged over chains (NaN before a
+    chain's first sampling draw).
+    """
+    x = run.result.flat_samples
+    c, k, _ = x.shape
+    out = np.full((c, len(grid)), np.nan)
+    for ch in range(c):
+        if k == 0:
+            continue
+        p = _sigmoid(x[ch].astype(np.float64) @ X_test.T.astype(np.float64))  # (k, m)
+        running = np.cumsum(p, axis=0) / np.arange(1, k + 1)[:, None]
+        risk = np.mean((running - p_ref[None, :]) ** 2, axis=1)  # (k,)
+        idx = np.searchsorted(run.times[ch], grid, side="right") - 1
+        ok = idx >= 0
+        out[ch, ok] = risk[idx[ok]]
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return np.nanmean(out, axis=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# files
+
+
+def atomic_write(path: str, write):
+    """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it to ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    suffix = os.path.splitext(path)[1]
+    fd, tmp = tempfile.mkstemp(prefix=".tallmh-", suffix=suffix, dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return _jsonable(v.tolist())
+    if isinstance(v, (np.bool_, bool)):
+        return bool(v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    return v
+
+
+def write_json(path: str, obj) -> str:
+    text = json.dumps(_jsonable(obj), indent=2, allow_nan=False)
+
+    def w(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+    return atomic_write(path, w)
+
+
+def _savefig(fig, path):
+    import matplotlib.pyplot as plt
+
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+COLORS = {"exact": "#000000", "austerity": "#1f77b4", "confidence": "#2ca02c", "barker": "#d62728"}
+
+
+def _color(name, i):
+    return COLORS.get(name, f"C{i % 10}")
+
+
+def _shown_params(d, names, max_params):
+    idx = list(range(min(d, max_params)))
+    return idx, [names[j] for j in idx]
+
+
+def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_params: int = 12,
+                max_points: int = 1500) -> str:
+    """Trace of each parameter (rows) for each method (columns) against seconds into the run.
+
+    Long chains are thinned for drawing only (every k-th draw, at most about ``max_points`` per chain).
+    """
+    plt = _plt()
+    d = runs[0].result.flat_samples.shape[-1]
+    idx, shown = _shown_params(d, names, max_params)
+    fig, axes = plt.subplots(len(idx), len(runs), figsize=(3.6 * len(runs) + 0.6, 1.35 * len(idx) + 0.8),
+                             sharex="col", sharey="row", squeeze=False)
+    for col, run in enumerate(runs):
+        r = run.result
+        # at most about max_points points per chain and phase are drawn (every k-th draw)
+        tw = max(1, r.flat_warmup.shape[1] // max_points)
+        ts = max(1, r.flat_samples.shape[1] // max_points)
+        for row, j in enumerate(idx):
+            ax = axes[row, col]
+            for ch in range(r.flat_samples.shape[0]):
+                if r.flat_warmup.shape[1]:
+                    ax.plot(run.warmup_times[ch, ::tw], r.flat_warmup[ch, ::tw, j], lw=0.5, color="0.6")
+                ax.plot(run.times[ch, ::ts], r.flat_samples[ch, ::ts, j], lw=0.5, color=f"C{ch % 10}")
+            if r.flat_warmup.shape[1]:
+                ax.axvspan(0, float(np.max(run.warmup_times[:, -1])), color="0.92", zorder=-1)
+            if col == 0:
+                ax.set_ylabel(shown[row], fontsize=8)
+            if row == 0:
+                ax.set_title(f"{run.name} ({r.flat_samples.shape[1]} draws/chain)", fontsize=9)
+            ax.tick_params(labelsize=7)
+        axes[-1, col].set_xlabel("seconds into each chain's run", fontsize=8)
+    note = "" if len(idx) == d else f" (first {len(idx)} of {d} parameters)"
+    fig.suptitle("Traces: one colour per chain, warmup in grey" + note, fontsize=10)
+    fig.tight_layout()
+    return _savefig(fig, path)
+
+
+def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, ref: Optional[Reference] = None,
+                   laplace=None, max_params: int = 12) -> str:
+    """Histogram of each parameter for each method, against the reference (or a Laplace curve)."""
+    plt = _plt()
+    d = runs[0].result.flat_samples.shape[-1]
+    idx, shown = _shown_params(d, names, max_params)
+    ncol = min(5, len(idx))
+    nrow = int(math.ceil(len(idx) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.0 * ncol, 2.4 * nrow + 0.6), squeeze=False)
+    for p, j in enumerate(idx):
+        ax = axes[p // ncol, p % ncol]
+        pools = [run.result.flat_samples[:, :, j].ravel() for run in runs]
+        if ref is not None:
+            base = ref.flat[:, j]
+            lo, hi = np.quantile(base, [0.0005, 0.9995])
+        else:
+            allv = np.concatenate([v for v in pools if v.size] or [np.zeros(1)])
+            lo, hi = np.quantile(allv, [0.001, 0.999])
+        span = hi - lo if hi > lo else 1.0
+        lo, hi = lo - 0.15 * span, hi + 0.15 * span
+        bins = np.linspace(lo, hi, 41)
+        if ref is not None:
+            ax.hist(np.clip(base, lo, hi), bins=bins, density=True, color="0.8", label="reference")
+        if laplace is not None:
+            mu, sd = laplace[0][j], laplace[1][j]
+            g = np.linspace(lo, hi, 200)
+            ax.plot(g, np.exp(-0.5 * ((g - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), color="0.5", ls="--",
+                    lw=1, label="Laplace approx.")
+        for i, (run, v) in enumerate(zip(runs, pools)):
+            if v.size:
+                ax.hist(np.clip(v, lo, hi), bins=bins, density=True, histtype="step", lw=1.2, color=_color(run.name, i),
+                        label=run.name)
+        ax.set_title(shown[p], fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.set_yticks([])
+    for p in range(len(idx), nrow * ncol):
+        axes[p // ncol, p % ncol].axis("off")
+    h, lab = axes[0, 0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return _savefig(fig, path)
+
+
+def plot_data_use(runs: Sequence[MethodRun], n: int, path: str) -> str:
+    """Histogram of the data items read per sampling step, per method, on log-log axes (shared)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 0.6, 3.0), sharex=True, sharey=True, squeeze=False)
+    allv = [np.asarray(run.result.stats["n_data"]).ravel() for run in runs]
+    lo = max(1, min([int(v.min()) for v in allv if v.size] or [1]))
+    edges = np.unique(np.geomspace(lo * 0.9, n * 1.1, 40))
+    for i, (run, v) in enumerate(zip(runs, allv)):
+        ax = axes[0, i]
+        if v.size:
+            counts, _ = np.histogram(np.maximum(v, 1), bins=edges)
+            ax.stairs(counts, edges, fill=True, color=_color(run.name, i))
+            ax.axvline(v.mean(), color="k", ls="--", lw=1)
+            ax.set_title(f"{run.name}: mean {v.mean():,.0f} ({v.mean() / n:.1%} of N)", fontsize=9)
+        ax.axvline(n, color="0.5", ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("data items read in one step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_ylabel("steps", fontsize=8)
+    fig.suptitle(f"Data used per step (N = {n:,}, dotted line; dashed: mean)", fontsize=10)
+    fig.tight_layout()
+    return _savefig(fig, path)
+
+
+def plot_risk(curves: Dict[str, tuple], path: str, budget_note: str = "") -> str:
+    """``curves[name] = (t, risk)``: log risk of the predictive mean against seconds."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, (name, (t, risk)) in enumerate(curves.items()):
+        ok = np.isfinite(risk) & (risk > 0)
+        if ok.any():
+            ax.plot(t[ok], risk[ok], color=_color(name, i), label=name, lw=1.5)
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds into each chain's run (compilation excluded)")
+    ax.set_ylabel("risk of predictive mean (held-out rows)")
+    ax.set_title("Risk of the predictive mean vs wall-clock time" + (f"\n{budget_note}" if budget_note else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _savefig(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:0.9em;margin:0.6em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}
+img{max-width:100%;height:auto;border:1px solid #eee;margin:0.4em 0}
+.note{color:#555;font-size:0.92em}code,pre{background:#f6f6f6;padding:1px 4px}
+pre{padding:8px;overflow-x:auto}
+"""
+
+
+def _rows_html(rows, columns=COLUMNS):
+    cols = [(k, h, f) for k, h, f in columns if any(k in r for r in rows)]
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols) + "</tr>"]
+    for r in rows:
+        cells = []
+        for k, _, f in cols:
+            v = r.get(k)
+            if isinstance(v, str):
+                s = v
+            elif _finite(v):
+                s = f.format(int(v)) if "d}" in f else f.format(v)
+            else:
+                s = "-"
+            cells.append(f"<td>{html.escape(s)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _frame_html(df, digits=4):
+    return df.to_html(float_format=lambda v: f"{v:.{digits}g}", border=0, na_rep="-")
+
+
+def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text: str, sections: Sequence[tuple],
+               images: Sequence[tuple], details: Sequence[tuple] = ()) -> str:
+    """Write ``report.html``: a title, paragraphs, the table, images (relative paths) and notes.
+
+    ``sections``: ``(heading, [paragraph html, ...])``; ``images``: ``(heading, file name, alt text,
+    caption)``; ``details``: ``(summary, html)`` shown folded.
+    """
+    parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    parts += [f"<p>{p}</p>" for p in intro]
+    parts.append("<h2>Results</h2>")
+    parts.append(_rows_html(rows))
+    parts.append(f"<details><summary>as printed</summary><pre>{html.escape(table_text)}</pre></details>")
+    for heading, paras in sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts += [f"<p class=\"note\">{p}</p>" for p in paras]
+    for heading, fname, alt, caption in images:
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts.append(f"<img src=\"{html.escape(fname)}\" alt=\"{html.escape(alt)}\">")
+        if caption:
+            parts.append(f"<p class=\"note\">{caption}</p>")
+    for summary, body in details:
+        parts.append(f"<details><summary>{html.escape(summary)}</summary>{body}</details>")
+    parts.append("</body></html>")
+    text = "\n".join(parts)
+
+    def w(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return atomic_write(path, w)
+
+
+def frame_html(df, digits=4):
+    """A pandas DataFrame as an HTML table for :func:`write_html` details."""
+    return _frame_html(df, digits)
