@@ -40,6 +40,20 @@ class LinearRegression(Model):
             raise DataError(f"LinearRegression needs data['X'] of shape (N, d); got {np.shape(data['X'])}")
         return jnp.zeros(np.shape(data["X"])[1])
 
+    def setup(self, data):
+        return {"max_norm": jnp.max(jnp.linalg.norm(jnp.asarray(data["X"]), axis=1))}
+
+    def cv_remainder_bound(self, theta, theta_prop, center, stats, order):
+        """Bound on ``max_i |l~_i|`` under Taylor control variates at ``center`` (flat vectors).
+
+        The log-likelihood is quadratic, so the second-order remainder is 0 and the first-order one is
+        ``-(x_i . a)^2 / (2 noise_sd^2)``, at most ``max_i ||x_i||^2 ||a||^2 / (2 noise_sd^2)`` in size.
+        """
+        if order == 2:
+            return jnp.zeros((), theta.dtype)
+        x2 = stats["max_norm"] ** 2 / (2.0 * self.noise_sd**2)
+        return x2 * (jnp.sum((theta - center) ** 2) + jnp.sum((theta_prop - center) ** 2))
+
     def posterior(self, data):
         """Exact posterior mean and covariance (float64 numpy)."""
         X = np.asarray(data["X"], float)

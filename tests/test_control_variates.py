@@ -1,0 +1,131 @@
+"""Taylor control variates: exact limits, proxy sums, the logistic remainder bound, posteriors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import enable_x64
+from jax.flatten_util import ravel_pytree
+
+import tallmh as tm
+from tallmh import control_variates as cvm
+
+from .acceptance.helpers import decisions, logistic_problem
+from .stats_helpers import posterior_check
+
+
+def _cv_state(model, data, order=2):
+    n = data["y"].shape[0]
+    flat0, unravel = ravel_pytree(model.init(data))
+    return cvm.prepare(tm.ControlVariates(order=order), model, jax.tree_util.tree_map(jnp.asarray, data), n, unravel, flat0)
+
+
+def test_proxy_sums_match_direct_full_data_sums():
+    with enable_x64(True):
+        model, data, _ = logistic_problem(n=3000, d=3)
+        (state, passes) = _cv_state(model, data)
+        X, y = data["X"], data["y"]
+        c = np.asarray(state.center)
+        p = 1 / (1 + np.exp(-X @ c))
+        np.testing.assert_allclose(state.grad_sum, X.T @ (y - p), rtol=1e-8, atol=1e-6)
+        np.testing.assert_allclose(state.hess_sum, -(X.T * (p * (1 - p))) @ X, rtol=1e-8)
+        # the centre is the posterior mode: the Newton decrement of the log posterior is ~0 there
+        g = np.asarray(state.grad_sum) - c / 100.0
+        prec = -np.asarray(state.hess_sum) + np.eye(4) / 100.0
+        assert g @ np.linalg.solve(prec, g) < 1e-6
+        assert passes >= 2
+        # per-item proxy terms g_i.a + a^T H_i a / 2 by nested jvp, against the closed form
+        a = jnp.asarray(np.random.default_rng(0).standard_normal(4) * 0.1)
+        _, unravel = ravel_pytree(jnp.zeros(4))
+        got = cvm.proxy_terms(model, unravel, state, {"X": jnp.asarray(X[:50]), "y": jnp.asarray(y[:50])}, a)
+        xa = X[:50] @ np.asarray(a)
+        want = (y[:50] - p[:50]) * xa - 0.5 * p[:50] * (1 - p[:50]) * xa**2
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12)
+        # the O(d^2) proxy-sum difference equals the sum of per-item differences
+        th, thp = c + 0.01, c - 0.02
+        full = {"X": jnp.asarray(X), "y": jnp.asarray(y)}
+        direct = np.sum(cvm.proxy_terms(model, unravel, state, full, jnp.asarray(thp - c))
+                        - cvm.proxy_terms(model, unravel, state, full, jnp.asarray(th - c)))
+        np.testing.assert_allclose(cvm.proxy_sum_diff(state, jnp.asarray(th), jnp.asarray(thp)), direct, rtol=1e-8)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_logistic_remainder_bound_holds(order):
+    with enable_x64(True):
+        model, data, _ = logistic_problem(n=3000, d=3)
+        state, _ = _cv_state(model, data, order)
+        stats = model.setup(data)
+        X, y = jnp.asarray(data["X"]), jnp.asarray(data["y"])
+        _, unravel = ravel_pytree(jnp.zeros(4))
+        rng = np.random.default_rng(1)
+        worst = 0.0
+        for _ in range(20):
+            th = state.center + rng.standard_normal(4) * 0.05
+            thp = th + rng.standard_normal(4) * 0.05
+            l = model.log_lik(thp, {"X": X, "y": y}) - model.log_lik(th, {"X": X, "y": y})
+            pd = (cvm.proxy_terms(model, unravel, state, {"X": X, "y": y}, thp - state.center, order)
+                  - cvm.proxy_terms(model, unravel, state, {"X": X, "y": y}, th - state.center, order))
+            rem = float(jnp.max(jnp.abs(l - pd)))
+            bound = float(model.cv_remainder_bound(th, thp, state.center, stats, order))
+            assert rem <= bound
+            worst = max(worst, rem / bound)
+        assert worst > 1e-3  # the bound is not vacuous by orders of magnitude
+
+
+@pytest.mark.parametrize("make_test", [
+    lambda n: tm.acceptance.Austerity(epsilon=0.05, batch_size=n),
+    lambda n: tm.acceptance.Confidence(delta=0.05, initial_batch=n),
+    lambda n: tm.acceptance.Barker(batch_size=n),
+], ids=["austerity", "confidence", "barker"])
+def test_control_variates_keep_the_exact_limit(make_test):
+    with enable_x64(True):
+        model, data, _ = logistic_problem(n=1500, d=3)
+        state, _ = _cv_state(model, data)
+        rng = np.random.default_rng(2)
+        th = np.asarray(state.center) + 0.05 * rng.standard_normal((30, 4))
+        pairs = (th, th + 0.04 * rng.standard_normal((30, 4)))
+        keys = jax.random.split(jax.random.PRNGKey(5), 40)
+        test = make_test(1500)
+        oracle = tm.acceptance.Exact(kind="barker" if isinstance(test, tm.acceptance.Barker) else "metropolis")
+        ref, _ = decisions(oracle, model, data, pairs, keys)
+        f = tm.decision_fn(test, model, data, control_variates=(tm.ControlVariates(), state))
+        g = jax.vmap(jax.vmap(f, in_axes=(None, None, 0)), in_axes=(0, 0, None))
+        acc, _ = g(jnp.asarray(pairs[0]), jnp.asarray(pairs[1]), keys)
+        assert 0.1 < ref.mean() < 0.9
+        assert np.array_equal(np.asarray(acc), ref)
+
+
+@pytest.fixture(scope="module")
+def linreg():
+    data, _ = tm.models.LinearRegression.simulate(20_000, d=3, seed=4)
+    model = tm.models.LinearRegression(prior_scale=10.0, noise_sd=1.0)
+    mean, cov = model.posterior(data)
+    return model, data, mean, np.sqrt(np.diag(cov)), cov
+
+
+@pytest.mark.parametrize("test", [
+    tm.acceptance.Austerity(epsilon=0.01, batch_size=100),
+    tm.acceptance.Confidence(delta=0.01, initial_batch=100),
+    tm.acceptance.Barker(batch_size=100),
+], ids=["austerity", "confidence", "barker"])
+def test_posterior_with_first_order_control_variates(linreg, test):
+    # First-order proxies leave a quadratic remainder on this model, so the tests still have work to do.
+    model, data, mean, sd, cov = linreg
+    r = tm.sample(model, data, test=test, proposal=tm.proposals.RandomWalk(cov * 2.38**2 / 3),
+                  num_samples=3000, num_warmup=300, num_chains=4, seed=8, progress=False,
+                  control_variates=tm.ControlVariates(order=1))
+    ok, report = posterior_check(r.samples, mean, sd)
+    assert ok, report
+    if isinstance(test, tm.acceptance.Confidence):
+        # the first-order remainder bound (max ||x||^2 ||a||^2 / 2) is loose: it still reads over half
+        assert r.data_fraction < 1.0
+    else:
+        assert r.data_fraction < 0.05  # a few minibatches per step
+    assert r.setup_items >= 20_000 * 2  # the Newton and sum passes are counted
+
+
+def test_control_variates_with_exact_is_an_error(linreg):
+    model, data, *_ = linreg
+    with pytest.raises(tm.ConfigError, match="approximate tests"):
+        tm.sample(model, data, test=tm.acceptance.Exact(), num_samples=5, num_warmup=0, num_chains=1,
+                  control_variates=tm.ControlVariates(), progress=False)
