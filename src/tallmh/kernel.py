@@ -37,6 +37,7 @@ class Kernel(NamedTuple):
     init: Callable
     step: Callable
     full_log_lik: Callable
+    grad_estimate: Callable  # cv -> grad_fn(theta, idx): minibatch estimate of grad log posterior
 
 
 def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_lik_current=None,
@@ -94,6 +95,9 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None, cv_or
     ``KernelState.cv`` and is given to ``init``.
     """
     tracks = bool(getattr(test, "tracks_log_lik", False))
+    needs_data = bool(getattr(proposal, "needs_data", False))
+    if needs_data:
+        proposal.check(n)
 
     def full_log_lik(theta):
         from .acceptance.base import Moments, StreamReader
@@ -109,9 +113,35 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None, cv_or
         pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)
 
+    def grad_estimate(cv):
+        """Minibatch estimate of grad log posterior (with control variates when on)."""
+
+        def grad_fn(theta, idx):
+            batch = take(data, idx)
+            scale = n / idx.shape[0]
+
+            def batch_sum(t):
+                return jnp.sum(model.log_lik(unravel(t), batch))
+
+            gp = jax.grad(lambda t: jnp.asarray(model.log_prior(unravel(t)), theta.dtype))(theta)
+            g = jax.grad(batch_sum)(theta)
+            if cv is None:
+                return gp + scale * g
+            a = theta - cv.center
+            if cv_order == 1:
+                return gp + cv.grad_sum + scale * (g - jax.grad(batch_sum)(cv.center))
+            g_c, h_a = jax.jvp(jax.grad(batch_sum), (cv.center,), (a,))
+            return gp + cv.grad_sum + cv.hess_sum @ a + scale * (g - g_c - h_a)
+
+        return grad_fn
+
     def step(key, state: KernelState, step_index, adapt: bool):
         k_prop, k_test = jax.random.split(key)
-        theta_p, log_q = proposal.propose(k_prop, state.theta, state.proposal)
+        if needs_data:
+            theta_p, log_q = proposal.propose_with_data(
+                k_prop, state.theta, state.proposal, grad_estimate(state.cv if cv_order else None), n)
+        else:
+            theta_p, log_q = proposal.propose(k_prop, state.theta, state.proposal)
         lp_p = jnp.asarray(model.log_prior(unravel(theta_p)), state.theta.dtype)
         log_base = lp_p - state.log_prior + log_q
         problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
@@ -127,6 +157,7 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None, cv_or
         else:  # traced flag: one compiled function serves warmup and sampling
             pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
                                   lambda: state.proposal)
-        return KernelState(theta, lp, ll, pstate, state.cv), StepInfo(acc, dec.n_data, dec.rounds)
+        n_data = dec.n_data + (proposal.items_per_step() if needs_data else 0)
+        return KernelState(theta, lp, ll, pstate, state.cv), StepInfo(acc, n_data, dec.rounds)
 
-    return Kernel(init, step, full_log_lik)
+    return Kernel(init, step, full_log_lik, grad_estimate)

@@ -8,5 +8,6 @@ from .barker import Barker
 from .base import Decision, Problem
 from .confidence import BOUNDS, Confidence
 from .exact import Exact
+from .none import AlwaysAccept
 
-__all__ = ["Exact", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]
+__all__ = ["AlwaysAccept", "Exact", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]

@@ -1,4 +1,4 @@
-"""Proposals: ``init(theta, n) -> state``, ``propose(key, theta, state) -> (theta', log q ratio)``,
+"""Proposals (Langevin: ``propose_with_data``, which also gets a minibatch gradient function): ``init(theta, n) -> state``, ``propose(key, theta, state) -> (theta', log q ratio)``,
 ``update(state, theta, accepted, step) -> state`` (called during warmup only).
 
 ``log q ratio`` is ``log q(theta|theta') - log q(theta'|theta)``; parameters are flat vectors here (the
@@ -6,6 +6,7 @@ kernel ravels pytrees).
 """
 
 from .adaptive import AdaptiveMetropolis
+from .langevin import Langevin
 from .random_walk import RandomWalk
 
-__all__ = ["RandomWalk", "AdaptiveMetropolis"]
+__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin"]

@@ -1,0 +1,86 @@
+"""Langevin proposal: the MH proposal ratio against a direct density, gradient estimates, posteriors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import enable_x64
+from jax.flatten_util import ravel_pytree
+from scipy import stats
+
+import tallmh as tm
+from tallmh import control_variates as cvm
+from tallmh.data import make_permutation, permute
+from tallmh.kernel import build_kernel
+
+from .stats_helpers import posterior_check
+
+
+@pytest.fixture(scope="module")
+def linreg():
+    data, _ = tm.models.LinearRegression.simulate(10_000, d=2, seed=3)
+    model = tm.models.LinearRegression(prior_scale=10.0, noise_sd=1.0)
+    mean, cov = model.posterior(data)
+    return model, data, mean, cov
+
+
+def _direct_grad(model, data, theta, idx):
+    X, y = np.asarray(data["X"], float)[idx], np.asarray(data["y"], float)[idx]
+    n = data["y"].shape[0]
+    return -theta / model.prior_scale**2 + n / len(idx) * X.T @ (y - X @ theta) / model.noise_sd**2
+
+
+def test_proposal_ratio_matches_direct_density(linreg):
+    with enable_x64(True):
+        model, data, mean, cov = linreg
+        n = data["y"].shape[0]
+        prop = tm.proposals.Langevin(step_size=1e-4, batch_size=50)
+        theta = jnp.asarray(mean) + 0.01
+        _, unravel = ravel_pytree(theta)
+        kernel = build_kernel(model, prop, tm.acceptance.Austerity(), jax.tree_util.tree_map(jnp.asarray, data), n, unravel)
+        grad_fn = kernel.grad_estimate(None)
+        for s in range(5):
+            key = jax.random.PRNGKey(s)
+            theta_p, log_q = prop.propose_with_data(key, theta, prop.init(theta, n), grad_fn, n)
+            k_b, _ = jax.random.split(key)
+            idx = np.asarray(permute(make_permutation(k_b), jnp.arange(50), n))
+            assert len(set(idx)) == 50
+            h = 1e-4
+            g = _direct_grad(model, data, np.asarray(theta), idx)
+            gp = _direct_grad(model, data, np.asarray(theta_p), idx)
+            fwd = stats.multivariate_normal(np.asarray(theta) + h / 2 * g, h * np.eye(2)).logpdf(np.asarray(theta_p))
+            bwd = stats.multivariate_normal(np.asarray(theta_p) + h / 2 * gp, h * np.eye(2)).logpdf(np.asarray(theta))
+            np.testing.assert_allclose(float(log_q), bwd - fwd, rtol=1e-9, atol=1e-9)
+
+
+def test_control_variate_gradient_is_exact_with_the_full_batch(linreg):
+    # With the whole data as the minibatch, the control-variate gradient estimate is the exact gradient.
+    with enable_x64(True):
+        model, data, mean, cov = linreg
+        n = data["y"].shape[0]
+        jdata = jax.tree_util.tree_map(jnp.asarray, data)
+        flat0, unravel = ravel_pytree(jnp.zeros(2))
+        cv, _ = cvm.prepare(tm.ControlVariates(order=2), model, jdata, n, unravel, flat0)
+        kernel = build_kernel(model, tm.proposals.Langevin(1e-4, 10), tm.acceptance.Austerity(), jdata, n, unravel,
+                              cv_order=2)
+        theta = jnp.asarray(mean) + jnp.array([0.03, -0.02])
+        want = _direct_grad(model, data, np.asarray(theta), np.arange(n))
+        np.testing.assert_allclose(kernel.grad_estimate(cv)(theta, jnp.arange(n)), want, rtol=1e-8)
+        # a minibatch estimate is unbiased: average over many minibatches
+        idxs = [np.random.default_rng(i).choice(n, 20, replace=False) for i in range(400)]
+        est = np.mean([np.asarray(kernel.grad_estimate(None)(theta, jnp.asarray(i))) for i in idxs], axis=0)
+        sd = np.std([np.asarray(kernel.grad_estimate(None)(theta, jnp.asarray(i))) for i in idxs], axis=0) / 20
+        assert np.all(np.abs(est - want) < 4 * sd)
+
+
+def test_mh_corrected_langevin_matches_posterior_and_sgld_does_not(linreg):
+    model, data, mean, cov = linreg
+    h = 2.0 * float(np.min(np.diag(cov)))  # large enough that uncorrected SGLD is visibly biased
+    kw = dict(num_samples=3000, num_warmup=200, num_chains=4, seed=2, init=jnp.asarray(mean), progress=False)
+    prop = tm.proposals.Langevin(step_size=h, batch_size=100)
+    good = tm.sample(model, data, test=tm.acceptance.Austerity(epsilon=0.01, batch_size=500), proposal=prop, **kw)
+    ok, report = posterior_check(good.samples, mean, np.sqrt(np.diag(cov)))
+    assert ok, report
+    sgld = tm.sample(model, data, test=tm.acceptance.AlwaysAccept(), proposal=prop, **kw)
+    ok, report = posterior_check(sgld.samples, mean, np.sqrt(np.diag(cov)))
+    assert not ok, report
