@@ -1,0 +1,293 @@
+"""Data used and wrong decisions of the austerity test versus epsilon (austerity paper, Fig. 2, synthetic data).
+
+Korattikara, Chen & Welling (2014), Sec. 5.1, Fig. 2: logistic regression on MNIST 7 vs 9 (N = 12214,
+PCA to 50 dimensions, Gaussian prior, random-walk proposal); average percentage of data used per test
+and percentage of wrong accept/reject decisions as functions of epsilon. Here the data are synthetic
+(no MNIST): ``tm.models.LogisticRegression.simulate(12214, d=50, seed=0)`` (50 standard-normal
+features plus an intercept column; true weights ~ N(0, I/50)), model
+``LogisticRegression(prior_scale=10)``.
+
+(theta, theta') pairs as a converged chain sees them: theta is drawn from the Laplace approximation
+N(MAP, H^-1) of the posterior (MAP by Newton's method in float64, H the Hessian of the negative log
+posterior there), and theta' = theta + sigma z, z ~ N(0, I), an isotropic random walk whose sd sigma is
+tuned (bisection on log sigma, exact MH acceptance probability min(1, exp(Delta)) averaged over the
+pairs) to an exact acceptance rate of ``--target-accept`` (0.234, Roberts & Rosenthal). For each pair
+the script draws ``--keys`` keys; for each key it makes the decision of ``Austerity(epsilon,
+batch_size=500)`` and of ``Exact()``; by the library's key contract both draw the same u from the same
+key, so a decision is wrong when the two differ. epsilon = 0 is exact MH (the paper: "the setting
+epsilon = 0 corresponds to the exact MH algorithm"); ``Austerity`` requires epsilon in (0, 1), so the
+epsilon = 0 row is computed with ``Exact()`` itself (data fraction 1, no wrong decisions by definition).
+
+Reported per epsilon: mean data fraction (items read / N), wrong-decision rate with its binomial
+standard error sqrt(p (1 - p) / n) over all pair x key decisions, and a pair-clustered standard error
+(sd of the per-pair rates / sqrt(pairs)), which is the honest one when the error concentrates on the
+pairs near the decision boundary; also wrong accepts and wrong rejects separately.
+
+Usage::
+
+    python benchmarks/decision_error.py                # writes benchmarks/results/decision_error.{json,png}
+    python benchmarks/decision_error.py --smoke --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def machine_info(argv):
+    import jax
+
+    import tallmh
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # pragma: no cover - git missing
+        commit = ""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax_version": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "numpy_version": np.__version__,
+        "tallmh_version": tallmh.__version__,
+        "git_commit": commit,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable)] + [os.path.relpath(argv[0])] + argv[1:]),
+    }
+
+
+def log_lik_np(X, y, theta):
+    z = X @ theta
+    return -np.logaddexp(0.0, np.where(y > 0.5, -z, z))
+
+
+def laplace(X, y, prior_scale, iters=50):
+    d = X.shape[1]
+    theta = np.zeros(d)
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(X @ theta)))
+        g = X.T @ (y - p) - theta / prior_scale**2
+        H = (X * (p * (1.0 - p))[:, None]).T @ X + np.eye(d) / prior_scale**2
+        step = np.linalg.solve(H, g)
+        theta = theta + step
+        if np.max(np.abs(step)) < 1e-12 * (1 + np.max(np.abs(theta))):
+            break
+    return theta, H
+
+
+def main(argv=None):
+    argv = sys.argv if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=12214, help="number of data items")
+    ap.add_argument("--d", type=int, default=50, help="features (an intercept column is added)")
+    ap.add_argument("--epsilons", default="0,0.001,0.01,0.05,0.1,0.2")
+    ap.add_argument("--batch-size", type=int, default=500)
+    ap.add_argument("--pairs", type=int, default=200, help="(theta, theta') pairs")
+    ap.add_argument("--keys", type=int, default=250, help="keys (u and subsample order) per pair")
+    ap.add_argument("--target-accept", type=float, default=0.234)
+    ap.add_argument("--prior-scale", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                    help="directory for decision_error.json and decision_error.png")
+    args = ap.parse_args(argv[1:])
+    if args.smoke:
+        args.n, args.d, args.pairs, args.keys = 2000, 10, 4, 32
+        args.epsilons = "0,0.1"
+        args.batch_size = 100
+
+    import jax
+    import jax.numpy as jnp
+
+    import tallmh as tm
+
+    t_start = time.perf_counter()
+    meta = machine_info(argv)
+    eps_list = [float(e) for e in args.epsilons.split(",")]
+    data, _ = tm.models.LogisticRegression.simulate(args.n, d=args.d, seed=args.seed)
+    model = tm.models.LogisticRegression(prior_scale=args.prior_scale)
+    X = np.asarray(data["X"], np.float64)
+    y = np.asarray(data["y"], np.float64)
+    n, dim = X.shape
+    theta_map, H = laplace(X, y, args.prior_scale)
+    cov = np.linalg.inv(H)
+    post_sd = np.sqrt(np.diag(cov))
+    rng = np.random.default_rng(args.seed + 1)
+    thetas = theta_map + rng.standard_normal((args.pairs, dim)) @ np.linalg.cholesky(cov).T
+    zs = rng.standard_normal((args.pairs, dim))
+
+    def log_prior(t):
+        return -0.5 * np.sum(t**2, axis=-1) / args.prior_scale**2
+
+    ll_cur = np.array([log_lik_np(X, y, t).sum() for t in thetas])
+
+    def deltas(sigma):
+        props = thetas + sigma * zs
+        ll_p = np.array([log_lik_np(X, y, t).sum() for t in props])
+        return ll_p - ll_cur + log_prior(props) - log_prior(thetas)
+
+    def acc_rate(sigma):
+        return float(np.mean(np.exp(np.minimum(0.0, deltas(sigma)))))
+
+    lo, hi = math.log(1e-2 * post_sd.min()), math.log(10 * post_sd.max())
+    for _ in range(40):  # acceptance falls with sigma: bisection on log sigma
+        mid = 0.5 * (lo + hi)
+        if acc_rate(math.exp(mid)) > args.target_accept:
+            lo = mid
+        else:
+            hi = mid
+    sigma = math.exp(0.5 * (lo + hi))
+    props = thetas + sigma * zs
+    dlt = deltas(sigma)
+    exact_prob = np.exp(np.minimum(0.0, dlt))
+    print(f"# tallmh decision-error benchmark (austerity paper Fig. 2, synthetic data): N = {n}, "
+          f"{args.d} features + intercept, {args.pairs} pairs x {args.keys} keys, batch {args.batch_size}")
+    print(f"# {meta['platform']}, {meta['cpu_count']} CPUs, JAX {meta['jax_version']}, {meta['date']}")
+    print(f"# theta ~ Laplace N(MAP, H^-1) (posterior sd mean {post_sd.mean():.3g}); theta' = theta + sigma z, "
+          f"sigma = {sigma:.4g} tuned to exact acceptance {acc_rate(sigma):.3f}", flush=True)
+
+    th32 = jnp.asarray(thetas, jnp.float32)
+    pr32 = jnp.asarray(props, jnp.float32)
+    base_key = jax.random.PRNGKey(args.seed)
+    pair_keys = [jax.random.split(jax.random.fold_in(base_key, i), args.keys) for i in range(args.pairs)]
+
+    def run(test):
+        f = jax.jit(jax.vmap(tm.decision_fn(test, model, data), in_axes=(None, None, 0)))
+        acc = np.zeros((args.pairs, args.keys), bool)
+        nd = np.zeros((args.pairs, args.keys), np.int64)
+        for i in range(args.pairs):
+            a, m = f(th32[i], pr32[i], pair_keys[i])
+            acc[i] = np.asarray(a)
+            nd[i] = np.asarray(m)
+        return acc, nd
+
+    te = time.perf_counter()
+    exact_acc, exact_nd = run(tm.acceptance.Exact())
+    exact_s = time.perf_counter() - te
+    rows = []
+    for eps in eps_list:
+        tr = time.perf_counter()
+        if eps == 0.0:
+            acc, nd = exact_acc, exact_nd
+            test_repr = "Exact() (epsilon = 0 is exact MH)"
+            secs = exact_s
+        else:
+            test = tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
+            acc, nd = run(test)
+            test_repr = repr(test)
+            secs = time.perf_counter() - tr
+        wrong = acc != exact_acc
+        total = wrong.size
+        p = float(wrong.mean())
+        per_pair = wrong.mean(axis=1)
+        row = {
+            "epsilon": eps,
+            "test": test_repr,
+            "decisions": int(total),
+            "data_fraction": float(nd.mean() / n),
+            "data_fraction_se": float(nd.mean(axis=1).std(ddof=1) / math.sqrt(args.pairs) / n) if args.pairs > 1 else float("nan"),
+            "wrong_rate": p,
+            "wrong_rate_binomial_se": math.sqrt(p * (1 - p) / total),
+            "wrong_rate_pair_clustered_se": float(per_pair.std(ddof=1) / math.sqrt(args.pairs)) if args.pairs > 1 else float("nan"),
+            "wrong_accept_rate": float(np.mean(acc & ~exact_acc)),
+            "wrong_reject_rate": float(np.mean(~acc & exact_acc)),
+            "acceptance_rate": float(acc.mean()),
+            "exact_acceptance_rate": float(exact_acc.mean()),
+            "max_pair_wrong_rate": float(per_pair.max()),
+            "seconds": secs,
+        }
+        rows.append(row)
+        print(f"  eps {eps:<6g} data {100 * row['data_fraction']:7.2f}%  wrong {100 * p:6.3f}% "
+              f"(binomial se {100 * row['wrong_rate_binomial_se']:.3f}%, pair-clustered se "
+              f"{100 * row['wrong_rate_pair_clustered_se']:.3f}%)  {secs:.1f}s", flush=True)
+
+    total_s = time.perf_counter() - t_start
+    print()
+    print(f"{'epsilon':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se %':>10s} {'pair se %':>9s} "
+          f"{'wrong acc %':>11s} {'wrong rej %':>11s} {'accept':>7s}")
+    for r in rows:
+        print(f"{r['epsilon']:8g} {100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
+              f"{100 * r['wrong_rate_binomial_se']:10.3f} {100 * r['wrong_rate_pair_clustered_se']:9.3f} "
+              f"{100 * r['wrong_accept_rate']:11.3f} {100 * r['wrong_reject_rate']:11.3f} {r['acceptance_rate']:7.3f}")
+    print(f"(exact acceptance over the same keys: {exact_acc.mean():.3f}; mean exact acceptance probability "
+          f"min(1, e^Delta) of the pairs: {exact_prob.mean():.3f})")
+    print(f"\ntotal runtime {total_s:.1f}s", flush=True)
+
+    out = {
+        "benchmark": "decision_error",
+        "meta": meta,
+        "config": {
+            "N": n,
+            "d_features": args.d,
+            "intercept": True,
+            "model": f"LogisticRegression(prior_scale={args.prior_scale})",
+            "data": f"LogisticRegression.simulate({args.n}, d={args.d}, seed={args.seed})",
+            "epsilons": eps_list,
+            "batch_size": args.batch_size,
+            "pairs": args.pairs,
+            "keys_per_pair": args.keys,
+            "pairs_from": "theta ~ Laplace N(MAP, H^-1); theta' = theta + sigma z",
+            "rw_sigma": sigma,
+            "target_accept": args.target_accept,
+            "tuned_exact_acceptance_probability": float(exact_prob.mean()),
+            "posterior_sd_mean": float(post_sd.mean()),
+            "seed": args.seed,
+            "smoke": args.smoke,
+        },
+        "pairs_summary": {
+            "delta_quantiles": {q: float(np.quantile(dlt, float(q))) for q in ("0.05", "0.25", "0.5", "0.75", "0.95")},
+        },
+        "rows": rows,
+        "total_runtime_s": total_s,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "decision_error.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"wrote {path}")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = np.array([r["epsilon"] for r in rows])
+    frac = np.array([100 * r["data_fraction"] for r in rows])
+    wr = np.array([100 * r["wrong_rate"] for r in rows])
+    wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rows])
+    fig, ax1 = plt.subplots(figsize=(5.5, 4))
+    ax1.plot(eps, frac, "o-", color="tab:blue")
+    ax1.set_xlabel(r"$\epsilon$")
+    ax1.set_ylabel("percentage of data used", color="tab:blue")
+    ax1.tick_params(axis="y", labelcolor="tab:blue")
+    ax1.set_ylim(0, 105)
+    ax2 = ax1.twinx()
+    ax2.errorbar(eps, wr, yerr=2 * np.nan_to_num(wse), fmt="s-", color="tab:red", capsize=3)
+    ax2.set_ylabel("percentage of wrong decisions (±2 se, pair-clustered)", color="tab:red")
+    ax2.tick_params(axis="y", labelcolor="tab:red")
+    ax2.set_ylim(0, max(1.0, 1.15 * float(np.max(wr + 2 * np.nan_to_num(wse)))))
+    ax1.set_title(f"Austerity, synthetic logistic regression\nN = {n}, d = {args.d}+1, batch {args.batch_size}, "
+                  f"{args.pairs}x{args.keys} decisions", fontsize=9)
+    fig.tight_layout()
+    png = os.path.join(args.out, "decision_error.png")
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

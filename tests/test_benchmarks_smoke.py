@@ -1,0 +1,88 @@
+"""The benchmark scripts run end to end in their smoke mode and write their JSON (no timing assertions).
+
+Both scripts start at once in subprocesses (each spends most of its time compiling, so running them side
+by side keeps the wall time down), write into ``tmp_path`` (``--out``) so the committed results in
+``benchmarks/results/`` are never touched, and must exit 0.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+TIMEOUT_S = 120  # a hang guard, not a timing assertion
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    runs = {}
+    procs = {}
+    for name in ("scaling", "decision_error"):
+        out = tmp_path_factory.mktemp(name)
+        cmd = [sys.executable, os.path.join(BENCH, f"{name}.py"), "--smoke", "--out", str(out)]
+        procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out)
+    for name, (proc, out) in procs.items():
+        try:
+            text, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            text, _ = proc.communicate()
+            pytest.fail(f"{name}.py --smoke did not finish in {TIMEOUT_S}s:\n{text[-3000:]}")
+        runs[name] = (proc.returncode, text, out)
+    return runs
+
+
+def _load(runs, name, filename):
+    rc, text, out = runs[name]
+    assert rc == 0, f"{name}.py --smoke exited {rc}:\n{text[-3000:]}"
+    path = out / filename
+    assert path.exists(), f"{name}.py --smoke did not write {filename}:\n{text[-3000:]}"
+    return json.loads(path.read_text()), text
+
+
+def test_scaling_smoke(smoke_runs):
+    res, text = _load(smoke_runs, "scaling", "scaling.json")
+    assert {"meta", "config", "rows", "slopes", "per_n", "total_runtime_s"} <= set(res)
+    for key in ("platform", "cpu_count", "jax_version", "date", "command"):
+        assert key in res["meta"]
+    assert res["config"]["smoke"] is True
+    assert res["config"]["sizes"] == [1000, 10000]
+    tests = {"exact", "austerity", "confidence", "barker"}
+    assert {r["test"] for r in res["rows"]} == tests
+    assert len(res["rows"]) == 2 * len(tests)
+    for r in res["rows"]:
+        for key in ("N", "steps", "items_per_step", "seconds_per_step", "compile_s", "acceptance_rate", "data_fraction"):
+            assert key in r
+        assert 0 < r["items_per_step"] <= r["N"]
+        if r["test"] == "exact":
+            assert r["items_per_step"] == r["N"]
+    assert set(res["slopes"]) == tests
+    for s in res["slopes"].values():
+        assert {"items_slope_all", "time_slope_all", "items_slope_last2", "time_slope_last2"} <= set(s)
+    assert res["slopes"]["exact"]["items_slope_all"] == pytest.approx(1.0)
+    assert "log-log slopes" in text
+
+
+def test_decision_error_smoke(smoke_runs):
+    res, _ = _load(smoke_runs, "decision_error", "decision_error.json")
+    assert {"meta", "config", "rows", "total_runtime_s"} <= set(res)
+    for key in ("platform", "cpu_count", "jax_version", "date", "command"):
+        assert key in res["meta"]
+    assert res["config"]["smoke"] is True
+    rows = res["rows"]
+    assert [r["epsilon"] for r in rows] == res["config"]["epsilons"]
+    for r in rows:
+        for key in ("data_fraction", "wrong_rate", "wrong_rate_binomial_se", "wrong_rate_pair_clustered_se",
+                    "wrong_accept_rate", "wrong_reject_rate", "decisions"):
+            assert key in r
+        assert 0 < r["data_fraction"] <= 1
+        assert 0 <= r["wrong_rate"] <= 1
+    exact = [r for r in rows if r["epsilon"] == 0]
+    assert exact and exact[0]["data_fraction"] == 1.0 and exact[0]["wrong_rate"] == 0.0
+    out = smoke_runs["decision_error"][2]
+    png = out / "decision_error.png"
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
