@@ -23,7 +23,7 @@ from .errors import DataError
 
 __all__ = ["validate_data", "num_items", "take", "Permutation", "make_permutation", "permute"]
 
-_FEISTEL_ROUNDS = 6
+_FEISTEL_ROUNDS = 4
 
 
 def num_items(data) -> int:

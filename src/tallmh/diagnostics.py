@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import numpy as np
+
+logging.getLogger("arviz").setLevel(logging.ERROR)  # single-chain shape warnings: we return NaN ourselves
 
 __all__ = ["ess", "rhat", "mcse_mean", "z_score"]
 
