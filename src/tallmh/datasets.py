@@ -100,7 +100,7 @@ def load_flights(n: Optional[int] = None, seed: int = 0) -> Table:
         if n < len(df):
             idx = np.sort(np.random.default_rng(seed).choice(len(df), size=n, replace=False))
             df = df.iloc[idx]
-    weekday = pd.to_datetime(df["time_hour"], utc=True).dt.tz_convert("America/New_York").dt.weekday
+    weekday = pd.to_datetime(df["time_hour"], utc=True).dt.tz_convert("America/New_York").dt.day_of_week
     cols = np.column_stack([
         df["month"].to_numpy(float),
         df["day"].to_numpy(float),

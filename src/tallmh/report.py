@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -60,9 +60,10 @@ class MethodRun:
     _table: Any = field(default=None, repr=False)
 
     def table(self):
-        """Per-parameter summary (``Result.summary().table``: mean, sd, ess_bulk, ess_tail, r_hat), computed once."""
+        """Per-parameter summary (mean, sd, ess_bulk, ess_tail, r_hat, as in ``Result.summary().table``),
+        computed once, with one ArviZ call per column for all parameters together."""
         if self._table is None:
-            self._table = self.result.summary().table
+            self._table = param_table(self.result.flat_samples, self.result.param_names)
         return self._table
 
 
@@ -91,6 +92,32 @@ class Reference:
 
 # ---------------------------------------------------------------------------------------------------
 # numbers
+
+
+def param_table(x, names):
+    """mean, sd, ess_bulk, ess_tail (rank-normalised) and r_hat of draws ``x`` shaped (chain, draw, d)."""
+    import warnings
+
+    import arviz as az
+    import pandas as pd
+
+    c, k, d = x.shape
+    cols = {"mean": np.full(d, np.nan), "sd": np.full(d, np.nan), "ess_bulk": np.full(d, np.nan),
+            "ess_tail": np.full(d, np.nan), "r_hat": np.full(d, np.nan)}
+    if k:
+        flat = x.reshape(-1, d).astype(np.float64)
+        cols["mean"] = flat.mean(axis=0)
+        if flat.shape[0] > 1:
+            cols["sd"] = flat.std(axis=0, ddof=1)
+    if k >= 4:
+        ds = az.convert_to_dataset({"theta": np.asarray(x, np.float64)})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cols["ess_bulk"] = np.asarray(az.ess(ds, method="bulk")["theta"].values, float)
+            cols["ess_tail"] = np.asarray(az.ess(ds, method="tail")["theta"].values, float)
+            cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
+    df = pd.DataFrame(cols, index=pd.Index(list(names), name="param"))
+    return df
 
 
 def _finite(v):
@@ -213,6 +240,9 @@ def atomic_write(path: str, write):
     os.close(fd)
     try:
         write(tmp)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -252,7 +282,7 @@ def _savefig(fig, path):
     import matplotlib.pyplot as plt
 
     try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     finally:
         plt.close(fig)
     return path
@@ -310,8 +340,9 @@ def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_
             ax.tick_params(labelsize=7)
         axes[-1, col].set_xlabel("seconds into each chain's run", fontsize=8)
     note = "" if len(idx) == d else f" (first {len(idx)} of {d} parameters)"
-    fig.suptitle("Traces: one colour per chain, warmup in grey" + note, fontsize=10)
-    fig.tight_layout()
+    h = fig.get_figheight()
+    fig.suptitle("Traces: one colour per chain, warmup in grey" + note, fontsize=10, y=1 - 0.12 / h)
+    fig.subplots_adjust(left=0.09, right=0.99, bottom=0.55 / h, top=1 - 0.7 / h, wspace=0.08, hspace=0.12)
     return _savefig(fig, path)
 
 
@@ -349,12 +380,14 @@ def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, r
                         label=run.name)
         ax.set_title(shown[p], fontsize=9)
         ax.tick_params(labelsize=7)
+        ax.locator_params(axis="x", nbins=5)
         ax.set_yticks([])
     for p in range(len(idx), nrow * ncol):
         axes[p // ncol, p % ncol].axis("off")
     h, lab = axes[0, 0].get_legend_handles_labels()
     fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fh = fig.get_figheight()
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.35 / fh, top=1 - 0.75 / fh, wspace=0.08, hspace=0.45)
     return _savefig(fig, path)
 
 
@@ -379,7 +412,7 @@ def plot_data_use(runs: Sequence[MethodRun], n: int, path: str) -> str:
         ax.tick_params(labelsize=7)
     axes[0, 0].set_ylabel("steps", fontsize=8)
     fig.suptitle(f"Data used per step (N = {n:,}, dotted line; dashed: mean)", fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.18, top=0.8, wspace=0.08)
     return _savefig(fig, path)
 
 

@@ -118,7 +118,7 @@ def sample(
         states = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None)))(starts, cv0, hint)
     else:
         states = jax.jit(jax.vmap(kernel.init))(starts)
-    init_items = n if getattr(test, "tracks_log_lik", False) else 0
+    init_items = n * num_chains if getattr(test, "tracks_log_lik", False) else 0  # one pass per chain
     setup_items += init_items
 
     def make_runner(length: int):
