@@ -7,7 +7,14 @@ import warnings
 
 import numpy as np
 
-logging.getLogger("arviz").setLevel(logging.ERROR)  # single-chain shape warnings: we return NaN ourselves
+
+
+def _arviz():
+    import arviz as az
+
+    # ArviZ logs a shape warning for single-chain input (set on import, so set after it)
+    logging.getLogger("arviz").setLevel(logging.ERROR)
+    return az
 
 __all__ = ["ess", "rhat", "mcse_mean", "z_score"]
 
@@ -23,8 +30,7 @@ def _as_chain_draw(x):
 
 def ess(x, method: str = "bulk") -> float:
     """Effective sample size of draws shaped ``(chain, draw)`` (rank-normalised, Vehtari et al. 2021)."""
-    import arviz as az
-
+    az = _arviz()
     x = _as_chain_draw(x)
     if x.shape[1] < 4:
         return float("nan")
@@ -35,8 +41,7 @@ def ess(x, method: str = "bulk") -> float:
 
 def rhat(x) -> float:
     """Rank-normalised split R-hat of draws shaped ``(chain, draw)``."""
-    import arviz as az
-
+    az = _arviz()
     x = _as_chain_draw(x)
     if x.shape[1] < 4:
         return float("nan")
