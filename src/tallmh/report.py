@@ -36,6 +36,7 @@ COLUMNS = [
     ("ess_per_s", "ESS/s", "{:.2f}"),
     ("max_mean_err_sd", "max|mean-ref|/sd", "{:.3f}"),
     ("max_err_z", "max z", "{:.1f}"),
+    ("sd_ratio_range", "sd/ref sd", "{}"),
 ]
 
 
@@ -110,12 +111,21 @@ def param_table(x, names):
         if flat.shape[0] > 1:
             cols["sd"] = flat.std(axis=0, ddof=1)
     if k >= 4:
+        import logging
+
         ds = az.convert_to_dataset({"theta": np.asarray(x, np.float64)})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cols["ess_bulk"] = np.asarray(az.ess(ds, method="bulk")["theta"].values, float)
-            cols["ess_tail"] = np.asarray(az.ess(ds, method="tail")["theta"].values, float)
-            cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
+        log = logging.getLogger("arviz")
+        level = log.level
+        log.setLevel(logging.ERROR)  # ArviZ logs a warning for a single chain; R-hat is then left out
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cols["ess_bulk"] = np.asarray(az.ess(ds, method="bulk")["theta"].values, float)
+                cols["ess_tail"] = np.asarray(az.ess(ds, method="tail")["theta"].values, float)
+                if c >= 2:
+                    cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
+        finally:
+            log.setLevel(level)
     df = pd.DataFrame(cols, index=pd.Index(list(names), name="param"))
     return df
 
@@ -169,6 +179,11 @@ def method_row(run: MethodRun, ref: Optional[Reference] = None) -> Dict[str, Any
             mcse_ref = ref.sd / np.sqrt(ref.info.get("ess", ref.ess()))
             z = np.abs(mean - ref.mean) / np.sqrt(mcse**2 + np.asarray(mcse_ref) ** 2)
         row["max_err_z"] = float(np.nanmax(z)) if np.any(np.isfinite(z)) else float("nan")
+        ratio = sd_run / ref.sd
+        if np.all(np.isfinite(ratio)):
+            row["sd_ratio_min"] = float(np.min(ratio))
+            row["sd_ratio_max"] = float(np.max(ratio))
+            row["sd_ratio_range"] = f"{np.min(ratio):.2f}-{np.max(ratio):.2f}"
     return row
 
 
@@ -394,7 +409,8 @@ def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, r
 def plot_data_use(runs: Sequence[MethodRun], n: int, path: str) -> str:
     """Histogram of the data items read per sampling step, per method, on log-log axes (shared)."""
     plt = _plt()
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 0.6, 3.0), sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 0.6, 3.0), sharex=True, sharey=True,
+                             squeeze=False)
     allv = [np.asarray(run.result.stats["n_data"]).ravel() for run in runs]
     lo = max(1, min([int(v.min()) for v in allv if v.size] or [1]))
     edges = np.unique(np.geomspace(lo * 0.9, n * 1.1, 40))
@@ -427,7 +443,8 @@ def plot_risk(curves: Dict[str, tuple], path: str, budget_note: str = "") -> str
     ax.set_yscale("log")
     ax.set_xlabel("seconds into each chain's run (compilation excluded)")
     ax.set_ylabel("risk of predictive mean (held-out rows)")
-    ax.set_title("Risk of the predictive mean vs wall-clock time" + (f"\n{budget_note}" if budget_note else ""), fontsize=10)
+    ax.set_title("Risk of the predictive mean vs wall-clock time" + (f"\n{budget_note}" if budget_note else ""),
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -474,11 +491,12 @@ def _frame_html(df, digits=4):
 
 
 def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text: str, sections: Sequence[tuple],
-               images: Sequence[tuple], details: Sequence[tuple] = ()) -> str:
+               images: Sequence[tuple], details: Sequence[tuple] = (), tables: Sequence[tuple] = ()) -> str:
     """Write ``report.html``: a title, paragraphs, the table, images (relative paths) and notes.
 
     ``sections``: ``(heading, [paragraph html, ...])``; ``images``: ``(heading, file name, alt text,
-    caption)``; ``details``: ``(summary, html)`` shown folded.
+    caption)``; ``details``: ``(summary, html)`` shown folded; ``tables``: ``(heading, html)`` shown after the
+    results.
     """
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -488,6 +506,9 @@ def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text:
     parts.append("<h2>Results</h2>")
     parts.append(_rows_html(rows))
     parts.append(f"<details><summary>as printed</summary><pre>{html.escape(table_text)}</pre></details>")
+    for heading, body in tables:
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts.append(body)
     for heading, paras in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")
         parts += [f"<p class=\"note\">{p}</p>" for p in paras]

