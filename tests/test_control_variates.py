@@ -132,3 +132,15 @@ def test_control_variates_with_exact_is_an_error(linreg):
     with pytest.raises(tm.ConfigError, match="approximate tests"):
         tm.sample(model, data, test=tm.acceptance.Exact(), num_samples=5, num_warmup=0, num_chains=1,
                   control_variates=tm.ControlVariates(), progress=False)
+
+
+def test_recenter_after_warmup_makes_one_more_counted_pass(linreg):
+    model, data, mean, sd, cov = linreg
+    kw = dict(test=tm.acceptance.Austerity(epsilon=0.05, batch_size=100), proposal=tm.proposals.RandomWalk(cov * 2.38**2 / 3),
+              num_samples=50, num_warmup=100, num_chains=2, seed=1, progress=False)
+    a = tm.sample(model, data, control_variates=tm.ControlVariates(order=1), **kw)
+    b = tm.sample(model, data, control_variates=tm.ControlVariates(order=1, recenter=True), **kw)
+    assert b.setup_items == a.setup_items + 20_000
+    warm = a.flat_warmup[:, 50:].reshape(-1, 3).mean(axis=0)
+    np.testing.assert_allclose(np.asarray(b.final_state.cv.center[0]), warm, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(np.asarray(a.final_state.cv.center[0]), warm)
