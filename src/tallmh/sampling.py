@@ -241,6 +241,8 @@ def decision_fn(test, model, data, check: bool = True, control_variates=None):
     """A jitted ``f(theta, theta_prop, key, log_q_ratio=0.) -> (accept, n_data)`` for repeated decisions.
 
     ``theta`` and ``theta_prop`` are parameter pytrees; ``f`` can be ``jax.vmap``-ed over keys or pairs.
+    Under ``vmap`` each decision holds buffers for the largest chunk size of its reader (up to N/16
+    items), so memory grows with the number of keys: for thousands of keys at large N use ``jax.lax.map``.
     ``control_variates``: ``(ControlVariates, CVState)`` to decide with Taylor control variates.
     """
     data = validate_data(data) if check else data

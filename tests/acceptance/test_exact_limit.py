@@ -52,3 +52,15 @@ def test_same_key_same_u_for_exact_kinds():
         # Metropolis acceptance dominates Barker's: with a shared u, Barker-accept implies Metropolis-accept
         # whenever Delta <= 0, and their rates match min(1, e^D) and sigmoid(D) (checked elsewhere).
         assert m.mean() >= b.mean()
+
+
+def test_tempered_barker_with_all_items_matches_tempered_exact():
+    with enable_x64(True):
+        model, data, theta = logistic_problem(n=400, d=2)
+        pairs = _pairs(theta, 3, 20, 0.3, seed=4)
+        keys = jax.random.split(jax.random.PRNGKey(2), 50)
+        acc, _ = decisions(tm.acceptance.Barker(batch_size=400, temperature=10.0), model, data, pairs, keys)
+        ref, _ = decisions(tm.acceptance.Exact(kind="barker", temperature=10.0), model, data, pairs, keys)
+        plain, _ = decisions(tm.acceptance.Exact(kind="barker"), model, data, pairs, keys)
+        assert np.array_equal(acc, ref)
+        assert not np.array_equal(acc, plain)

@@ -30,7 +30,8 @@ class Barker:
     table's own L_inf error.
 
     If the minibatch grows to all N items, the test decides exactly, with the same logistic variable
-    ``logit(u)`` that :class:`~tallmh.acceptance.Exact` ``(kind="barker")`` draws from the key. A sample
+    ``logit(u)`` that :class:`~tallmh.acceptance.Exact` ``(kind="barker", temperature=T)`` draws from the
+    key. A sample
     standard deviation of 0 (all ``l_i`` equal so far) gives no information on the spread and makes the
     test read more (the same guard as the austerity test).
 

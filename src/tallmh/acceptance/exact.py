@@ -23,16 +23,22 @@ class Exact:
     logistic variable ``X = log u - log(1 - u)`` (Barker 1965; minibatch Barker paper eq. 9-10). Both draw
     u from the key exactly as the approximate tests do.
 
+    ``temperature`` T divides the log-likelihood (target ``p0 prod_i p(x_i|theta)^(1/T)``), as in
+    :class:`~tallmh.acceptance.Barker`, whose oracle is ``Exact(kind="barker", temperature=T)``.
+
     Inside :func:`tallmh.sample` the kernel keeps the current full log-likelihood, so a step evaluates
     ``log p(x_i|theta')`` once per item (N items read per step).
     """
 
     kind: str = "metropolis"
     chunk: int = _EXACT_CHUNK
+    temperature: float = 1.0
 
     def __post_init__(self):
         if self.kind not in ("metropolis", "barker"):
             raise ConfigError(f"Exact(kind=...) must be 'metropolis' or 'barker', not {self.kind!r}")
+        if not float(self.temperature) > 0.0:
+            raise ConfigError(f"Exact temperature must be positive; got {self.temperature}")
 
     @property
     def name(self) -> str:
@@ -57,6 +63,7 @@ class Exact:
             acc = reader.advance(None, Moments.zero(dtype), n)
             lam = acc.mean * n
             ll_prop = None
+        lam = lam / self.temperature
         if self.kind == "metropolis":
             accept = jnp.log(u) < problem.log_base + lam
         else:
