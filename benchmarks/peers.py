@@ -52,20 +52,21 @@ iteration: tallmh ``mean(stats["n_data"])``; NUTS N x leapfrog steps; HMCECS sub
 + 3) for the new block's proxy terms, the pseudo-marginal ratio and the refresh; SGLD the batch); and
 ``time_per_step_s`` = sampling_s / draws per chain.
 
-Time caps: each (method, chains) cell is sized to about ``--cell-seconds`` (12) of warmup + sampling from
-its own time per step at the previous (smaller) data set, scaled by N for the methods that read O(N)
-items per step (exact, tests without control variates, NUTS) and kept as is for the others, but never
-below ``--min-steps`` (20 warmup + 30 draws; ``--min-steps-hmc``, 50 + 100, for NUTS and HMCECS); a cell
-whose minimum size is predicted to take more than ``--skip-seconds`` (150) is skipped (listed with the
-reason). The first data set runs the nominal sizes (``--*-steps``). A sampling phase that runs past ``--cap-factor`` budgets is stopped
-(tallmh's callback; ``partial`` in the row). The number of warmup steps and draws is in every row. The
-tallmh configurations without control variates (exact included) are not run above ``--plain-max-n``
-(5e5: they run on the 1e5 and flights data): they read O(N) items per step at equilibrium, so at
-larger N they would get only a few dozen steps in their budget, and each tallmh cell also pays a compile
-time that grows with N (tallmh embeds the data in the compiled program). NUTS is not run above
-``--nuts-max-n`` (2e6); there the script measures one full-data gradient and the goals section gives an
-ESTIMATE of NUTS's ESS/s (ESS per gradient at the largest N where it ran / gradient seconds), labelled
-as such.
+Time caps: each (method, chains) cell is sized to about ``--cell-seconds`` (12) of warmup + sampling
+from its own time per step at the previous (smaller) data set of the same kind (synthetic or flights;
+else any), scaled by N for the methods that read O(N) items per step (exact, tests without control
+variates, NUTS) and kept as is for the others, but never below ``--min-steps`` (20 warmup + 30 draws;
+``--min-steps-hmc``, 300 + 300, for NUTS and HMCECS, whose adaptation needs a real warmup); a cell whose
+minimum size is predicted to take more than ``--skip-seconds`` (150) is skipped (listed with the
+reason). The first data set runs the nominal sizes (``--*-steps``). A sampling phase that runs past
+``--cap-factor`` budgets is stopped (``partial`` in the row, ``*`` in the table). The number of warmup
+steps and draws is in every row. The tallmh configurations without control variates (exact included)
+are not run above ``--plain-max-n`` (5e5: they run on the 1e5 and flights data): they read O(N) items
+per step at equilibrium, so at larger N they would get only a few dozen steps in their budget, and each
+tallmh cell also pays a compile time that grows with N (tallmh embeds the data in the compiled
+program). NUTS is not run above ``--nuts-max-n`` (2e6); there the script measures one full-data gradient
+and the goals section gives an ESTIMATE of NUTS's ESS/s (ESS per gradient at the largest N where it ran,
+over the gradient seconds), labelled as such.
 
 Usage::
 
@@ -855,7 +856,7 @@ def parse(argv):
     ap.add_argument("--batch", type=int, default=100, help="batch / initial batch of the tallmh tests")
     ap.add_argument("--subsample", type=int, default=1000, help="HMCECS subsample size")
     ap.add_argument("--sgld-batch", type=int, default=1000)
-    ap.add_argument("--sgld-grid", default="1e-4,1e-3,1e-2,0.1,1", help="SGLD step sizes, in units of 1/lambda_max")
+    ap.add_argument("--sgld-grid", default="1e-4,3e-4,1e-3,3e-3,1e-2,3e-2,0.1,0.3,1", help="SGLD step sizes, in units of 1/lambda_max")
     ap.add_argument("--sgld-tune-steps", type=int, default=3000)
     ap.add_argument("--tallmh-steps", default="5000,50000", help="warmup,draws of tallmh with control variates")
     ap.add_argument("--tallmh-plain-steps", default="500,2000", help="warmup,draws of tallmh without them")
@@ -867,7 +868,8 @@ def parse(argv):
     ap.add_argument("--plain-max-n", type=float, default=5e5,
                     help="largest N at which the tallmh tests without control variates (exact included) run")
     ap.add_argument("--min-steps", default="20,30", help="fewest warmup,draws of a time-capped tallmh or SGLD cell")
-    ap.add_argument("--min-steps-hmc", default="50,100", help="fewest warmup,draws of a capped NUTS or HMCECS cell")
+    ap.add_argument("--min-steps-hmc", default="300,300",
+                    help="fewest warmup,draws of a capped NUTS or HMCECS cell (NUTS needs a real warmup to adapt)")
     ap.add_argument("--cell-seconds", type=float, default=12.0, help="warmup + sampling budget of one cell")
     ap.add_argument("--skip-seconds", type=float, default=150.0,
                     help="skip a cell whose minimum size is predicted to take longer than this")
@@ -905,11 +907,11 @@ def parse(argv):
     return args
 
 
-def plan_steps(method, chains, N, nominal, prev, args):
+def plan_steps(method, chains, N, nominal, prev, args, kind):
     """(warmup, draws, predicted seconds or None, skip reason or None) for one cell."""
     W, S = nominal
     w_min, s_min = args.min_steps_hmc if method in ("nuts", "hmcecs") else args.min_steps
-    p = prev.get((method, chains))
+    p = prev.get((method, chains, kind)) or prev.get((method, chains))  # same kind of data first
     if p is None:
         return W, S, None, None
     n_prev, sec = p
@@ -1017,7 +1019,7 @@ def main(argv=None):
                     nominal = args.hmcecs_steps
                 else:
                     nominal = args.nuts_steps
-                W, S, pred, skip = plan_steps(method, chains, N, nominal, prev, args)
+                W, S, pred, skip = plan_steps(method, chains, N, nominal, prev, args, kind)
                 if method == "nuts" and N > args.nuts_max_n:
                     if chains == 1:
                         gs = nuts_gradient_seconds(Xj, yj)
@@ -1075,7 +1077,8 @@ def main(argv=None):
                         row[k] = res[k]
                 row["accurate"] = bool(accurate(row))
                 rows.append(row)
-                prev[(method, chains)] = (N, (tim["warmup_s"] + tim["sampling_s"]) / max(W + draws, 1))
+                prev[(method, chains)] = prev[(method, chains, kind)] = (
+                    N, (tim["warmup_s"] + tim["sampling_s"]) / max(W + draws, 1))
                 say(f"    {time.perf_counter() - tc:.1f}s: ESS min {row['ess_min']:.0f}, ESS/s {row['ess_per_s']:.3g} "
                     f"(total {row['ess_per_s_total']:.3g}), max|dmean|/sd {row['max_mean_err_sd']:.3f} "
                     f"(z {row['max_mean_err_z']:.1f}), sd ratio {row['sd_ratio_min']:.2f}-{row['sd_ratio_max']:.2f}, "

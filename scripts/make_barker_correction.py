@@ -3,7 +3,7 @@
 
 Seita, Pan, Chen, Canny (2017), "An Efficient Minibatch Acceptance Test for Metropolis-Hastings",
 Section 4 ("Correction distribution"), eq. 12-15 and Table 1
-(``/work/shared/papers/minibatch-barker-test-seita-et-al-2017.md``).
+(``../shared/papers/minibatch-barker-test-seita-et-al-2017.md``).
 
 The test of eq. 13 needs ``X_corr`` such that ``X_norm + X_corr`` with ``X_norm ~ N(0, sigma^2)`` is
 (approximately) standard logistic, ``X_log`` with CDF ``S(x) = 1 / (1 + exp(-x))`` (eq. 12). Eq. 14 asks
