@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from ..data import permute
 
-__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader"]
+__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader", "clt_error"]
 
 
 class Problem(NamedTuple):
@@ -46,6 +46,11 @@ class Decision(NamedTuple):
     n_data: jax.Array  # int32: data items read to decide (including any full pass for a bound)
     rounds: jax.Array  # int32: number of looks / minibatch rounds
     log_lik_prop: Optional[jax.Array] = None  # full log-lik at theta' (exact test only)
+    # int32: items read whose l_i was NaN or infinite (the test then rejects at once); None = 0
+    n_nonfinite: Optional[jax.Array] = None
+    # float: the test's estimate of how far the standardised mean of the l_i it read is from normal
+    # (Berry-Esseen-type, :func:`clt_error`); None for tests that do not lean on the CLT (exact)
+    clt_error: Optional[jax.Array] = None
 
 
 def draw_u(key):
@@ -59,6 +64,8 @@ class Moments(NamedTuple):
 
     ``abs1`` and ``abs3`` accumulate ``|l - mean|`` and ``|l - mean|**3`` about the running mean at the
     time each chunk is merged (used by the minibatch Barker test's CLT error estimate).
+    ``nonfinite`` counts items whose value was NaN or +-inf: they are left out of every other field (and
+    of ``t``), and a test that sees ``nonfinite > 0`` should stop and reject (DESIGN: support).
     """
 
     t: jax.Array
@@ -67,13 +74,22 @@ class Moments(NamedTuple):
     abs1: jax.Array
     abs3: jax.Array
     absmax: jax.Array
+    nonfinite: jax.Array = None  # int32
 
     @staticmethod
     def zero(dtype):
         z = jnp.zeros((), dtype)
-        return Moments(jnp.zeros((), jnp.int32), z, z, z, z, z)
+        return Moments(jnp.zeros((), jnp.int32), z, z, z, z, z, jnp.zeros((), jnp.int32))
+
+    @property
+    def read(self):
+        """Items read so far, finite or not (``t + nonfinite``)."""
+        return self.t + self.nonfinite
 
     def merge(self, l, mask):
+        bad = mask & ~jnp.isfinite(l)
+        mask = mask & ~bad
+        l = jnp.where(mask, l, 0.0)
         w = mask.astype(l.dtype)
         nb = jnp.sum(w)
         mean_b = jnp.sum(w * l) / jnp.maximum(nb, 1.0)
@@ -91,6 +107,7 @@ class Moments(NamedTuple):
             self.abs1 + jnp.sum(w * dev),
             self.abs3 + jnp.sum(w * dev**3),
             jnp.maximum(self.absmax, jnp.max(jnp.where(mask, jnp.abs(l), 0.0))),
+            self.nonfinite + jnp.sum(bad).astype(jnp.int32),
         )
 
     def var(self):
@@ -126,14 +143,18 @@ class StreamReader:
         return pos, jnp.clip(pos, 0, self.n - 1)
 
     def advance(self, perm, acc: Moments, target):
-        """Merge the items at positions ``[acc.t, target)`` into ``acc``. ``target <= N``."""
+        """Merge the items at positions ``[acc.read, target)`` into ``acc``. ``target <= N``.
+
+        Positions count every item read, finite or not (``acc.read``); non-finite items are counted
+        in ``acc.nonfinite`` and left out of the moments.
+        """
         for size in reversed(self.sizes[1:]):
 
             def cond(a, size=size):
-                return target - a.t >= size
+                return target - a.read >= size
 
             def body(a, size=size):
-                _, idx = self._indices(perm, a.t, size)
+                _, idx = self._indices(perm, a.read, size)
                 l = self.fn(idx)
                 return a.merge(l, jnp.ones((size,), bool))
 
@@ -142,12 +163,28 @@ class StreamReader:
         m = self.m
 
         def cond0(a):
-            return a.t < target
+            return a.read < target
 
         def body0(a):
-            pos, idx = self._indices(perm, a.t, m)
+            pos, idx = self._indices(perm, a.read, m)
             l = self.fn(idx)
             return a.merge(l, pos < target)
 
         return jax.lax.while_loop(cond0, body0, acc)
 
+
+
+def clt_error(acc: Moments):
+    """Berry-Esseen-type distance of the standardised mean of the ``l_i`` read so far from N(0, 1).
+
+    ``C rho3 / (sigma^3 sqrt(t))`` with ``rho3 = E|l - mean|^3`` and ``sigma`` the sd, both estimated from
+    the items read (``C = 0.4748``, Shevtsova 2011, the i.i.d. Berry-Esseen constant; the minibatch Barker
+    paper, Cor. 1, uses the same moment ratio). Returns +inf when fewer than two distinct values were
+    read. A value above ~0.05-0.1 says the CLT that the austerity and Barker tests lean on is doubtful at
+    this batch size (heavy-tailed ``l_i``: log-normal data, outliers).
+    """
+    tf = jnp.maximum(acc.t.astype(acc.mean.dtype), 1.0)
+    sd = jnp.sqrt(acc.m2 / tf)
+    rho3 = acc.abs3 / tf
+    safe = jnp.where(sd > 0, sd, 1.0)
+    return jnp.where((sd > 0) & (acc.t > 1), 0.4748 * rho3 / safe**3 / jnp.sqrt(tf), jnp.inf)
