@@ -373,6 +373,10 @@ class Informed:
             # 1. subset move: swap k members (positions pos) for k non-members (cand)
             if k == 1:
                 pos = jax.random.randint(k_pos, (1,), 0, m, dtype=jnp.int32)
+            elif k == m:
+                pos = jnp.arange(m, dtype=jnp.int32)
+            elif 2 * k > m:  # rejection would need many rounds: a permutation, O(n log n)
+                pos = jax.random.permutation(k_pos, m)[:k].astype(jnp.int32)
             else:
                 pos = _distinct_draw(k_pos, k, m)
             cand = _distinct_draw(k_cand, k, N, ex.idx)
