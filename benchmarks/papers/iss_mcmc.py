@@ -234,6 +234,35 @@ def plot_bias(rows, out):
     return C.save_fig(fig, out, "iss_mcmc_bias.png")
 
 
+def plot_report(rows, out):
+    """Time per step and the widest sd ratio of each configuration, per N and setting (the report's Table 1
+    as a time per iteration, and how far each run is from the posterior)."""
+    plt = C.pyplot()
+    sizes = sorted({r["N"] for r in rows})
+    fig, axes = plt.subplots(len(sizes), 2, figsize=(12, 3.6 * len(sizes)), squeeze=False)
+    for i, N in enumerate(sizes):
+        for j, (key, lab) in enumerate((("ms_per_step", "ms per iteration (2 chains, vectorised)"),
+                                        ("sd_ratio_max", "max sd / posterior sd"))):
+            ax = axes[i][j]
+            for s_i, setting in enumerate(("report", "ours")):
+                rs = [r for r in rows if r["N"] == N and r["setting"] == setting]
+                x = np.arange(len(rs)) + (0.2 if s_i else -0.2)
+                ax.bar(x, [r[key] for r in rs], width=0.4, color=f"C{s_i}",
+                       label="report's Q (cube 0.2), swap = n" if setting == "report" else "AM proposal, swap = n/10")
+                ax.set_xticks(np.arange(len(rs)))
+                ax.set_xticklabels([r["method"].replace("ISS ", "") for r in rs], rotation=30, fontsize=7, ha="right")
+            ax.set_yscale("log")
+            ax.set_ylabel(lab, fontsize=8)
+            ax.set_title(f"N = {N}", fontsize=9)
+            ax.grid(alpha=0.3, axis="y")
+            if j == 1:
+                ax.axhline(1.0, color="k", lw=0.8, ls=":")
+            ax.legend(fontsize=7)
+    fig.suptitle("ISS-MCMC on the report's logistic regression (S = y): cost per iteration and posterior width")
+    fig.tight_layout()
+    return C.save_fig(fig, out, "iss_mcmc_report.png")
+
+
 def part_peers(tm, args):
     sys.path.insert(0, os.path.join(C.REPO_ROOT, "benchmarks"))
     import peers
@@ -254,6 +283,8 @@ def part_peers(tm, args):
         if N <= 500_000:
             methods += ["tallmh-exact", "tallmh-austerity", "tallmh-confidence", "tallmh-barker"]
         methods += ["tallmh-austerity-cv", "tallmh-confidence-cv", "tallmh-barker-cv"]
+        if args.peer_methods is not None:
+            methods = [m for m in methods if m in args.peer_methods]
         for meth in methods:
             test, cv = peers.tallmh_config(tm, meth, 100)
             methods_args = (meth, test, cv)
@@ -306,6 +337,7 @@ def main(argv=None):
     ap.add_argument("--out", default=C.DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="only redraw the figures from the JSON files in --out")
     ap.add_argument("--report-sizes", default="100000,1000000")
     ap.add_argument("--report-n", default="100,500,1000")
     ap.add_argument("--report-eps", default="5e-5,1")
@@ -320,6 +352,8 @@ def main(argv=None):
     ap.add_argument("--peer-sizes", default="100000,1000000")
     ap.add_argument("--peer-iss", default="1000:10:1,10000:100:1",
                     help="ISS configurations n:k:eps, comma-separated")
+    ap.add_argument("--peer-methods", default=None, help="tallmh tests to run beside ISS (default: as peers.py)")
+    ap.add_argument("--peers-file", default="iss_mcmc_peers.json")
     ap.add_argument("--budget", type=float, default=20.0, help="sampling seconds per method (peers part)")
     ap.add_argument("--peer-warmup", type=int, default=500)
     ap.add_argument("--peer-max-draws", type=int, default=200_000)
@@ -330,6 +364,8 @@ def main(argv=None):
     args.bias_subsets = _ints(args.bias_subsets)
     args.bias_eps = _floats(args.bias_eps)
     args.peer_sizes = _ints(args.peer_sizes)
+    if args.peer_methods is not None:
+        args.peer_methods = [m for m in args.peer_methods.split(",") if m]
     args.peer_iss = [(int(a), int(b), float(c)) for a, b, c in (t.split(":") for t in args.peer_iss.split(",") if t)]
     if args.smoke:
         args.report_sizes, args.report_n, args.report_eps = [5000], [100], [1.0]
@@ -337,6 +373,15 @@ def main(argv=None):
         args.bias_n, args.bias_subsets, args.bias_eps, args.bias_draws = 5000, [100], [0.0, 1.0], 300
         args.peer_sizes, args.peer_iss, args.budget, args.peer_warmup = [5000], [(200, 2, 1.0)], 1.0, 100
     parts = [p for p in args.parts.split(",") if p]
+    if args.replot:  # figures again from the saved JSON files in --out
+        import json
+
+        for fname, fn in (("iss_mcmc_report.json", plot_report), ("iss_mcmc_bias.json", plot_bias)):
+            path = os.path.join(args.out, fname)
+            if os.path.exists(path):
+                with open(path) as f:
+                    fn(json.load(f)["rows"], args.out)
+        return
 
     import tallmh as tm
 
@@ -356,6 +401,7 @@ def do_report(tm, args, meta):
                                     "ESS min", "max dmean/sd", "sd ratio min", "sd ratio max"])
         print(tab)
         C.write_json(args.out, "iss_mcmc_report.json", {"meta": meta, "rows": rows, "table": tab})
+        plot_report(rows, args.out)
 
 
 def do_bias(tm, args, meta):
@@ -380,7 +426,7 @@ def do_peers(tm, args, meta):
         tab = md_table(rows, cols, ["data", "method", "draws", "sampling s", "ESS min", "ESS/s", "max dmean/sd",
                                     "sd ratio min", "sd ratio max", "items/step", "ms/step", "setup s", "compile s"])
         print(tab)
-        C.write_json(args.out, "iss_mcmc_peers.json", {"meta": meta, "rows": rows, "table": tab})
+        C.write_json(args.out, args.peers_file, {"meta": meta, "rows": rows, "table": tab})
 
 
 if __name__ == "__main__":
