@@ -46,6 +46,12 @@ is ``sqrt(1 + 1/(n/(N-n) + 2 eps))`` per direction when the subset chain mixes).
 sufficient statistic linear in the data (e.g. a Gaussian mean with known variance), the scores are
 such a statistic.
 
+**Choosing k.** A swap of k items moves the whitened Delta by about ``sqrt(2 k N) / n`` per coordinate,
+while nu_{n,eps} keeps it within about ``1 / sqrt(2 eps)``: with ``k`` much above ``n^2 / (4 eps N)`` almost
+every subset move is rejected and the subset stays put (chains then disagree: R-hat shows it). k = 1 is
+the safe choice at large N (``benchmarks/papers/iss_mcmc.py``: at N = 1e6, n = 1000, eps = 1, k = 10 gave
+an ESS of 5 where k = 1 gave 327).
+
 The mode and Hessian come, in this order, from ``center=`` (a flat vector; the Hessian is then computed
 in one full pass), from the ``cv`` that ``kernel.init`` receives (``tallmh.sample`` passes the mode and
 Hessian it found for its start when the test sets ``wants_mode``), or from damped Newton inside
