@@ -66,8 +66,8 @@ class Austerity:
       probability that ``max_{k<K} |Z_k|`` exceeds the critical value c.
     * c (hence the per-look level ``1 - Phi(c)``) solves ``P(max_k |Z_k| > c) = 2 error`` for the given N
       and batch size: a recursion over the looks, computed in NumPy when the step is traced (N is static)
-      and cached per (N, m, error); see :mod:`tallmh.acceptance._sequential` (well under a second, checked
-      there against simulation). :meth:`per_look_epsilon` returns it.
+      and cached per (N, m, error); see :mod:`tallmh.acceptance._sequential` (0.05-2 s, checked against a
+      simulation of every look in ``tests/acceptance/test_austerity_error.py``). :meth:`per_look_epsilon` returns it.
 
     Assumptions: the CLT for the mean of the items read (see ``Decision.clt_error``; heavy-tailed l_i
     break it and neither form then keeps its promise), and the Brownian limit with a known sd (with
