@@ -98,6 +98,49 @@ def laplace(X, y, prior_scale, iters=50):
     return theta, H
 
 
+def plot(out, png):
+    """Data used and wrong decisions versus the nominal value, both forms, from the results dict."""
+    rows, error_rows = out["rows"], out.get("error_rows", [])
+    cfg = out["config"]
+    n = cfg["N"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax1 = plt.subplots(figsize=(6.5, 5))
+    ax2 = ax1.twinx()
+    for rs, key, style, name in ((rows, "epsilon", "-", "per look (epsilon)"), (error_rows, "error", "--", "per step (error)")):
+        if not rs:
+            continue
+        x = np.array([r[key] for r in rs])
+        frac = np.array([100 * r["data_fraction"] for r in rs])
+        wr = np.array([100 * r["wrong_rate"] for r in rs])
+        wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rs])
+        ax1.plot(x, frac, "o" + style, color="tab:blue", label=f"data used, {name}")
+        ax2.errorbar(x, wr, yerr=2 * np.nan_to_num(wse), fmt="s" + style, color="tab:red", capsize=3,
+                     label=f"wrong, {name}")
+    top = max([100 * r["wrong_rate"] + 200 * np.nan_to_num(r["wrong_rate_pair_clustered_se"]) for r in rows + error_rows])
+    xs = np.array(sorted({r.get("error", r.get("epsilon")) for r in rows + error_rows}))
+    ax2.plot(xs, 100 * xs, ":", color="gray", label="wrong = nominal value")
+    ax1.set_xlabel(r"nominal value: $\epsilon$ (per look) or error target (per step)")
+    ax1.set_ylabel("percentage of data used", color="tab:blue")
+    ax1.tick_params(axis="y", labelcolor="tab:blue")
+    ax1.set_ylim(0, 105)
+    ax2.set_ylabel("percentage of wrong decisions (±2 se, pair-clustered)", color="tab:red")
+    ax2.tick_params(axis="y", labelcolor="tab:red")
+    ax2.set_ylim(0, max(1.0, 1.15 * float(top)))
+    h1, l1 = ax1.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    fig.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    ax1.set_title(f"Austerity, synthetic logistic regression\nN = {n}, d = {cfg['d_features']}+1, batch {cfg['batch_size']}, "
+                  f"{cfg['pairs']}x{cfg['keys_per_pair']} decisions", fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    print(f"wrote {png}")
+
+
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -115,7 +158,12 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                     help="directory for decision_error.json and decision_error.png")
+    ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results JSON and exit")
     args = ap.parse_args(argv[1:])
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            plot(json.load(f), os.path.splitext(args.plot_only)[0] + ".png")
+        return 0
     if args.smoke:
         args.n, args.d, args.pairs, args.keys = 2000, 10, 4, 32
         args.epsilons = "0,0.1"
@@ -302,43 +350,7 @@ def main(argv=None):
         json.dump(out, f, indent=2)
     print(f"wrote {path}")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax1 = plt.subplots(figsize=(6, 4.2))
-    ax2 = ax1.twinx()
-    for rs, key, style, name in ((rows, "epsilon", "-", "per look (epsilon)"), (error_rows, "error", "--", "per step (error)")):
-        if not rs:
-            continue
-        x = np.array([r[key] for r in rs])
-        frac = np.array([100 * r["data_fraction"] for r in rs])
-        wr = np.array([100 * r["wrong_rate"] for r in rs])
-        wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rs])
-        ax1.plot(x, frac, "o" + style, color="tab:blue", label=f"data used, {name}")
-        ax2.errorbar(x, wr, yerr=2 * np.nan_to_num(wse), fmt="s" + style, color="tab:red", capsize=3,
-                     label=f"wrong, {name}")
-    top = max([100 * r["wrong_rate"] + 200 * np.nan_to_num(r["wrong_rate_pair_clustered_se"]) for r in rows + error_rows])
-    xs = np.array(sorted({r.get("error", r.get("epsilon")) for r in rows + error_rows}))
-    ax2.plot(xs, 100 * xs, ":", color="gray", label="wrong = nominal value")
-    ax1.set_xlabel(r"nominal value: $\epsilon$ (per look) or error target (per step)")
-    ax1.set_ylabel("percentage of data used", color="tab:blue")
-    ax1.tick_params(axis="y", labelcolor="tab:blue")
-    ax1.set_ylim(0, 105)
-    ax2.set_ylabel("percentage of wrong decisions (±2 se, pair-clustered)", color="tab:red")
-    ax2.tick_params(axis="y", labelcolor="tab:red")
-    ax2.set_ylim(0, max(1.0, 1.15 * float(top)))
-    h1, l1 = ax1.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax1.legend(h1 + h2, l1 + l2, fontsize=7, loc="center right")
-    ax1.set_title(f"Austerity, synthetic logistic regression\nN = {n}, d = {args.d}+1, batch {args.batch_size}, "
-                  f"{args.pairs}x{args.keys} decisions", fontsize=9)
-    fig.tight_layout()
-    png = os.path.join(args.out, "decision_error.png")
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    print(f"wrote {png}")
+    plot(out, os.path.join(args.out, "decision_error.png"))
     return 0
 
 
