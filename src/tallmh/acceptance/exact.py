@@ -63,7 +63,8 @@ class Exact:
 
     Support. A non-finite ``log p(x_i|theta')`` or ``l_i`` (NaN, +-inf) rejects at once: reading stops
     at the end of the chunk where it was seen, ``Decision.n_nonfinite`` counts such items and ``n_data``
-    the items read.
+    the items read. A proposal with ``log_base = -inf`` (prior or proposal ratio) is rejected without
+    reading data (``n_data = 0``).
     """
 
     kind: str = "metropolis"
@@ -85,9 +86,9 @@ class Exact:
     def check(self, n: int):
         return None
 
-    def _sum(self, n, fn, dtype) -> CompSum:
+    def _sum(self, n, fn, dtype, target=None) -> CompSum:
         reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
-        return reader.advance(None, CompSum.zero(dtype), n)
+        return reader.advance(None, CompSum.zero(dtype), n if target is None else target)
 
     def initial_log_lik(self, n: int, log_lik_fn, dtype=None):
         """Full log-likelihood ``sum_i log p(x_i|theta)`` as the pair ``[hi, lo]`` (shape (2,)).
@@ -111,8 +112,10 @@ class Exact:
         n = problem.n
         dtype = problem.log_base.dtype
         cur = problem.log_lik_current
+        # a proposal with log_base = -inf (prior or proposal ratio) is rejected without reading data
+        target = jnp.where(problem.log_base == -jnp.inf, 0, n)
         if cur is not None:
-            acc = self._sum(n, problem.log_lik_prop, dtype)
+            acc = self._sum(n, problem.log_lik_prop, dtype, target)
             cur = jnp.asarray(cur, dtype)
             if cur.ndim == 0:  # a plain float: the kernel before double-float tracking
                 c_hi, c_lo = cur, jnp.zeros((), dtype)
@@ -124,7 +127,7 @@ class Exact:
             s = d_hi + d_lo
             delta = (s, jnp.where(jnp.isfinite(s), d_lo - (s - d_hi), jnp.zeros((), dtype)))
         else:
-            acc = self._sum(n, problem.lik_ratio, dtype)
+            acc = self._sum(n, problem.lik_ratio, dtype, target)
             delta = (acc.hi, acc.lo)
             ll_prop = None
         return delta, ll_prop, acc.read, acc.nonfinite
