@@ -398,7 +398,7 @@ def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains:
         cv0, passes = cvm.prepare(control_variates, model, data, n, unravel, flat0)
         setup_items += passes * n
         cv_order = control_variates.order
-    kernel = tm.build_kernel(model, proposal, test, data, n, unravel, stats, cv_order)
+    kernel = tm.build_kernel(model, proposal, test, n, unravel, stats, cv_order)
     key = jax.random.PRNGKey(seed)
     k_chains, _ = jax.random.split(key)
     chain_keys = jax.random.split(k_chains, num_chains)
@@ -410,12 +410,12 @@ def run_budgeted(model, data, test, proposal, init, budget_s: float, num_chains:
         def body(st, i):
             g = start + i
             # a traced adapt flag: the same compiled program serves warmup and sampling
-            new, info = kernel.step(jax.random.fold_in(pkey, g), st, g, adapt)
+            new, info = kernel.step(jax.random.fold_in(pkey, g), st, data, g, adapt)
             return new, (new.theta, info)
 
         return jax.lax.scan(body, state, jnp.arange(chunk, dtype=jnp.int32))
 
-    init_fn = jax.jit(lambda th: kernel.init(th, cv0))
+    init_fn = jax.jit(lambda th: kernel.init(th, data, cv0))
     tc = time.perf_counter()
     state0 = init_fn(flat0)
     compiled = jax.jit(run_chunk).lower(state0, chain_keys[0], jnp.int32(0), jnp.bool_(True)).compile()
