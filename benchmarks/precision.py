@@ -17,7 +17,7 @@ step apart (theta drawn from the posterior, theta' = theta + 2.4 / sqrt(d) poste
 
 Prints |Delta - ref| (largest over the pairs) and saves ``benchmarks/results/precision.json``.
 
-    python benchmarks/precision.py [--sizes 1e6 1e7 1e8] [--pairs 3] [--smoke]
+    python benchmarks/precision.py [--sizes 1e6 1e7 1e8] [--pairs 3] [--smoke] [--x64]
 """
 
 import argparse
@@ -82,7 +82,7 @@ def posterior(model, data):
     return cov @ xty, cov
 
 
-def build(model, n):
+def build(model, n, dt=jnp.float32):
     test = tm.acceptance.Exact()
 
     @jax.jit
@@ -90,15 +90,15 @@ def build(model, n):
         def ll(t):
             return lambda idx: model.log_lik(t, take(jdata, idx))
 
-        cur = test.initial_log_lik(n, ll(th), jnp.float32)
+        cur = test.initial_log_lik(n, ll(th), dt)
 
         def prob(current):
-            return Problem(n, jnp.float32(0.0), lambda idx: ll(thp)(idx) - ll(th)(idx), ll(thp), None, current)
+            return Problem(n, jnp.asarray(0.0, dt), lambda idx: ll(thp)(idx) - ll(th)(idx), ll(thp), None, current)
 
         tracked, _, _, _ = test.log_ratio(prob(cur))
         per_item, _, _, _ = test.log_ratio(prob(None))
-        a = StreamReader(n, 4096, ll(th), permuted=False).advance(None, Moments.zero(jnp.float32), n)
-        b = StreamReader(n, 4096, ll(thp), permuted=False).advance(None, Moments.zero(jnp.float32), n)
+        a = StreamReader(n, 4096, ll(th), permuted=False).advance(None, Moments.zero(dt), n)
+        b = StreamReader(n, 4096, ll(thp), permuted=False).advance(None, Moments.zero(dt), n)
         before = b.mean * n - a.mean * n
         return tracked, per_item, before
 
@@ -125,12 +125,17 @@ def main():
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=["gaussian-mean", "linear-regression"])
     ap.add_argument("--smoke", action="store_true", help="tiny run (seconds)")
+    ap.add_argument("--x64", action="store_true",
+                    help="float64 throughout (jax_enable_x64, float64 data and parameters): the floor goes away")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
     if args.smoke:
         args.sizes, args.pairs = [20_000], 1
+    if args.x64:
+        jax.config.update("jax_enable_x64", True)
+    fdt = np.float64 if args.x64 else np.float32
     print(f"# {platform.platform()}, {os.cpu_count()} CPUs, JAX {jax.__version__} ({jax.default_backend()}), "
-          f"float32, {time.strftime('%Y-%m-%d %H:%M')}")
+          f"{np.dtype(fdt).name}, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'model':<18} {'N':>6} {'|Delta| typ':>11} {'before':>10} {'after trk':>10} {'after item':>10} "
           f"{'floor':>10} {'s':>6}")
     rows = []
@@ -139,16 +144,17 @@ def main():
             t0 = time.perf_counter()
             model, data = make_data(which, n, seed=n % 1000 + 1)
             mean, cov = posterior(model, data)
+            data = {k: v.astype(fdt) for k, v in data.items()}
             jdata = jax.tree_util.tree_map(jnp.asarray, data)
-            run, floor = build(model, n)
+            run, floor = build(model, n, jnp.dtype(fdt))
             rng = np.random.default_rng(7)
             L = np.linalg.cholesky(cov)
             d = mean.shape[0]
             errs = {"before": [], "after_tracked": [], "after_per_item": [], "floor": []}
             deltas = []
             for _ in range(args.pairs):
-                th = (mean + L @ rng.standard_normal(d)).astype(np.float32)
-                thp = (th + 2.4 / np.sqrt(d) * (L @ rng.standard_normal(d))).astype(np.float32)
+                th = (mean + L @ rng.standard_normal(d)).astype(fdt)
+                thp = (th + 2.4 / np.sqrt(d) * (L @ rng.standard_normal(d))).astype(fdt)
                 ref = ll64(model, data, thp) - ll64(model, data, th)
                 tracked, per_item, before = run(jnp.asarray(th), jnp.asarray(thp), jdata)
                 fl = floor(jnp.asarray(thp), jdata) - floor(jnp.asarray(th), jdata)
@@ -168,7 +174,7 @@ def main():
             del data, jdata
     if not args.smoke:
         os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "precision.json")
+        path = os.path.join(args.out, "precision_x64.json" if args.x64 else "precision.json")
         with open(path, "w") as f:
             json.dump({"platform": platform.platform(), "backend": jax.default_backend(), "jax": jax.__version__,
                        "rows": rows}, f, indent=1)
