@@ -38,7 +38,7 @@ from . import control_variates as cvm
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, ModelError
-from .kernel import StepInfo, build_kernel, make_problem, oracle_of
+from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .results import Result
@@ -376,7 +376,7 @@ def sample(
                           "newton_passes": int(st["passes"])}
             init_v = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None, None)))
             states = _wait(init_v(st["starts"], data, cv0, hint))
-            if getattr(test, "tracks_log_lik", False):
+            if tracks_log_lik(test, model):
                 setup_items += n * num_chains  # the exact test's initial full pass, one per chain
             if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
                 setup_items += test.setup_items_of(states, n)

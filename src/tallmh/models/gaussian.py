@@ -40,6 +40,12 @@ class GaussianMean(Model):
         z = (batch["x"] - theta[0]) / self.sigma
         return -0.5 * z**2 - np.log(self.sigma) - 0.5 * _LOG_2PI
 
+    def log_lik_ratio(self, theta, theta_prop, batch):
+        """``l_i = d ((x_i - mu) - d/2) / sigma^2`` with ``d = mu' - mu``: no difference of two rounded log
+        densities, and no rounded midpoint ``(mu + mu')/2``, whose error would enter every item alike."""
+        d = theta_prop[0] - theta[0]
+        return d * ((batch["x"] - theta[0]) - 0.5 * d) / self.sigma**2
+
     def init(self, data):
         return jnp.zeros(1)
 
@@ -88,6 +94,16 @@ class Gaussian(Model):
         mu, log_s = theta[0], theta[1]
         z = (batch["x"] - mu) * jnp.exp(-log_s)
         return -0.5 * z**2 - log_s - 0.5 * _LOG_2PI
+
+    def log_lik_ratio(self, theta, theta_prop, batch):
+        """``l_i = -(z'-z)(z'+z)/2 - (log s' - log s)`` with ``z' - z`` formed without cancellation
+        (``(x - mu) e^{-log s} expm1(log s - log s') - (mu' - mu) e^{-log s'}``)."""
+        mu, ls = theta[0], theta[1]
+        mup, lsp = theta_prop[0], theta_prop[1]
+        r = batch["x"] - mu
+        z = r * jnp.exp(-ls)
+        dz = z * jnp.expm1(ls - lsp) - (mup - mu) * jnp.exp(-lsp)
+        return -0.5 * dz * (2.0 * z + dz) - (lsp - ls)
 
     def init(self, data):
         return jnp.zeros(2)
