@@ -1,8 +1,9 @@
 """Built-in models."""
 
 from .gaussian import Gaussian, GaussianMean
+from .ica import ICA
 from .linear import LinearRegression
 from .logistic import LogisticRegression
 from .mixture import GaussianMixture
 
-__all__ = ["LogisticRegression", "LinearRegression", "GaussianMean", "Gaussian", "GaussianMixture"]
+__all__ = ["LogisticRegression", "LinearRegression", "GaussianMean", "Gaussian", "GaussianMixture", "ICA"]

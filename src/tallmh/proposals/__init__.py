@@ -8,5 +8,6 @@ kernel ravels pytrees).
 from .adaptive import AdaptiveMetropolis
 from .langevin import Langevin
 from .random_walk import RandomWalk
+from .stiefel import StiefelWalk
 
-__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin"]
+__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin", "StiefelWalk"]
