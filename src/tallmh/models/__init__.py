@@ -5,5 +5,6 @@ from .ica import ICA
 from .linear import LinearRegression
 from .logistic import LogisticRegression
 from .mixture import GaussianMixture
+from .selection import VariableSelection
 
-__all__ = ["LogisticRegression", "LinearRegression", "GaussianMean", "Gaussian", "GaussianMixture", "ICA"]
+__all__ = ["LogisticRegression", "LinearRegression", "GaussianMean", "Gaussian", "GaussianMixture", "ICA", "VariableSelection"]
