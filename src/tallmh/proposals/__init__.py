@@ -8,5 +8,7 @@ kernel ravels pytrees).
 from .adaptive import AdaptiveMetropolis
 from .langevin import Langevin
 from .random_walk import RandomWalk
+from .rjmcmc import ReversibleJump
+from .stiefel import StiefelWalk
 
-__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin"]
+__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin", "StiefelWalk", "ReversibleJump"]
