@@ -182,6 +182,11 @@ def main():
     if not args.smoke:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "precision_x64.json" if args.x64 else "precision.json")
+        if os.path.exists(path):  # keep the other models' rows from an earlier run
+            with open(path) as f:
+                old = json.load(f).get("rows", [])
+            done = {r["model"] for r in rows}
+            rows = [r for r in old if r["model"] not in done] + rows
         with open(path, "w") as f:
             json.dump({"platform": platform.platform(), "backend": jax.default_backend(), "jax": jax.__version__,
                        "rows": rows}, f, indent=1)
