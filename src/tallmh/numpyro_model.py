@@ -644,14 +644,21 @@ def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
         val = float(model.log_prior(th))
         if not np.isfinite(val):
             raise ModelError(f"the log prior is not finite at the initial point ({val})")
-    # additivity over items
+    # additivity over items (per-item latents kept in a state get fixed probe values)
+    fills = {s: f for s, f in model._fill_locals().items() if s in model.local_latent_sites}
+
+    def ll(th, rows):
+        if fills:
+            return model._item_log_lik(th, _take(data, rows), fills)
+        return model.log_lik(th, _take(data, rows))
+
     a = list(range(min(n, 3)))
     bset = sorted({n - 1, n // 2, max(0, n - 2)} - set(a))
     if bset:
         for th in (theta0, theta1):
-            ll_ab = np.asarray(model.log_lik(th, _take(data, a + bset)))
-            ll_a = np.asarray(model.log_lik(th, _take(data, a)))
-            ll_b = np.asarray(model.log_lik(th, _take(data, bset)))
+            ll_ab = np.asarray(ll(th, a + bset))
+            ll_a = np.asarray(ll(th, a))
+            ll_b = np.asarray(ll(th, bset))
             if ll_ab.shape != (len(a) + len(bset),) or ll_a.shape != (len(a),):
                 raise ModelError(f"the data plate {model.data_plate!r} does not give one log-likelihood per item "
                                  f"(shape {ll_ab.shape} for {len(a) + len(bset)} items)")
