@@ -90,19 +90,24 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
 
     th = unravel(theta)
     thp = unravel(theta_p)
+    own_ratio = getattr(model, "log_lik_ratio", None)
+
+    def ratio(batch):
+        if callable(own_ratio):  # computed without cancellation by the model
+            return own_ratio(th, thp, batch)
+        return model.log_lik(thp, batch) - model.log_lik(th, batch)
 
     if cv is None:
 
         def lik_ratio(idx):
-            batch = take(data, idx)
-            return model.log_lik(thp, batch) - model.log_lik(th, batch)
+            return ratio(take(data, idx))
 
     else:
         a, ap = theta - cv.center, theta_p - cv.center
 
         def lik_ratio(idx):
             batch = take(data, idx)
-            l = model.log_lik(thp, batch) - model.log_lik(th, batch)
+            l = ratio(batch)
             return l - (cvm.proxy_terms(model, unravel, cv, batch, ap, cv_order)
                         - cvm.proxy_terms(model, unravel, cv, batch, a, cv_order))
 
@@ -124,6 +129,12 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
 
     base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
     return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current)
+
+
+def tracks_log_lik(test, model) -> bool:
+    """Whether the kernel keeps the full log-likelihood for ``test``: the exact test does, unless the model
+    computes per-item ratios without cancellation (``log_lik_ratio``), which the test then sums instead."""
+    return bool(getattr(test, "tracks_log_lik", False)) and not callable(getattr(model, "log_lik_ratio", None))
 
 
 def _initial_log_lik(test, n, fn, dtype):
@@ -148,7 +159,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
     own = getattr(test, "build_kernel", None)
     if callable(own):
         return own(model, proposal, n, unravel, stats, cv_order)
-    tracks = bool(getattr(test, "tracks_log_lik", False))
+    tracks = tracks_log_lik(test, model)
     needs_data = bool(getattr(proposal, "needs_data", False))
     if needs_data:
         proposal.check(n)

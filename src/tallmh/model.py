@@ -9,6 +9,12 @@ That is all a user model needs. Optional extras are used when present:
 ``setup(data) -> stats``
     statistics computed once before sampling with one full pass over the data (counted and reported as
     set-up items), for example ``max_i ||x_i||`` for the logistic-regression bound;
+``log_lik_ratio(theta, theta_prop, batch) -> (b,)``
+    the per-item ratios ``log p(x_i|theta') - log p(x_i|theta)`` computed without cancellation (an
+    algebraic difference rather than a difference of two rounded log-likelihoods). When present, every
+    test reads it instead of two ``log_lik`` calls, and the exact test sums it instead of tracking the
+    full log-likelihood, so that float32 rounding of each item's ``log p`` (about ``eps |log p_i|``) no
+    longer enters Delta;
 ``lik_ratio_bound(theta, theta_prop, stats) -> scalar``
     an upper bound on ``C = max_i |log p(x_i|theta') - log p(x_i|theta)|`` (Bardenet et al. 2014, eq. 8),
     used by the confidence test instead of a full pass.

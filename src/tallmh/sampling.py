@@ -38,7 +38,7 @@ from . import control_variates as cvm
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, ModelError
-from .kernel import StepInfo, build_kernel, make_problem, oracle_of
+from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .results import Result
@@ -138,6 +138,7 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
             out["passes"] += passes
             sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
             out["passes"] += 1
+            out["sums"] = sums
             out["cov"] = cvm.laplace_cov(model, unravel, sums)
             if out["cov"] is None:
                 notes.append("the Hessian at the posterior mode is not negative definite: no Laplace start")
@@ -369,13 +370,17 @@ def sample(
                                                   init_given, init_jitter, k_jit, dtype, notes))
             setup_items += st["passes"] * n
             cv0 = st["cv"]
+            if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
+                cv0 = st.get("sums")
             hint = st["cov"] if isinstance(proposal, AdaptiveMetropolis) else None
             start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                           "newton_passes": int(st["passes"])}
             init_v = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None, None)))
             states = _wait(init_v(st["starts"], data, cv0, hint))
-            if getattr(test, "tracks_log_lik", False):
+            if tracks_log_lik(test, model):
                 setup_items += n * num_chains  # the exact test's initial full pass, one per chain
+            if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
+                setup_items += test.setup_items_of(states, n)
             timings["setup_s"] = time.perf_counter() - ts
 
         # audit rates per phase
