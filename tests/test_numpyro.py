@@ -185,7 +185,7 @@ def test_every_test_and_control_variates_run():
     X, y = regression_data(300)
     model, data = tm.from_numpyro(regression, X, y)
     for test in (tm.acceptance.Exact(), tm.acceptance.Confidence(delta=0.1, initial_batch=50),
-                 tm.acceptance.Barker(batch_size=100)):
+                 tm.acceptance.Barker(batch_size=100), tm.acceptance.Informed(subset_size=50)):
         r = _short_run(model, data, test)
         assert np.all(np.isfinite(r.flat_samples)) and np.all(r.samples["sigma"] > 0)
     # control variates (Newton mode, Taylor proxies through the NumPyro model)
