@@ -61,7 +61,11 @@ def _wilson(k: int, m: int, z: float = 1.96):
 
 def _param_names(unravel, d):
     """Names of the flat coordinates, like ``theta[0]`` or ``w[1, 2]``."""
-    template = unravel(np.zeros(d))
+    return _tree_names(unravel(np.zeros(d)))
+
+
+def _tree_names(template):
+    """Names of the coordinates of a parameter pytree, in ``ravel_pytree`` order."""
     names = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(template)[0]:
         base = jax.tree_util.keystr(path).strip("[]'\"") or "theta"
@@ -124,6 +128,10 @@ class Result:
     notes: List[str] = field(default_factory=list)
     resume_info: Dict[str, Any] = field(default_factory=dict)
     control_variates: Any = None
+    # Optional output map (e.g. NumPyro models: unconstrained theta -> {site: constrained value}); when set,
+    # ``samples``, ``summary()`` and ``to_arviz()`` show its output (``flat_output``, ``output_names``), while
+    # ``flat_samples``/``param_names`` stay the chain's own (unconstrained) coordinates.
+    constrain: Optional[Callable] = field(default=None, repr=False)
     _names: Any = field(default=None, repr=False)
     _cache: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -132,7 +140,10 @@ class Result:
         if c * k == 0:
             template = self.unravel(np.zeros(d, flat.dtype))
             return jax.tree_util.tree_map(lambda a: np.zeros((c, k) + np.shape(a), flat.dtype), template)
-        un = jax.vmap(jax.vmap(self.unravel))
+        if self.constrain is not None:
+            un = jax.jit(jax.vmap(jax.vmap(lambda f: self.constrain(self.unravel(f)))))
+        else:
+            un = jax.vmap(jax.vmap(self.unravel))
         return jax.tree_util.tree_map(np.asarray, un(flat))
 
     @property
@@ -148,6 +159,29 @@ class Result:
         if self._names is None:
             self._names = _param_names(self.unravel, self.flat_samples.shape[-1])
         return self._names
+
+    @property
+    def flat_output(self) -> np.ndarray:
+        """Draws ``(chain, draw, D)`` as reported: ``flat_samples`` unless a ``constrain`` map is set."""
+        if self.constrain is None:
+            return self.flat_samples
+        if "flat_output" not in self._cache:
+            c, k, _ = self.flat_samples.shape
+            leaves = jax.tree_util.tree_leaves(self.samples)
+            self._cache["flat_output"] = np.concatenate(
+                [np.asarray(a, float).reshape(c, k, -1) for a in leaves], axis=-1) if leaves else np.zeros((c, k, 0))
+        return self._cache["flat_output"]
+
+    @property
+    def output_names(self):
+        """Names of the columns of ``flat_output``."""
+        if self.constrain is None:
+            return self.param_names
+        if "output_names" not in self._cache:
+            d = self.flat_samples.shape[-1]
+            template = jax.tree_util.tree_map(np.asarray, self.constrain(self.unravel(np.zeros(d, self.flat_samples.dtype))))
+            self._cache["output_names"] = _tree_names(template)
+        return self._cache["output_names"]
 
     @property
     def num_chains(self):
@@ -173,8 +207,8 @@ class Result:
     def _summary(self) -> Summary:
         import pandas as pd
 
-        x = self.flat_samples
-        names = self.param_names
+        x = self.flat_output
+        names = self.output_names
         rows = []
         for j, name in enumerate(names):
             xj = x[:, :, j]

@@ -359,7 +359,8 @@ def sample(
                          partial, states, notes, dict(seed=seed, warmup_done=done["warmup"],
                                                       sampling_done=done["sampling"], num_warmup=num_warmup,
                                                       num_samples=num_samples, control_variates=control_variates,
-                                                      start_info=start_info), t0, control_variates)
+                                                      start_info=start_info), t0, control_variates,
+                         getattr(model, "constrain", None))
 
     bar = None
     try:
@@ -493,7 +494,7 @@ class _Bar:
 
 
 def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items, partial,
-              states, notes, resume_info, t0, control_variates):
+              states, notes, resume_info, t0, control_variates, constrain=None):
     fields = StepInfo._fields
 
     def stack(parts):
@@ -535,6 +536,7 @@ def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timin
         notes=list(notes),
         resume_info=resume_info,
         control_variates=control_variates,
+        constrain=constrain if callable(constrain) else None,
     )
 
 

@@ -1,0 +1,202 @@
+"""Probabilistic-programs paper Fig. 5 through the NumPyro front end: items and time per MH step versus N.
+
+Chen, Mansinghka & Ghahramani, Sec. 4.1.1: Bayesian logistic regression (eq. 7, prior ``w ~ N(0, 0.1 I)``)
+on synthetic data with two features, austerity with epsilon = 0.01 and minibatch 100, random-walk
+proposal of sd 0.1, N varied; Fig. 5b: subsampled items per iteration at a fixed (current, proposed) pair,
+averaged over 300 iterations; Fig. 5c: time per iteration; both log-log. The paper ran this through its
+probabilistic-programming system (Venture); here the model is a NumPyro program::
+
+    def bayeslr(X, y):
+        w = numpyro.sample("w", dist.Normal(0.0, sqrt(0.1)).expand([2]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
+
+turned into a tallmh model by ``tm.from_numpyro(bayeslr, X, y)`` (the data plate's indices substituted,
+never drawn by the plate). Data, pairs and timing as in ``pp_fig5_sublinear.py`` (which runs the
+hand-written ``tm.models.LogisticRegression``): nested prefixes of one draw with ``w* = (1.0, -0.5)``;
+``--pairs`` fixed pairs ``theta = w*``, ``theta' = w* + 0.1 z_k``; for each N and pair ``--keys`` decisions
+with different keys in one compiled ``lax.map``; the hand-written model decides the same pairs with the
+same keys (ratio of times = the front end's overhead; decisions must agree). Exact MH timed the same way
+(fewer keys at large N). Chain mode: ``tm.sample`` with ``RandomWalk(0.1)`` from ``w*``. Also timed: the
+``from_numpyro`` call itself at each N (its checks read a few items; it converts the arrays once).
+
+Usage::
+
+    python benchmarks/papers/pp_fig5_numpyro.py                 # a few minutes on 2 cores
+    python benchmarks/papers/pp_fig5_numpyro.py --smoke --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+import warnings
+
+import numpy as np
+
+import _common as C
+from pp_fig5_sublinear import TRUE_W, make_data
+
+
+def main(argv=None):
+    argv = sys.argv if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6,1e7")
+    ap.add_argument("--epsilon", type=float, default=0.01)
+    ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--proposal-sd", type=float, default=0.1)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--keys", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--chain-steps", type=int, default=300)
+    ap.add_argument("--large-n", type=float, default=1e5)
+    ap.add_argument("--exact-budget", type=float, default=2e6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    args = ap.parse_args(argv[1:])
+    if args.smoke:
+        args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
+        args.large_n = 1e3
+    warnings.simplefilter("ignore")
+    logging.getLogger("arviz").setLevel(logging.ERROR)
+
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    import tallmh as tm
+
+    def bayeslr(X, y):
+        w = numpyro.sample("w", dist.Normal(0.0, math.sqrt(0.1)).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
+
+    t_start = time.perf_counter()
+    meta = C.machine_info(argv)
+    C.header("probabilistic programs Fig. 5 through the NumPyro front end", meta)
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    X_all, y_all = make_data(max(sizes), args.seed)
+    hand = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
+    rng = np.random.default_rng(args.seed + 1)
+    theta = jnp.asarray(TRUE_W, jnp.float32)
+    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
+    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
+    exact = tm.acceptance.Exact()
+
+    def mapped(f, wrap):
+        # 1e-30 * uniform: a no-op in float32 that keeps XLA from hoisting the exact sum out of the loop
+        def one(th, tp, k):
+            tp = tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype)
+            return f(wrap(th), wrap(tp), k)
+
+        return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
+
+    def timed(g, th, tp, keys, repeats):
+        jax.block_until_ready(g(th, tp, keys))
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(g(th, tp, keys))
+            best = min(best, time.perf_counter() - t0)
+        return best / keys.shape[0]
+
+    rows = []
+    for n in sizes:
+        tb = time.perf_counter()
+        model, data = tm.from_numpyro(bayeslr, X_all[:n], y_all[:n])
+        build_s = time.perf_counter() - tb
+        hdata = {"X": data["X"], "y": data["y"]}
+        as_dict = lambda t: {"w": t}  # noqa: E731
+        ga = mapped(tm.decision_fn(austerity, model, data), as_dict)
+        gh = mapped(tm.decision_fn(austerity, hand, hdata), lambda t: t)
+        ge = mapped(tm.decision_fn(exact, model, data), as_dict)
+        keys = jax.random.split(jax.random.PRNGKey(args.seed + n % 9973), args.keys)
+        n_exact = int(max(3, min(args.keys, args.exact_budget // n)))
+        per_pair = []
+        for tp in props:
+            acc_a, nd_a = ga(theta, tp, keys)
+            acc_h, nd_h = gh(theta, tp, keys)
+            acc_e, _ = ge(theta, tp, keys[:n_exact])
+            s_a = timed(ga, theta, tp, keys, args.repeats)
+            s_h = timed(gh, theta, tp, keys, args.repeats)
+            s_e = timed(ge, theta, tp, keys[:n_exact], args.repeats)
+            acc_a, acc_h, acc_e = np.asarray(acc_a), np.asarray(acc_h), np.asarray(acc_e)
+            per_pair.append({"items_mean": float(np.mean(nd_a)), "hand_items_mean": float(np.mean(nd_h)),
+                             "same_as_hand": float(np.mean(acc_a == acc_h)),
+                             "wrong_decision_rate": float(np.mean(acc_a[:n_exact] != acc_e)),
+                             "s_per_decision": s_a, "hand_s_per_decision": s_h, "exact_s_per_decision": s_e})
+        r = tm.sample(model, data, test=austerity, proposal=tm.proposals.RandomWalk(args.proposal_sd),
+                      num_samples=args.chain_steps, num_warmup=50, num_chains=1, seed=args.seed,
+                      init={"w": theta}, progress=False)
+        row = {"N": n, "from_numpyro_s": build_s,
+               **{k: float(np.mean([p[k] for p in per_pair])) for k in per_pair[0]},
+               "exact_keys_timed": n_exact, "pairs": per_pair,
+               "chain_items_mean": float(np.mean(r.stats["n_data"])),
+               "chain_acceptance": float(np.mean(r.stats["accepted"])),
+               "chain_s_per_step": r.timings["sampling_s"] / args.chain_steps,
+               "chain_compile_s": r.timings["compile_s"]}
+        rows.append(row)
+        print(f"  N = {n:>9d}: items {row['items_mean']:8.1f} ({100 * row['items_mean'] / n:6.2f}%), "
+              f"{1e6 * row['s_per_decision']:8.1f} us/decision (hand-written {1e6 * row['hand_s_per_decision']:8.1f}, "
+              f"exact {1e6 * row['exact_s_per_decision']:10.1f}), same as hand {100 * row['same_as_hand']:.0f}%, "
+              f"wrong {100 * row['wrong_decision_rate']:.1f}% | chain items {row['chain_items_mean']:8.1f}, "
+              f"{1e6 * row['chain_s_per_step']:8.1f} us/step | from_numpyro {build_s:.2f}s", flush=True)
+
+    Ns = np.array([r["N"] for r in rows], float)
+    big = Ns >= args.large_n
+    slopes = {}
+    for key in ("items_mean", "s_per_decision", "hand_s_per_decision", "exact_s_per_decision", "chain_items_mean",
+                "chain_s_per_step", "from_numpyro_s"):
+        v = np.array([r[key] for r in rows], float)
+        slopes[key] = {"all": C.slope(Ns, v), "large": C.slope(Ns[big], v[big])}
+    total = time.perf_counter() - t_start
+    print(f"\nlog-log slopes (all sizes / N >= {args.large_n:g}):")
+    for k, v in slopes.items():
+        print(f"  {k:22s} {v['all']:6.3f} / {v['large']:6.3f}")
+    print(f"total runtime {total:.1f}s", flush=True)
+    out = {"benchmark": "pp_fig5_numpyro", "meta": meta,
+           "config": {k: getattr(args, k) for k in ("epsilon", "batch", "proposal_sd", "pairs", "keys", "repeats",
+                                                    "chain_steps", "large_n", "seed", "smoke")} | {
+               "sizes": sizes, "true_w": TRUE_W, "prior": "N(0, 0.1 I)", "model": "NumPyro via tm.from_numpyro"},
+           "rows": rows, "slopes": slopes, "total_runtime_s": total}
+    C.write_json(args.out, "pp_fig5_numpyro.json", out)
+
+    plt = C.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax = axes[0]
+    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
+            label=f"austerity via from_numpyro, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
+    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
+            label=f"austerity via from_numpyro, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
+    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("N")
+    ax.set_ylabel("items read per iteration")
+    ax.set_title(f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for key, style, lab in (("s_per_decision", "o-", "austerity via from_numpyro"),
+                            ("hand_s_per_decision", "x--", "austerity, hand-written model"),
+                            ("chain_s_per_step", "s--", "austerity via from_numpyro, RW chain"),
+                            ("exact_s_per_decision", "k^:", "exact MH via from_numpyro")):
+        ax.plot(Ns, 1e3 * np.array([r[key] for r in rows]), style, label=f"{lab} (slope {slopes[key]['all']:.2f})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("N")
+    ax.set_ylabel("ms per iteration")
+    ax.set_title("(c) time per iteration (2-core shared CPU: noisy)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    C.save_fig(fig, args.out, "pp_fig5_numpyro.png")
+    plt.close(fig)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,689 @@
+"""NumPyro models as tallmh models: ``model, data = tm.from_numpyro(numpyro_model, *args, **kwargs)``.
+
+The probabilistic-programs paper (Chen, Mansinghka & Ghahramani, Sec. 3.1-3.2, eqs. 5-6) applies the
+austerity test to the *global* variables of any program whose *local sections* are conditionally
+independent given them: the acceptance ratio factorises into a global part (prior, proposal) and one
+factor ``l_i`` per local section, and the test reads a random subset of the ``l_i``. In NumPyro the local
+sections are the entries of a ``numpyro.plate``: this module turns a NumPyro model into a
+:class:`tallmh.Model` whose
+
+- ``theta`` is the dict of latent sample sites *outside* the data plate, in unconstrained space
+  (``biject_to(site.support)``, as NumPyro's ``potential_energy`` does), and ``log_prior(theta)`` is the
+  log density of every site outside the data plate plus the log-Jacobians of those transforms;
+- ``log_lik(theta, batch) -> (b,)`` is, for each item of ``batch`` (rows of the data arrays), the sum of
+  the log densities of the sites inside the data plate for that item (``l_i`` of eq. 6 is then
+  ``log_lik(theta', item) - log_lik(theta, item)``). It runs the model on the ``b`` rows with the plate's
+  subsample indices *substituted* by ``arange(b)``: the plate never draws its own subsample (an O(N)
+  shuffle per call), and the plate's ``N/b`` scale is removed, while the user's own ``handlers.scale``
+  factors are kept;
+- discrete latent sites inside the data plate with finite support (``Bernoulli``, ``Categorical``, ...)
+  are summed out per item by enumeration: ``l_i = logsumexp_z [log p(z_i = z | theta) + log p(x_i | z,
+  theta)]`` over the joint support of those sites (paper Sec. 4.2 collapses its mixture the same way).
+
+The data are the model's array arguments whose leading length is the data plate's size N; everything
+else (shapes, hyperparameters, Python values) is kept as a constant. At construction a few checks run
+on a handful of items and raise :class:`~tallmh.errors.ModelError` with the reason: exactly one data
+plate; no other subsampled plate; no continuous latent inside the plate (keep such latents in a state
+with :mod:`tallmh` blocks, or marginalise them); no site outside the plate whose density changes with
+the items passed; additivity over items, ``ll(theta, A u B) = ll(theta, A) ++ ll(theta, B)``; no data
+plate around a ``scan``; and (for N <= ``check_full_max``) that ``log_prior + sum(log_lik)`` equals
+minus NumPyro's ``potential_energy`` on the full data.
+
+Helper for other front ends (e.g. blocks that keep local latents in the chain's state):
+:func:`describe` builds the same model without refusing continuous per-item latents
+(``local="state"``); :meth:`NumPyroModel.item_log_lik` then takes those latents' values for the batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ConfigError, ModelError
+from .model import Model
+
+__all__ = ["from_numpyro", "describe", "NumPyroModel", "SiteInfo"]
+
+_MAX_ENUM = 4096  # largest joint support summed out per item
+
+
+def _numpyro():
+    try:
+        import numpyro  # noqa: F401
+        from numpyro import handlers  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "tm.from_numpyro needs NumPyro: pip install numpyro (or pip install 'tallmh[bench]')") from e
+    import numpyro
+
+    return numpyro
+
+
+class SiteInfo(NamedTuple):
+    """Static description of one sample site (from a trace of the model)."""
+
+    name: str
+    kind: str  # "global", "global_observed", "local_observed", "local_enumerated", "local_latent"
+    shape: Tuple[int, ...]  # value shape (for local sites: with a plate of the probe's size)
+    event_dim: int
+    discrete: bool
+
+
+def _plate_messenger():
+    numpyro = _numpyro()
+    from numpyro.primitives import Messenger
+
+    class _SubstitutePlates(Messenger):
+        """Give the data plate the indices ``arange(b)`` (b = rows passed) instead of drawing a subsample.
+
+        With ``name=None`` every subsampled plate gets ``arange(subsample_size)`` (structure traces only).
+        """
+
+        def __init__(self, fn=None, name=None, b=None):
+            self.name = name
+            self.b = b
+            super().__init__(fn)
+
+        def process_message(self, msg):
+            if msg["type"] != "plate":
+                return
+            size, sub = msg["args"]
+            if self.name is None:
+                if msg["value"] is None:
+                    msg["value"] = jnp.arange(sub)
+                return
+            if msg["name"] == self.name:
+                msg["value"] = jnp.arange(self.b)
+                msg["args"] = (size, self.b)
+
+    del numpyro
+    return _SubstitutePlates
+
+
+def _bind(model_fn, args, kwargs):
+    """The model's arguments by name (a dict) and a function rebuilding (args, kwargs) from such a dict."""
+    try:
+        sig = inspect.signature(model_fn)
+        bound = sig.bind(*args, **kwargs)
+        named = dict(bound.arguments)
+
+        def rebuild(named_new):
+            b = sig.bind_partial()
+            b.arguments.update(named_new)
+            return b.args, b.kwargs
+
+        return named, rebuild
+    except (TypeError, ValueError):
+        named = {f"arg{i}": a for i, a in enumerate(args)}
+        named.update({f"kw_{k}": v for k, v in kwargs.items()})
+
+        def rebuild(named_new):
+            a = tuple(named_new[f"arg{i}"] for i in range(len(args)))
+            k = {key: named_new[f"kw_{key}"] for key in kwargs}
+            return a, k
+
+        return named, rebuild
+
+
+def _is_array(x):
+    return isinstance(x, (np.ndarray, jax.Array)) or (hasattr(x, "shape") and hasattr(x, "dtype"))
+
+
+def _path_name(path):
+    s = jax.tree_util.keystr(path)
+    for ch in "[]'\"":
+        s = s.replace(ch, "" if ch != "]" else "/")
+    return s.strip("/").replace("//", "/") or "data"
+
+
+def _frames(site):
+    return [(f.name, f.dim, f.size) for f in site.get("cond_indep_stack", [])]
+
+
+def _is_discrete(fn):
+    return bool(getattr(fn, "is_discrete", False) or getattr(getattr(fn, "support", None), "is_discrete", False))
+
+
+def _structure(model_fn, args, kwargs):
+    """An abstract trace (no arithmetic on the data): sites, plates and their sizes, as plain Python values."""
+    _numpyro()
+    from numpyro import handlers
+
+    Sub = _plate_messenger()
+    box = {}
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    arr_pos = [i for i, v in enumerate(leaves) if _is_array(v)]
+
+    def run(arrs):
+        ls = list(leaves)
+        for i, a in zip(arr_pos, arrs):
+            ls[i] = a
+        a, k = jax.tree_util.tree_unflatten(treedef, ls)
+        try:
+            tr = handlers.trace(handlers.seed(Sub(model_fn), 0)).get_trace(*a, **k)
+        except NotImplementedError as e:
+            if "control flow" in str(e):
+                raise ModelError(
+                    "a plate encloses a scan (numpyro.contrib.control_flow.scan): put the data plate inside "
+                    "the scan body, or write the per-item likelihood without scan") from e
+            raise
+        sites = []
+        for name, s in tr.items():
+            info = {"name": name, "type": s["type"], "frames": _frames(s)}
+            if s["type"] == "plate":
+                info["size"], info["subsample_size"] = s["args"]
+            elif s["type"] == "sample":
+                fn = s["fn"]
+                info.update(observed=bool(s.get("is_observed")), discrete=_is_discrete(fn),
+                            enumerable=bool(getattr(fn, "has_enumerate_support", False)),
+                            shape=tuple(np.shape(s["value"])), event_dim=len(fn.event_shape),
+                            scan=("_scan_current_index" in s.get("infer", {}) or "_control_flow_done" in s))
+            elif s["type"] == "control_flow":
+                info["scan"] = True
+            sites.append(info)
+        box["sites"] = sites
+        return 0
+
+    jax.eval_shape(run, [leaves[i] for i in arr_pos])
+    return box["sites"]
+
+
+class NumPyroModel(Model):
+    """A NumPyro model seen as a :class:`tallmh.Model` (build it with :func:`from_numpyro`).
+
+    ``theta`` is a dict ``{site: unconstrained value}`` of the latent sites outside the data plate.
+    ``constrain(theta)`` returns the constrained values of those sites (plus deterministic sites outside
+    the plate) by name; :class:`tallmh.Result` uses it so that draws, summaries and ``to_arviz()`` are on
+    the constrained scale.
+
+    Attributes: ``data_plate`` (name), ``n`` (its size), ``sites`` (``{name: SiteInfo}``), ``global_sites``,
+    ``enumerated_sites``, ``local_latent_sites`` (latents inside the plate kept in a state: only with
+    :func:`describe` ``local="state"``), ``data_names`` (the data pytree's keys).
+    """
+
+    name = "numpyro"
+
+    def __init__(self, model_fn, named, rebuild, data_keys, data_plate, n, sites, probe_rows, plate_dim,
+                 local="enumerate"):
+        self.model_fn = model_fn
+        self._named = named
+        self._rebuild = rebuild
+        self._data_keys = data_keys  # {data name: (arg name, path-in-arg as treedef-index)}
+        self.data_plate = data_plate
+        self.n = int(n)
+        self.sites = sites
+        self._probe = probe_rows  # a pytree of 1 row of data, constant
+        self._plate_dim = plate_dim
+        self.local = local
+        self.global_sites = [s for s, i in sites.items() if i.kind == "global"]
+        self.enumerated_sites = [s for s, i in sites.items() if i.kind == "local_enumerated"]
+        self.local_latent_sites = [s for s, i in sites.items() if i.kind == "local_latent"]
+        self._supports = None
+        self._deterministic = []
+        self.name = getattr(model_fn, "__name__", "numpyro")
+        # compiled once per shape: the runner's set-up (Newton, Laplace) calls these outside jit too
+        self.log_prior = jax.jit(self._log_prior)
+        self.item_log_lik = jax.jit(self._item_log_lik)
+        self.constrain = jax.jit(self._constrain)
+
+    # -- running the model ------------------------------------------------------------------------
+
+    def _args_for(self, batch):
+        """The model's (args, kwargs) with the data arrays replaced by ``batch`` (dict of rows)."""
+        named = dict(self._named)
+        for key, (arg, leaf_i) in self._data_keys.items():
+            val = named[arg]
+            leaves, tdef = jax.tree_util.tree_flatten(val)
+            leaves = list(leaves)
+            leaves[leaf_i] = batch[key]
+            named[arg] = jax.tree_util.tree_unflatten(tdef, leaves)
+        # several data keys may live in one argument: re-flatten each time from the updated value
+        return self._rebuild(named)
+
+    def _run(self, theta, batch, fixed=None, with_logdet=False):
+        """Run the model on ``batch`` with the globals from unconstrained ``theta`` and ``fixed`` values.
+
+        Returns ``(trace, log_det)``; ``log_det`` sums the log-Jacobians of the globals' transforms.
+        """
+        _numpyro()
+        from numpyro import handlers
+        from numpyro.distributions import constraints
+        from numpyro.distributions.transforms import biject_to
+        from numpyro.distributions.util import sum_rightmost
+
+        Sub = _plate_messenger()
+        b = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
+        logdets = []
+        fixed = fixed or {}
+
+        def subst(msg):
+            name = msg["name"]
+            if msg["type"] != "sample":
+                return None
+            if name in fixed:
+                v = fixed[name]
+                return v(msg) if callable(v) else v
+            if theta is not None and name in theta:
+                u = theta[name]
+                support = msg["fn"].support
+                t = biject_to(support)
+                if support is constraints.real or (isinstance(support, constraints.independent)
+                                                   and support.base_constraint is constraints.real):
+                    return u
+                value = t(u)
+                if with_logdet:
+                    ld = t.log_abs_det_jacobian(u, value)
+                    ld = sum_rightmost(ld, jnp.ndim(ld) - jnp.ndim(value) + len(msg["fn"].event_shape))
+                    logdets.append(jnp.sum(ld))
+                return value
+            return None
+
+        args, kwargs = self._args_for(batch)
+        m = handlers.seed(handlers.substitute(Sub(self.model_fn, self.data_plate, b), substitute_fn=subst), 0)
+        tr = handlers.trace(m).get_trace(*args, **kwargs)
+        ld = sum(logdets) if logdets else jnp.zeros(())
+        return tr, ld
+
+    def _in_plate(self, site):
+        return any(f.name == self.data_plate for f in site.get("cond_indep_stack", []))
+
+    def _plate_factor(self, tr, b):
+        s = tr.get(self.data_plate)
+        size = s["args"][0] if s is not None else b
+        return float(size) / float(b) if size != b else 1.0
+
+    def _site_log_prob(self, site, per_item=False, factor=1.0):
+        fn, value = site["fn"], site["value"]
+        lp = fn.log_prob(value)
+        scale = site["scale"]
+        if scale is not None:
+            if isinstance(scale, (int, float)):
+                scale = float(scale) / factor
+                if abs(scale - 1.0) > 1e-12:
+                    lp = lp * scale
+            else:
+                lp = lp * (scale / factor)
+        if not per_item:
+            return jnp.sum(lp)
+        dim = [f.dim for f in site["cond_indep_stack"] if f.name == self.data_plate][0]
+        bshape = tuple(fn.batch_shape)
+        lp = jnp.broadcast_to(lp, bshape) if jnp.shape(lp) != bshape else lp
+        axis = len(bshape) + dim
+        lp = jnp.moveaxis(lp, axis, 0)
+        return lp.reshape(lp.shape[0], -1).sum(axis=1)
+
+    def _per_item(self, tr, b):
+        factor = self._plate_factor(tr, b)
+        total = jnp.zeros((b,))
+        for name, site in tr.items():
+            if site["type"] == "sample" and self._in_plate(site):
+                total = total + self._site_log_prob(site, per_item=True, factor=factor)
+        return total
+
+    # -- the Model interface ----------------------------------------------------------------------
+
+    def _log_prior(self, theta):
+        """Log density of every site outside the data plate at constrained(theta), plus log-Jacobians."""
+        tr, ld = self._run(theta, self._probe, self._fill_locals(), with_logdet=True)
+        lp = ld
+        for name, site in tr.items():
+            if site["type"] == "sample" and not self._in_plate(site):
+                lp = lp + self._site_log_prob(site)
+        return lp
+
+    def log_lik(self, theta, batch):
+        """Per-item log-likelihood ``(b,)``: the data plate's sites summed per item, discrete latents summed out."""
+        if self.local_latent_sites:
+            raise ModelError(f"sites {self.local_latent_sites} are latents inside the data plate kept in a state: "
+                             "use item_log_lik(theta, batch, local=...)")
+        return self.item_log_lik(theta, batch)
+
+    def _item_log_lik(self, theta, batch, local: Optional[Dict[str, Any]] = None):
+        """Per-item log-likelihood of ``batch`` given the globals ``theta`` (unconstrained) and, for latents
+        inside the data plate kept in a state, their values ``local`` (``{site: value}`` shaped as the site
+        is with a plate of ``b`` items). Discrete latents not in ``local`` are summed out by enumeration.
+
+        This is the helper for inference programs that keep local latents in the state (paper Sec. 4.2,
+        4.3): ``l_i`` of eq. 6 for such a program is ``item_log_lik(theta', x_i, z_i) - item_log_lik(theta,
+        x_i, z_i)``.
+        """
+        local = dict(local or {})
+        b = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
+        enum = [s for s in self.enumerated_sites if s not in local]
+        missing = [s for s in self.local_latent_sites if s not in local]
+        if missing:
+            raise ModelError(f"item_log_lik needs the values of the per-item latents {missing}")
+        if not enum:
+            tr, _ = self._run(theta, batch, local)
+            return self._per_item(tr, b)
+        sup = self._enum_supports(enum)
+
+        def one(vals):
+            fixed = dict(local)
+            for s in enum:
+                fixed[s] = (lambda v: (lambda msg: jnp.broadcast_to(v, msg["fn"].shape()).astype(
+                    jnp.result_type(v))))(vals[s])
+            tr, _ = self._run(theta, batch, fixed)
+            return self._per_item(tr, b)
+
+        lps = jax.vmap(one)(sup)  # (C, b)
+        return jax.scipy.special.logsumexp(lps, axis=0)
+
+    def init(self, data=None):
+        """The starting point found at construction: the prior median of each global site (unconstrained)."""
+        return jax.tree_util.tree_map(jnp.asarray, self._init)
+
+    def _constrain(self, theta):
+        """``{site: constrained value}`` for the global latent sites, plus deterministic sites outside the plate."""
+        tr, _ = self._run(theta, self._probe, self._fill_locals())
+        out = {s: tr[s]["value"] for s in self.global_sites}
+        for s in self._deterministic:
+            out[s] = tr[s]["value"]
+        return out
+
+    def unconstrain(self, values):
+        """The inverse of :meth:`constrain` on the global latent sites (a dict of constrained values)."""
+        from numpyro.distributions.transforms import biject_to
+
+        theta = {}
+        tr, _ = self._run(None, self._probe, {**self._fill_locals(), **{s: values[s] for s in self.global_sites}})
+        for s in self.global_sites:
+            theta[s] = biject_to(tr[s]["fn"].support).inv(jnp.asarray(values[s]))
+        return theta
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _fill_locals(self):
+        """Values for per-item latents in the 1-row probe run (they do not enter the log prior)."""
+        from numpyro.distributions.transforms import biject_to
+
+        def fill(msg):
+            fn = msg["fn"]
+            if _is_discrete(fn):
+                return jnp.zeros(fn.shape(), jnp.int32)
+            return biject_to(fn.support)(jnp.zeros(fn.shape()))
+
+        return {s: fill for s in self.local_latent_sites + self.enumerated_sites}
+
+    def _enum_supports(self, enum):
+        key = tuple(enum)
+        if self._supports is not None and key in self._supports:
+            return self._supports[key]
+        raise ModelError(f"no enumeration support prepared for {enum}")
+
+    def __repr__(self):
+        return (f"NumPyroModel({self.name!r}, data plate {self.data_plate!r} of N = {self.n}, globals "
+                f"{self.global_sites}" + (f", enumerated {self.enumerated_sites}" if self.enumerated_sites else "")
+                + ")")
+
+
+def _take(data, idx):
+    idx = np.asarray(idx)
+    return {k: jnp.asarray(np.asarray(v)[idx]) for k, v in data.items()}
+
+
+def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "enumerate",
+             check: bool = True, check_full_max: int = 20_000, **kwargs):
+    """Analyse a NumPyro model and return ``(NumPyroModel, data)`` (see the module docstring).
+
+    ``local``: ``"enumerate"`` (sum out discrete per-item latents; refuse continuous ones) or ``"state"``
+    (discrete finite latents still summed out; continuous per-item latents allowed and left to the caller,
+    who passes their values to :meth:`NumPyroModel.item_log_lik`). ``check``: run the construction checks.
+    """
+    _numpyro()
+    if local not in ("enumerate", "state"):
+        raise ConfigError(f"local must be 'enumerate' or 'state'; got {local!r}")
+    if not callable(model_fn):
+        raise ConfigError("from_numpyro needs a NumPyro model (a Python callable)")
+    named, rebuild = _bind(model_fn, args, kwargs)
+    sites = _structure(model_fn, args, kwargs)
+    plates = [s for s in sites if s["type"] == "plate"]
+    samples = [s for s in sites if s["type"] == "sample"]
+    if any(s.get("scan") for s in sites):
+        scanned_in_plate = [s["name"] for s in samples if s.get("scan") and s["frames"]]
+        if data_plate is None or scanned_in_plate:
+            raise ModelError("models with scan (numpyro.contrib.control_flow) are not supported by from_numpyro: "
+                             "write the per-item likelihood without scan inside the data plate")
+
+    # the arrays and their leading lengths
+    leaves = []
+    for arg, val in named.items():
+        flat, _ = jax.tree_util.tree_flatten_with_path(val)
+        for i, (path, leaf) in enumerate(flat):
+            if _is_array(leaf) and np.ndim(leaf) >= 1:
+                nm = arg if not path else f"{arg}/{_path_name(path)}"
+                leaves.append((nm, arg, i, leaf))
+    lengths = {int(np.shape(l)[0]) for _, _, _, l in leaves}
+
+    # the data plate
+    names = [p["name"] for p in plates]
+    if data_plate is not None:
+        if data_plate not in names:
+            raise ModelError(f"the model has no plate named {data_plate!r}"
+                             + (f" (its plates: {names})" if names else " (it has no plate)"))
+        plate = [p for p in plates if p["name"] == data_plate][0]
+    else:
+        with_obs = {f[0] for s in samples if s["observed"] for f in s["frames"]}
+        cands = [p for p in plates if p["name"] in with_obs and p["size"] in lengths]
+        if not cands:
+            raise ModelError(
+                "no data plate found: put the observed sites inside numpyro.plate(name, N), where N is the "
+                "leading length of the data arrays passed to the model" +
+                (f" (plates {names} have sizes {[p['size'] for p in plates]}; array lengths {sorted(lengths)})"
+                 if plates else ""))
+        if len(cands) > 1:
+            raise ModelError(f"several plates could be the data plate ({[p['name'] for p in cands]}): pass "
+                             "data_plate=NAME")
+        plate = cands[0]
+    pname, n = plate["name"], int(plate["size"])
+    others = [p["name"] for p in plates if p["name"] != pname and p["subsample_size"] is not None
+              and p["subsample_size"] != p["size"]]
+    if others:
+        raise ModelError(f"plates {others} draw their own subsample (subsample_size): only the data plate "
+                         f"{pname!r} may be subsampled, and tallmh chooses its items")
+    data_leaves = [(nm, arg, i, l) for nm, arg, i, l in leaves if int(np.shape(l)[0]) == n]
+    if not data_leaves:
+        raise ModelError(f"the data plate {pname!r} has size N = {n} but no argument of the model has leading "
+                         f"length {n}: pass the data arrays as arguments of the model")
+    data = {nm: l for nm, _, _, l in data_leaves}
+    data_keys = {nm: (arg, i) for nm, arg, i, _ in data_leaves}
+
+    # the sites
+    dims = {f[0]: f[1] for s in samples for f in s["frames"]}
+    info = {}
+    for s in samples:
+        inside = any(f[0] == pname for f in s["frames"])
+        if not inside:
+            kind = "global_observed" if s["observed"] else "global"
+            if kind == "global" and s["discrete"]:
+                raise ModelError(f"site {s['name']!r} is a discrete latent outside the data plate: tallmh's "
+                                 "subsampled MH moves continuous global parameters; marginalise it in the model")
+        elif s["observed"]:
+            kind = "local_observed"
+        elif s["discrete"] and s["enumerable"]:
+            kind = "local_enumerated"
+        elif local == "state":
+            kind = "local_latent"
+        else:
+            what = "a discrete latent without finite support" if s["discrete"] else "a continuous latent"
+            raise ModelError(
+                f"site {s['name']!r} is {what} inside the data plate {pname!r}: per-item latents are either "
+                "summed out (discrete, finite support) or kept in the chain's state and updated by their own "
+                "block (tm.Cycle); marginalise it in the model, or use describe(..., local='state')")
+        info[s["name"]] = SiteInfo(s["name"], kind, tuple(s["shape"]), int(s["event_dim"]), bool(s["discrete"]))
+    if not any(i.kind == "global" for i in info.values()):
+        raise ModelError("the model has no latent site outside the data plate: nothing for MH to sample")
+
+    probe = _take(data, [0])
+    model = NumPyroModel(model_fn, named, rebuild, data_keys, pname, n, info, probe, dims.get(pname, -1), local)
+    _prepare(model, data, n)
+    if check:
+        _checks(model, data, n, named, rebuild, check_full_max)
+    return model, data
+
+
+def from_numpyro(numpyro_model, *args, data_plate: Optional[str] = None, check: bool = True, **kwargs):
+    """``model, data = tm.from_numpyro(numpyro_model, *args, **kwargs)``: a NumPyro model as a tallmh model.
+
+    ``args``/``kwargs`` are the model's own arguments, the full data included (as for NumPyro's MCMC).
+    The data plate is ``data_plate`` or, by default, the one plate holding observed sites whose size is
+    the leading length of some argument array; the returned ``data`` is ``{name: array}`` of the arguments
+    with that leading length N. Then ``tm.sample(model, data, test=..., control_variates=...)`` works with
+    every test; draws come back by site name on the constrained scale. See :mod:`tallmh.numpyro_model`.
+
+    (A model keyword argument called ``data_plate`` or ``check`` cannot be passed through this function.)
+    """
+    return describe(numpyro_model, *args, data_plate=data_plate, check=check, local="enumerate", **kwargs)
+
+
+def _outside_probe(model: NumPyroModel):
+    """A jitted ``f(theta, batch) -> ({site: summed log density}, {deterministic site: value})`` over the
+    sites outside the data plate (compiled once per batch shape)."""
+
+    def f(theta, batch):
+        tr, _ = model._run(theta, batch, model._fill_locals())
+        lps, dets = {}, {}
+        for name, site in tr.items():
+            if model._in_plate(site):
+                continue
+            if site["type"] == "sample":
+                lps[name] = model._site_log_prob(site)
+            elif site["type"] == "deterministic":
+                dets[name] = site["value"]
+        return lps, dets
+
+    return jax.jit(f)
+
+
+def _prepare(model: NumPyroModel, data, n):
+    """Probe runs on 1-2 items: the initial point, enumeration supports, deterministic output sites."""
+    from numpyro import handlers
+    from numpyro.distributions.transforms import biject_to
+    from numpyro.infer.initialization import init_to_median
+
+    Sub = _plate_messenger()
+    b0 = min(n, 2)
+    rows = _take(data, list(range(b0)))
+
+    def init_fn(rows):
+        args, kwargs = model._args_for(rows)
+        m = handlers.substitute(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1),
+                                substitute_fn=init_to_median(num_samples=15))
+        tr = handlers.trace(m).get_trace(*args, **kwargs)
+        return {s: biject_to(tr[s]["fn"].support).inv(tr[s]["value"]) for s in model.global_sites}
+
+    try:
+        init = jax.jit(init_fn)(rows)
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise ModelError(f"the model fails on {b0} data items: {type(e).__name__}: {e}") from e
+    model._init = {k: np.asarray(v) for k, v in init.items()}
+    model._supports = {}
+    enum = model.enumerated_sites
+    if enum:  # the joint support of the enumerated sites (Cartesian product), from a concrete run
+        args, kwargs = model._args_for(rows)
+        tr = handlers.trace(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1)).get_trace(*args, **kwargs)
+        for r in range(1, len(enum) + 1):
+            for subset in itertools.combinations(enum, r):
+                sups = []
+                for s in subset:
+                    fn = tr[s]["fn"]
+                    try:
+                        sup = fn.enumerate_support(expand=False)
+                    except Exception as e:  # noqa: BLE001
+                        raise ModelError(f"site {s!r} (discrete, inside the data plate) cannot be enumerated: "
+                                         f"{type(e).__name__}: {e}") from e
+                    sups.append(np.asarray(sup).reshape((-1,) + tuple(fn.event_shape)))
+                total = int(np.prod([len(x) for x in sups]))
+                if total > _MAX_ENUM:
+                    raise ModelError(f"the joint support of the per-item discrete latents {list(subset)} has "
+                                     f"{total} values (more than {_MAX_ENUM}): too many to sum out per item")
+                grids = list(itertools.product(*[range(len(x)) for x in sups]))
+                model._supports[subset] = {s: jnp.asarray(np.stack([sups[j][g[j]] for g in grids]))
+                                           for j, s in enumerate(subset)}
+    # deterministic sites outside the plate that do not depend on the items are reported with the draws
+    probe = _outside_probe(model)
+    model._probe_fn = probe
+    _, d1 = probe(model._init, _take(data, [0]))
+    if d1:
+        _, d2 = probe(model._init, _take(data, [n - 1] * min(n, 3)))
+        for d in d1:
+            v1, v2 = np.asarray(d1[d]), np.asarray(d2[d])
+            if v1.shape == v2.shape and np.allclose(v1, v2, equal_nan=True):
+                model._deterministic.append(d)
+
+
+def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
+    """Construction checks on a few items (see the module docstring); raise ModelError with the reason."""
+    from numpyro.infer.util import potential_energy
+
+    theta0 = model.init()
+    rng = np.random.default_rng(0)
+    theta1 = jax.tree_util.tree_map(lambda a: a + 0.1 * jnp.asarray(rng.standard_normal(np.shape(a)), a.dtype),
+                                    theta0)
+    probe = model._probe_fn
+    # the log prior must not depend on the items passed
+    rows2 = [n - 1, n // 2, 0][: max(1, min(n, 3))]
+    for th in (theta0, theta1):
+        lp1, _ = probe(th, _take(data, [0]))
+        lp2, _ = probe(th, _take(data, rows2))
+        for name in lp1:
+            v1, v2 = float(lp1[name]), float(lp2.get(name, np.nan))
+            if not np.isclose(v1, v2, rtol=1e-5, atol=1e-5):
+                raise ModelError(
+                    f"site {name!r} is outside the data plate {model.data_plate!r} but depends on the "
+                    f"items passed (log density {v1:.6g} with 1 item, {v2:.6g} with {len(rows2)}): put it "
+                    "inside the plate if it is per-item, or do not compute it from the data arrays (e.g. pass "
+                    "N or summaries as plain arguments)")
+        val = float(model.log_prior(th))
+        if not np.isfinite(val):
+            raise ModelError(f"the log prior is not finite at the initial point ({val})")
+    # additivity over items (per-item latents kept in a state get fixed probe values)
+    fills = {s: f for s, f in model._fill_locals().items() if s in model.local_latent_sites}
+
+    def ll(th, rows):
+        if fills:
+            return model._item_log_lik(th, _take(data, rows), fills)
+        return model.log_lik(th, _take(data, rows))
+
+    a = list(range(min(n, 3)))
+    bset = sorted({n - 1, n // 2, max(0, n - 2)} - set(a))
+    if bset:
+        for th in (theta0, theta1):
+            ll_ab = np.asarray(ll(th, a + bset))
+            ll_a = np.asarray(ll(th, a))
+            ll_b = np.asarray(ll(th, bset))
+            if ll_ab.shape != (len(a) + len(bset),) or ll_a.shape != (len(a),):
+                raise ModelError(f"the data plate {model.data_plate!r} does not give one log-likelihood per item "
+                                 f"(shape {ll_ab.shape} for {len(a) + len(bset)} items)")
+            both = np.concatenate([ll_a, ll_b])
+            if not np.allclose(ll_ab, both, rtol=1e-4, atol=1e-4):
+                raise ModelError(
+                    f"the per-item log-likelihoods are not additive over items: ll(A u B) = {ll_ab.round(4)} but "
+                    f"ll(A) ++ ll(B) = {both.round(4)} (A = {a}, B = {bset}). Items must be conditionally "
+                    "independent given the global sites, the plate's items must be the rows of the data "
+                    "arguments (index them with the plate's indices, or use the arrays whole), and the model "
+                    "must not use the number of rows passed except as the plate size")
+            if not np.all(np.isfinite(ll_ab)):
+                raise ModelError("log_lik is not finite at the initial point")
+    # the decomposition reproduces NumPyro's own log density on the full data (small N)
+    if n <= check_full_max and not model.enumerated_sites and not model.local_latent_sites:
+        Sub = _plate_messenger()
+        args, kwargs = rebuild(named)
+        full = Sub(model.model_fn, model.data_plate, n)
+        try:
+            pe = float(jax.jit(lambda th: potential_energy(full, args, kwargs, th))(theta0))
+        except Exception:  # noqa: BLE001 - NumPyro cannot evaluate it: skip this check
+            pe = None
+        if pe is not None:
+            ours = float(model.log_prior(theta0) + jnp.sum(model.log_lik(theta0, data)))
+            if not np.isclose(ours, -pe, rtol=1e-4, atol=1e-3 * max(1.0, np.sqrt(n))):
+                raise ModelError(
+                    f"log_prior + sum(log_lik) = {ours:.6g} differs from NumPyro's log density {-pe:.6g} on the "
+                    "full data: the model probably uses the number of rows passed outside the data plate")
