@@ -33,6 +33,7 @@ SCRIPTS = {
     "iss_mcmc": "iss_mcmc_report.json",
     "austerity_fig5_ica": "austerity_fig5_ica.json",
     "austerity_fig6_rjmcmc": "austerity_fig6_rjmcmc.json",
+    "pp_fig5_numpyro": "pp_fig5_numpyro.json",
 }
 
 
