@@ -654,6 +654,12 @@ def _cmd_run(args, argv):
     try:
         return _run(args, argv, test, out, saved, ck_path, say, t_all)
     except BaseException:
+        # a fresh run that failed before its first checkpoint leaves nothing behind (not even run.json)
+        if saved is None and out.made and not os.path.exists(os.path.join(out.path, CHECKPOINT)):
+            try:
+                os.remove(os.path.join(out.path, RUN_SETTINGS))
+            except OSError:
+                pass
         out.clean_up()
         raise
 

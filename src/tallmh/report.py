@@ -361,7 +361,8 @@ def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_
     rows_per = int(math.ceil(len(idx) / ncol))
     panel_h = 1.35
     heights = [0.45 + panel_h * rows_per + 0.35 for _ in runs]
-    fig = plt.figure(figsize=(FIG_WIDTH, sum(heights) + 0.5))
+    note = "" if len(idx) == d else f"; first {len(idx)} of {d} parameters"
+    fig = plt.figure(figsize=(FIG_WIDTH, sum(heights)))
     subs = fig.subfigures(len(runs), 1, height_ratios=heights, squeeze=False)[:, 0]
     for run, sub, hgt in zip(runs, subs, heights):
         r = run.result
@@ -370,8 +371,9 @@ def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_
         tw = max(1, kw // max_points)
         ts = max(1, k // max_points)
         axes = sub.subplots(rows_per, ncol, squeeze=False, sharex=True)
-        sub.suptitle(f"{run.name}: {c} chain(s) x {k} draws" + (f" after {kw} warmup steps" if kw else "")
-                     + (" (PARTIAL: interrupted)" if getattr(r, "partial", False) else ""),
+        sub.suptitle(f"{run.name}: {c} chain(s) x {k} draws" + (f" after {kw} warmup steps (grey)" if kw else "")
+                     + (" (PARTIAL: interrupted)" if getattr(r, "partial", False) else "") + note
+                     + "; one colour per chain",
                      fontsize=9, fontweight="bold", x=0.01, ha="left", y=1 - 0.08 / hgt, va="top")
         for p, j in enumerate(idx):
             ax = axes[p // ncol, p % ncol]
@@ -385,14 +387,12 @@ def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_
             ax.set_title(shown[p], fontsize=8, pad=2)
             ax.tick_params(labelsize=7)
             ax.locator_params(axis="y", nbins=4)
-            if p // ncol == rows_per - 1 or p + ncol >= len(idx):
+            if p // ncol == rows_per - 1 or p + ncol >= len(idx):  # last panel of its column: label the axis
                 ax.set_xlabel("seconds into the run", fontsize=7)
+                ax.tick_params(labelbottom=True)
         for p in range(len(idx), rows_per * ncol):
             axes[p // ncol, p % ncol].axis("off")
         sub.subplots_adjust(left=0.07, right=0.99, bottom=0.45 / hgt, top=1 - 0.5 / hgt, wspace=0.3, hspace=0.55)
-    note = "" if len(idx) == d else f"; first {len(idx)} of {d} parameters"
-    fig.suptitle("Traces: parameter value against time, one colour per chain, warmup shaded and grey" + note,
-                 fontsize=10, y=1 - 0.05 / fig.get_figheight(), va="top")
     for sub in subs:
         sub.set_facecolor("none")
     return _savefig(fig, path)
@@ -477,7 +477,7 @@ def plot_data_use(runs: Sequence[MethodRun], n: int, path: str) -> str:
     fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_WIDTH, 2.5 * nrow + 0.7), sharex=True, sharey=True,
                              squeeze=False)
     allv = [np.asarray(run.result.stats["n_data"]).ravel() for run in runs]
-    lo = max(1, min([int(v.min()) for v in allv if v.size] or [1]))
+    lo = max(1, min([int(v.min()) for v in allv if v.size] + [n // 10] or [1]))
     edges = np.unique(np.geomspace(lo * 0.9, n * 1.1, 40))
     for i, (run, v) in enumerate(zip(runs, allv)):
         ax = axes[i // ncol, i % ncol]
@@ -538,13 +538,13 @@ img{max-width:100%;height:auto;border:1px solid #eee;margin:0.4em 0}
 .note{color:#555;font-size:0.92em}figure{margin:0}
 .verdicts ul{list-style:none;padding-left:0}.verdicts li{margin:0.2em 0;padding:2px 8px;border-left:4px solid}
 .verdicts li.ok{border-color:#2ca02c}.verdicts li.bad{border-color:#d62728;background:#fff3f3}code,pre{background:#f6f6f6;padding:1px 4px}
-pre{padding:8px;overflow-x:auto}
+pre{padding:8px;overflow-x:auto}.scroll{overflow-x:auto}
 """
 
 
 def _rows_html(rows, columns=COLUMNS):
     cols = [(k, h, f) for k, h, f in columns if any(k in r for r in rows)]
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols) + "</tr>"]
+    out = ["<div class=\"scroll\"><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols) + "</tr>"]
     for r in rows:
         cells = []
         for k, _, f in cols:
@@ -557,12 +557,15 @@ def _rows_html(rows, columns=COLUMNS):
                 s = "-"
             cells.append(f"<td>{html.escape(s)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "\n".join(out)
 
 
 def _frame_html(df, digits=4):
-    return df.to_html(float_format=lambda v: f"{v:.{digits}g}", border=0, na_rep="-")
+    df = df.copy()
+    df.index.name = None  # no extra header row for the index name
+    return ("<div class=\"scroll\">" + df.to_html(float_format=lambda v: f"{v:.{digits}g}", border=0, na_rep="-")
+            + "</div>")
 
 
 def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text: str, sections: Sequence[tuple],
