@@ -37,8 +37,9 @@ def test_proposal_ratio_matches_direct_density(linreg):
         prop = tm.proposals.Langevin(step_size=1e-4, batch_size=50)
         theta = jnp.asarray(mean) + 0.01
         _, unravel = ravel_pytree(theta)
-        kernel = build_kernel(model, prop, tm.acceptance.Austerity(), jax.tree_util.tree_map(jnp.asarray, data), n, unravel)
-        grad_fn = kernel.grad_estimate(None)
+        jdata = jax.tree_util.tree_map(jnp.asarray, data)
+        kernel = build_kernel(model, prop, tm.acceptance.Austerity(), n, unravel)
+        grad_fn = kernel.grad_estimate(jdata, None)
         for s in range(5):
             key = jax.random.PRNGKey(s)
             theta_p, log_q = prop.propose_with_data(key, theta, prop.init(theta, n), grad_fn, n)
@@ -61,14 +62,14 @@ def test_control_variate_gradient_is_exact_with_the_full_batch(linreg):
         jdata = jax.tree_util.tree_map(jnp.asarray, data)
         flat0, unravel = ravel_pytree(jnp.zeros(2))
         cv, _ = cvm.prepare(tm.ControlVariates(order=2), model, jdata, n, unravel, flat0)
-        kernel = build_kernel(model, tm.proposals.Langevin(1e-4, 10), tm.acceptance.Austerity(), jdata, n, unravel,
+        kernel = build_kernel(model, tm.proposals.Langevin(1e-4, 10), tm.acceptance.Austerity(), n, unravel,
                               cv_order=2)
         theta = jnp.asarray(mean) + jnp.array([0.03, -0.02])
         want = _direct_grad(model, data, np.asarray(theta), np.arange(n))
-        np.testing.assert_allclose(kernel.grad_estimate(cv)(theta, jnp.arange(n)), want, rtol=1e-8)
+        np.testing.assert_allclose(kernel.grad_estimate(jdata, cv)(theta, jnp.arange(n)), want, rtol=1e-8)
         # a minibatch estimate is unbiased: average over many minibatches
         idxs = jnp.asarray(np.stack([np.random.default_rng(i).choice(n, 20, replace=False) for i in range(400)]))
-        ests = np.asarray(jax.jit(jax.vmap(kernel.grad_estimate(None), in_axes=(None, 0)))(theta, idxs))
+        ests = np.asarray(jax.jit(jax.vmap(kernel.grad_estimate(jdata, None), in_axes=(None, 0)))(theta, idxs))
         est, sd = ests.mean(axis=0), ests.std(axis=0) / 20
         assert np.all(np.abs(est - want) < 4 * sd)
 

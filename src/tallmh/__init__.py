@@ -11,10 +11,10 @@ Quick start::
 
 from . import acceptance, diagnostics, models, proposals
 from .control_variates import ControlVariates
-from .errors import ConfigError, DataError, ModelError, TallmhError
+from .errors import ConfigError, DataError, ModelError, TallmhError, TrustWarning
 from .kernel import build_kernel
 from .model import Model
-from .results import Result, Summary
+from .results import Result, Summary, load_result
 from .sampling import decide, decision_fn, sample
 
 __version__ = "0.1.0"
@@ -22,5 +22,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Model", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result", "Summary",
     "acceptance", "proposals", "models", "diagnostics",
-    "TallmhError", "DataError", "ModelError", "ConfigError",
+    "TallmhError", "DataError", "ModelError", "ConfigError", "TrustWarning", "load_result",
 ]

@@ -19,3 +19,7 @@ class ModelError(TallmhError):
 
 class ConfigError(TallmhError):
     """An option of a test, proposal or run is out of its valid range."""
+
+
+class TrustWarning(UserWarning):
+    """A run's own evidence says its answer should not be trusted (R-hat, ESS, audit, CLT, support)."""

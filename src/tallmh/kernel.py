@@ -1,9 +1,19 @@
 """One MH step as a pure function: combine a model, a proposal and an acceptance test.
 
-``build_kernel(model, proposal, test, data, ...) -> Kernel(init, step)`` in the style of BlackJAX:
-``init(theta) -> KernelState`` and ``step(key, state, step_index, adapt) -> (KernelState, StepInfo)``; ``adapt`` (a Python or traced
-bool) turns on the proposal's adaptation.
+``build_kernel(model, proposal, test, n, unravel, ...) -> Kernel(init, step)`` in the style of BlackJAX:
+``init(theta, data) -> KernelState`` and ``step(key, state, data, step_index, adapt) -> (KernelState,
+StepInfo)``. The data (and the model's set-up statistics) are *arguments* of the step, never constants
+closed over: a compiled chain serves any data of the same shape, and lowering does not copy the data
+into the program (DESIGN.md, "Performance habits"). ``adapt`` (a Python or traced bool) turns on the
+proposal's adaptation; ``audit`` (a Python or traced bool, the same for every chain of a step) makes the
+step also take the exact decision with the same u and record whether the two agree (issue 8, self-audit).
+
 Parameters are carried as flat vectors (``jax.flatten_util.ravel_pytree``); the model sees its pytree.
+
+A test may bring its own kernel (for example informed sub-sampling, whose subset is part of the chain's
+state): if it has ``build_kernel(model, proposal, n, unravel, stats, cv_order)``, that is used instead.
+Such kernels keep the same ``init``/``step`` signatures and may keep their own state in
+``KernelState.extra``.
 """
 
 from __future__ import annotations
@@ -16,28 +26,56 @@ import jax.numpy as jnp
 from .acceptance.base import Problem
 from .data import take
 
-__all__ = ["KernelState", "StepInfo", "Kernel", "build_kernel", "make_problem"]
+__all__ = ["KernelState", "StepInfo", "Kernel", "build_kernel", "make_problem", "oracle_of"]
 
 
 class KernelState(NamedTuple):
     theta: jax.Array  # flat parameter vector
     log_prior: jax.Array
-    log_lik: jax.Array  # full-data log-likelihood at theta (kept for the exact test only; else 0)
+    log_lik: Any  # the exact test's record of the full-data log-likelihood at theta (its own pytree); else 0
     proposal: Any
     cv: Any = None  # CVState of the control variates, or None
+    extra: Any = None  # state a test-specific kernel keeps (e.g. the subset of informed sub-sampling)
 
 
 class StepInfo(NamedTuple):
-    accepted: jax.Array
-    n_data: jax.Array
-    rounds: jax.Array
+    accepted: jax.Array  # bool: the decision the chain took
+    n_data: jax.Array  # int32: items read to decide (audit passes excluded)
+    rounds: jax.Array  # int32: looks / minibatch rounds
+    nonfinite: jax.Array  # int32: items read whose log-likelihood ratio was NaN or infinite
+    clt_error: jax.Array  # float: the test's Berry-Esseen-type CLT doubt (0 for tests without a CLT)
+    audited: jax.Array  # bool: the exact decision was also taken at this step
+    audit_exact: jax.Array  # bool: the exact oracle's decision with the same key (False if not audited)
+    audit_items: jax.Array  # int32: items the audit read (N when audited)
+
+    @staticmethod
+    def empty(dtype=jnp.float32):
+        z = jnp.zeros((), jnp.int32)
+        f = jnp.bool_(False)
+        return StepInfo(f, z, z, z, jnp.zeros((), dtype), f, f, z)
 
 
 class Kernel(NamedTuple):
     init: Callable
     step: Callable
     full_log_lik: Callable
-    grad_estimate: Callable  # cv -> grad_fn(theta, idx): minibatch estimate of grad log posterior
+    grad_estimate: Callable  # (data, cv) -> grad_fn(theta, idx): minibatch estimate of grad log posterior
+
+
+def oracle_of(test):
+    """The exact test an approximate test is audited against (same key, same u).
+
+    Metropolis-type tests (austerity, confidence) answer to ``Exact()``; the minibatch Barker test to
+    ``Exact(kind="barker", temperature=T)``. A test may name its own with an ``oracle`` attribute.
+    """
+    from .acceptance import Barker, Exact
+
+    own = getattr(test, "oracle", None)
+    if own is not None:
+        return own
+    if isinstance(test, Barker):
+        return Exact(kind="barker", temperature=test.temperature)
+    return Exact()
 
 
 def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_lik_current=None,
@@ -74,7 +112,7 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
         return model.log_lik(thp, take(data, idx))
 
     bound = None
-    if cv is None and callable(model.lik_ratio_bound):
+    if cv is None and callable(getattr(model, "lik_ratio_bound", None)):
 
         def bound():
             return model.lik_ratio_bound(th, thp, stats)
@@ -88,32 +126,46 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
     return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current)
 
 
-def build_kernel(model, proposal, test, data, n: int, unravel, stats=None, cv_order=None) -> Kernel:
-    """Compose ``model``, ``proposal`` and ``test`` into an MH kernel over ``data`` (N = ``n`` items).
+def _initial_log_lik(test, n, fn, dtype):
+    """The exact test's record of the full log-likelihood (its own representation, if it has one)."""
+    own = getattr(test, "initial_log_lik", None)
+    if callable(own):
+        return own(n, fn, dtype)
+    from .acceptance.base import Moments, StreamReader
+
+    reader = StreamReader(n, 4096, fn, permuted=False)
+    acc = reader.advance(None, Moments.zero(dtype), n)
+    return acc.mean * n
+
+
+def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=None) -> Kernel:
+    """Compose ``model``, ``proposal`` and ``test`` into an MH kernel for N = ``n`` items.
 
     ``cv_order`` (1 or 2) turns on control variates; their state (centre and sums) lives in
-    ``KernelState.cv`` and is given to ``init``.
+    ``KernelState.cv`` and is given to ``init``. ``stats`` is only a default for ``step``'s ``stats``
+    argument (the model's set-up statistics); pass them to ``step`` to keep them out of the program.
     """
+    own = getattr(test, "build_kernel", None)
+    if callable(own):
+        return own(model, proposal, n, unravel, stats, cv_order)
     tracks = bool(getattr(test, "tracks_log_lik", False))
     needs_data = bool(getattr(proposal, "needs_data", False))
     if needs_data:
         proposal.check(n)
+    oracle = oracle_of(test)
+    default_stats = stats
 
-    def full_log_lik(theta):
-        from .acceptance.base import Moments, StreamReader
-
+    def full_log_lik(theta, data):
         th = unravel(theta)
-        reader = StreamReader(n, 4096, lambda idx: model.log_lik(th, take(data, idx)), permuted=False)
-        acc = reader.advance(None, Moments.zero(theta.dtype), n)
-        return acc.mean * n
+        return _initial_log_lik(test, n, lambda idx: model.log_lik(th, take(data, idx)), theta.dtype)
 
-    def init(theta, cv=None, cov_hint=None) -> KernelState:
+    def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
         lp = jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
-        ll = full_log_lik(theta) if tracks else jnp.zeros((), theta.dtype)
+        ll = full_log_lik(theta, data) if tracks else jnp.zeros((), theta.dtype)
         pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)
 
-    def grad_estimate(cv):
+    def grad_estimate(data, cv):
         """Minibatch estimate of grad log posterior (with control variates when on)."""
 
         def grad_fn(theta, idx):
@@ -135,29 +187,64 @@ def build_kernel(model, proposal, test, data, n: int, unravel, stats=None, cv_or
 
         return grad_fn
 
-    def step(key, state: KernelState, step_index, adapt: bool):
+    def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False):
+        stats = default_stats if stats is None else stats
         k_prop, k_test = jax.random.split(key)
+        dtype = state.theta.dtype
+        cv = state.cv if cv_order else None
         if needs_data:
             theta_p, log_q = proposal.propose_with_data(
-                k_prop, state.theta, state.proposal, grad_estimate(state.cv if cv_order else None), n)
+                k_prop, state.theta, state.proposal, grad_estimate(data, cv), n)
         else:
             theta_p, log_q = proposal.propose(k_prop, state.theta, state.proposal)
-        lp_p = jnp.asarray(model.log_prior(unravel(theta_p)), state.theta.dtype)
+        lp_p = jnp.asarray(model.log_prior(unravel(theta_p)), dtype)
         log_base = lp_p - state.log_prior + log_q
         problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
-                               state.log_lik if tracks else None,
-                               state.cv if cv_order else None, cv_order or 2)
-        dec = test.decide(k_test, problem)
-        acc = dec.accept & jnp.isfinite(lp_p)
+                               state.log_lik if tracks else None, cv, cv_order or 2)
+        # Support: a proposal with -inf (or NaN) prior or proposal ratio is rejected without reading data.
+        # (A real branch for one chain; under vmap over chains with different outcomes, JAX evaluates
+        # both branches and selects, so the items are computed but neither counted nor used.)
+        in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(theta_p).all()
+
+        def run_test():
+            dec = test.decide(k_test, problem)
+            nf = dec.n_nonfinite if dec.n_nonfinite is not None else jnp.zeros((), jnp.int32)
+            ce = dec.clt_error if dec.clt_error is not None else jnp.zeros((), dtype)
+            llp = dec.log_lik_prop if tracks else state.log_lik
+            return dec.accept, dec.n_data.astype(jnp.int32), dec.rounds.astype(jnp.int32), \
+                nf.astype(jnp.int32), jnp.asarray(ce, dtype), llp
+
+        def no_test():
+            z = jnp.zeros((), jnp.int32)
+            return jnp.bool_(False), z, z, z, jnp.zeros((), dtype), state.log_lik
+
+        accept, n_data, rounds, nonfinite, clt, llp = jax.lax.cond(in_support, run_test, no_test)
+        acc = accept & in_support & (nonfinite == 0)
+
+        def run_audit():
+            oprob = problem._replace(log_lik_current=None)
+            ex = oracle.decide(k_test, oprob)
+            return ex.accept & in_support, jnp.int32(n)
+
+        def no_audit():
+            return jnp.bool_(False), jnp.int32(0)
+
+        if isinstance(audit, bool) and not audit:
+            audit_exact, audit_items = no_audit()
+        else:  # audit is the same for all chains of a step, so this stays a real branch under vmap
+            audit_exact, audit_items = jax.lax.cond(audit, run_audit, no_audit)
         theta = jnp.where(acc, theta_p, state.theta)
         lp = jnp.where(acc, lp_p, state.log_prior)
-        ll = jnp.where(acc, dec.log_lik_prop, state.log_lik) if tracks else state.log_lik
+        ll = jax.tree_util.tree_map(lambda new, old: jnp.where(acc, new, old), llp, state.log_lik) \
+            if tracks else state.log_lik
         if isinstance(adapt, bool):
             pstate = proposal.update(state.proposal, theta, acc, step_index) if adapt else state.proposal
         else:  # traced flag: one compiled function serves warmup and sampling
             pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
                                   lambda: state.proposal)
-        n_data = dec.n_data + (proposal.items_per_step() if needs_data else 0)
-        return KernelState(theta, lp, ll, pstate, state.cv), StepInfo(acc, n_data, dec.rounds)
+        n_data = n_data + (proposal.items_per_step() if needs_data else 0)
+        info = StepInfo(acc, n_data, rounds, nonfinite, clt, jnp.asarray(audit, bool) & (audit_items > 0),
+                        audit_exact, audit_items)
+        return KernelState(theta, lp, ll, pstate, state.cv, state.extra), info
 
     return Kernel(init, step, full_log_lik, grad_estimate)

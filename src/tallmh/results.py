@@ -2,15 +2,61 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import pickle
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import numpy as np
 
 from . import diagnostics
+from .errors import ConfigError, TrustWarning
 
-__all__ = ["Result", "Summary"]
+__all__ = ["Result", "Summary", "TrustWarning", "load_result", "method_label"]
+
+# Thresholds of the verdict (issue 8): R-hat and bulk ESS as Vehtari et al. (2021) recommend; a CLT doubt
+# when the median Berry-Esseen-type bound of the steps' stopping batches exceeds CLT_DOUBT.
+RHAT_MAX = 1.01
+ESS_MIN = 100.0
+CLT_DOUBT = 0.1
+_CHECKPOINT_VERSION = 1
+
+
+def method_label(test, control_variates=None) -> str:
+    """The method with its options, e.g. ``austerity(error=0.05, batch_size=500)+cv``."""
+    own = getattr(test, "label", None)
+    if isinstance(own, str):
+        lab = own
+    else:
+        name = getattr(test, "name", type(test).__name__)
+        opts = []
+        if dataclasses.is_dataclass(test):
+            for f in dataclasses.fields(test):
+                v = getattr(test, f.name)
+                if f.default is not dataclasses.MISSING and v == f.default:
+                    continue
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    pass
+                opts.append(f"{f.name}={v:g}" if isinstance(v, float) else f"{f.name}={v}")
+        lab = f"{name}({', '.join(opts)})" if opts else name
+    if control_variates is not None:
+        lab += "+cv" if getattr(control_variates, "order", 2) == 2 else "+cv1"
+    return lab
+
+
+def _wilson(k: int, m: int, z: float = 1.96):
+    """Wilson score interval for a binomial proportion k/m (95% by default)."""
+    if m == 0:
+        return (float("nan"), float("nan"))
+    p = k / m
+    den = 1 + z * z / m
+    c = (p + z * z / (2 * m)) / den
+    h = z * math.sqrt(p * (1 - p) / m + z * z / (4 * m * m)) / den
+    return (max(0.0, c - h), min(1.0, c + h))
 
 
 def _param_names(unravel, d):
@@ -38,11 +84,11 @@ class Summary:
     def __str__(self):
         o = self.overall
         head = (
-            f"method {o['method']}: {o['chains']} chain(s) x {o['draws']} draws, N = {o['N']}"
+            f"method {o['label']}: {o['chains']} chain(s) x {o['draws']} draws, N = {o['N']}"
             + (" [PARTIAL: interrupted]" if o["partial"] else "")
             + f"\nacceptance {o['acceptance_rate']:.3f}, mean data fraction per step {o['data_fraction']:.4g}"
             f" (mean items {o['mean_n_data']:.1f}), ESS min {o['ess_min']:.1f}, ESS/s {o['ess_per_s']:.2f}"
-            f", R-hat max {o['rhat_max']:.3f}\nsampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
+            f", R-hat max {o['rhat_max']:.3f}\n{o['verdict']}\nsampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
             f"compile {o['compile_s']:.2f}s, set-up items {o['setup_items']}\n"
         )
         return head + self.table.to_string(float_format=lambda v: f"{v:.4g}")
@@ -75,7 +121,11 @@ class Result:
     setup_items: int
     partial: bool = False
     final_state: Any = None
+    notes: List[str] = field(default_factory=list)
+    resume_info: Dict[str, Any] = field(default_factory=dict)
+    control_variates: Any = None
     _names: Any = field(default=None, repr=False)
+    _cache: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _tree(self, flat):
         c, k, d = flat.shape
@@ -115,6 +165,12 @@ class Result:
         return float(np.mean(self.stats["n_data"])) / self.n
 
     def summary(self) -> Summary:
+        """Per-parameter table and run-level numbers, with the verdict (computed once, then cached)."""
+        if "summary" not in self._cache:
+            self._cache["summary"] = self._summary()
+        return self._cache["summary"]
+
+    def _summary(self) -> Summary:
         import pandas as pd
 
         x = self.flat_samples
@@ -148,7 +204,156 @@ class Result:
             "setup_items": int(self.setup_items),
             **{k: float(v) for k, v in self.timings.items()},
         }
+        overall["ess_per_s_total"] = ess_min / self.timings["total_s"] if self.timings.get("total_s") else float("nan")
+        overall["label"] = self.label
+        overall.update(self.audit)
+        overall["clt_error"] = self.clt_error
+        overall["nonfinite_items"] = self.nonfinite_items
+        overall["notes"] = list(self.notes)
+        warns = self._warnings(overall)
+        overall["warnings"] = warns
+        overall["trusted"] = not warns
+        overall["verdict"] = "trusted" if not warns else "NOT trusted: " + "; ".join(warns)
         return Summary(table, overall)
+
+    # ---- trust (issue 8) ------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        """The method with its options, e.g. ``austerity(error=0.05)+cv``."""
+        return method_label(self.test, self.control_variates)
+
+    def _all_stats(self, key):
+        parts = [st[key] for st in (self.warmup_stats, self.stats) if key in st and np.size(st[key])]
+        return np.concatenate([np.ravel(p) for p in parts]) if parts else np.zeros(0)
+
+    @property
+    def audit(self) -> Dict[str, Any]:
+        """The self-audit: steps where the exact test also decided with the same u (warmup and sampling).
+
+        ``audit_steps``, ``audit_wrong`` (decisions that differ), ``audit_rate`` and its 95% Wilson interval
+        ``audit_ci``; ``audit_items`` (items the audits read, not in ``n_data``). For the minibatch Barker
+        test, whose noise differs from the exact Barker test's, decisions are compared in distribution:
+        ``audit_bias`` = mean(approximate accept - exact accept) with a 95% interval ``audit_bias_ci``.
+        ``audit_target``: the per-step error the test promises (None if it makes no such promise).
+        """
+        aud = self._all_stats("audited").astype(bool)
+        acc = self._all_stats("accepted").astype(bool)
+        ex = self._all_stats("audit_exact").astype(bool)
+        m = int(aud.sum()) if aud.size else 0
+        out: Dict[str, Any] = {"audit_steps": m, "audit_items": int(self._all_stats("audit_items").sum())}
+        if m and acc.size == aud.size:
+            a, e = acc[aud], ex[aud]
+            wrong = int(np.sum(a != e))
+            out["audit_wrong"] = wrong
+            out["audit_rate"] = wrong / m
+            out["audit_ci"] = _wilson(wrong, m)
+            diff = a.astype(float) - e.astype(float)
+            sd = float(np.std(diff, ddof=1)) if m > 1 else float("nan")
+            bias = float(np.mean(diff))
+            out["audit_bias"] = bias
+            out["audit_bias_ci"] = (bias - 1.96 * sd / math.sqrt(m), bias + 1.96 * sd / math.sqrt(m))
+        else:
+            out.update(audit_wrong=0, audit_rate=float("nan"), audit_ci=(float("nan"), float("nan")),
+                       audit_bias=float("nan"), audit_bias_ci=(float("nan"), float("nan")))
+        out["audit_kind"] = "distribution" if getattr(self.test, "name", "") == "barker" else "decision"
+        out["audit_target"] = _error_target(self.test)
+        return out
+
+    @property
+    def clt_error(self) -> float:
+        """Median over sampling steps (warmup if none) of the test's Berry-Esseen-type CLT bound, among
+        steps that decided from a subsample; 0 when the test does not lean on a CLT or read everything."""
+        for st in (self.stats, self.warmup_stats):
+            if "clt_error" not in st or not np.size(st["clt_error"]):
+                continue
+            c = np.asarray(st["clt_error"], float).ravel()
+            nd = np.asarray(st["n_data"]).ravel()
+            ok = np.isfinite(c) & (c > 0) & (nd < self.n)
+            return float(np.median(c[ok])) if ok.any() else 0.0
+        return 0.0
+
+    @property
+    def nonfinite_items(self) -> int:
+        return int(self._all_stats("nonfinite").sum())
+
+    def _warnings(self, o) -> List[str]:
+        w = []
+        if self.partial:
+            w.append(f"partial run (interrupted after {o['draws']} draws per chain)")
+        if o["draws"] < 4:
+            w.append("too few draws to judge convergence")
+        else:
+            if np.isfinite(o["rhat_max"]) and o["rhat_max"] > RHAT_MAX:
+                w.append(f"R-hat {o['rhat_max']:.3f} > {RHAT_MAX}: chains have not mixed")
+            if not np.isfinite(o["ess_min"]) or o["ess_min"] < ESS_MIN:
+                w.append(f"bulk ESS {o['ess_min']:.0f} < {ESS_MIN:.0f}")
+        tgt = o.get("audit_target")
+        if o.get("audit_steps", 0) > 0 and tgt is not None:
+            if o["audit_kind"] == "decision" and o["audit_ci"][0] > tgt:
+                w.append(f"audited wrong-decision rate {o['audit_rate']:.3f} (95% CI {o['audit_ci'][0]:.3f}-"
+                         f"{o['audit_ci'][1]:.3f}, {o['audit_steps']} audits) above the test's target {tgt:g}")
+            if o["audit_kind"] == "distribution" and (o["audit_bias_ci"][0] > tgt or o["audit_bias_ci"][1] < -tgt):
+                w.append(f"audited acceptance bias {o['audit_bias']:+.3f} (95% CI {o['audit_bias_ci'][0]:+.3f} to "
+                         f"{o['audit_bias_ci'][1]:+.3f}) beyond the test's bound {tgt:g}")
+        if o["clt_error"] > CLT_DOUBT:
+            w.append(f"CLT doubt: the per-item log-likelihood ratios are far from normal at the batch sizes used "
+                     f"(median Berry-Esseen bound {o['clt_error']:.2f} > {CLT_DOUBT}); use larger batches or "
+                     f"control variates")
+        if o["nonfinite_items"] > 0:
+            w.append(f"{o['nonfinite_items']} item(s) with a non-finite log-likelihood were read (those proposals "
+                     f"were rejected; data-dependent support cannot be seen by a subsample: put such constraints "
+                     f"in the prior)")
+        for note in self.notes:
+            if note.startswith("all chains started at the same point"):
+                w.append(note)
+        return w
+
+    @property
+    def warnings(self) -> List[str]:
+        """Reasons not to trust this run (empty when trusted): see :attr:`verdict`."""
+        return self.summary().overall["warnings"]
+
+    @property
+    def trusted(self) -> bool:
+        return not self.warnings
+
+    @property
+    def verdict(self) -> str:
+        """One line: ``trusted``, or ``NOT trusted: reason; reason``."""
+        return self.summary().overall["verdict"]
+
+    # ---- checkpoints (issue 9) --------------------------------------------------------------------
+
+    def save(self, path: str) -> str:
+        """Write the run (draws, statistics, final chain state, settings) to ``path`` atomically.
+
+        :func:`load_result` reads it back; ``tallmh.sample(model, data, resume=loaded)`` continues it.
+        The model and data are not stored: pass them again when resuming.
+        """
+        d = self.flat_samples.shape[-1]
+        template = jax.tree_util.tree_map(np.asarray, self.unravel(np.zeros(d, self.flat_samples.dtype)))
+        payload = {
+            "version": _CHECKPOINT_VERSION,
+            "flat_samples": self.flat_samples, "stats": self.stats, "flat_warmup": self.flat_warmup,
+            "warmup_stats": self.warmup_stats, "template": template, "n": self.n, "method": self.method,
+            "test": self.test, "proposal": self.proposal, "timings": dict(self.timings),
+            "setup_items": int(self.setup_items), "partial": bool(self.partial),
+            "final_state": self.final_state, "notes": list(self.notes),
+            "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
+        }
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".tallmh-ckpt-", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        return path
 
     def to_arviz(self):
         """An ``arviz.InferenceData`` with ``posterior``, ``sample_stats`` and ``warmup_*`` groups.
@@ -173,6 +378,10 @@ class Result:
                 "n_data": st["n_data"].astype(np.int64),
                 "data_fraction": st["n_data"].astype(float) / self.n,
                 "rounds": st["rounds"].astype(np.int64),
+                **({"nonfinite_items": st["nonfinite"].astype(np.int64)} if "nonfinite" in st else {}),
+                **({"clt_error": st["clt_error"].astype(float)} if "clt_error" in st else {}),
+                **({"audited": st["audited"].astype(bool), "audit_exact": st["audit_exact"].astype(bool),
+                    "audit_items": st["audit_items"].astype(np.int64)} if "audited" in st else {}),
             }
 
         warm = self.warmup_samples
@@ -194,7 +403,45 @@ class Result:
             "partial": int(self.partial),
             "setup_items": int(self.setup_items),
             **{k: float(v) for k, v in self.timings.items()},
+            "label": self.label,
+            "verdict": self.verdict,
         }
         idata.posterior.attrs.update(attrs)
         idata.sample_stats.attrs.update(attrs)
         return idata
+
+
+def _error_target(test) -> Optional[float]:
+    """The per-step error an approximate test promises, to audit it against (None: no promise)."""
+    t = getattr(test, "error_target", None)
+    if t is not None:
+        return float(t)
+    name = getattr(test, "name", "")
+    if name == "confidence":
+        return float(test.delta)
+    if name == "austerity":
+        return float(getattr(test, "epsilon", None) or 0.05)
+    if name == "barker":
+        return float(test.delta)
+    return None
+
+
+def load_result(path: str) -> Result:
+    """Read a run saved by :meth:`Result.save` (a checkpoint): resume it with ``sample(..., resume=r)``."""
+    from jax.flatten_util import ravel_pytree
+
+    try:
+        with open(path, "rb") as f:
+            p = pickle.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"no saved run at {path}") from None
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{path} is not a tallmh checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(p, dict) or p.get("version") != _CHECKPOINT_VERSION:
+        raise ConfigError(f"{path} is not a tallmh checkpoint of this version")
+    _, unravel = ravel_pytree(jax.tree_util.tree_map(lambda a: np.asarray(a), p["template"]))
+    return Result(flat_samples=p["flat_samples"], stats=p["stats"], flat_warmup=p["flat_warmup"],
+                  warmup_stats=p["warmup_stats"], unravel=unravel, n=p["n"], method=p["method"], test=p["test"],
+                  proposal=p["proposal"], timings=p["timings"], setup_items=p["setup_items"], partial=p["partial"],
+                  final_state=p["final_state"], notes=p["notes"], resume_info=p["resume_info"],
+                  control_variates=p["control_variates"])

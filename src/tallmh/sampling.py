@@ -1,10 +1,32 @@
-"""The runner: ``sample`` compiles the chain and runs it, and ``decide`` makes one decision."""
+"""The runner: ``sample`` compiles the chain and runs it, and ``decide`` makes one decision.
+
+How a run is organised (issues 8, 9 and 12):
+
+- **Data is an argument** of every compiled program (the chain, the kernel's init), never a constant, so
+  lowering does not copy it and one compiled chain serves every call with data of the same shape: the
+  compiled runners are cached by (model, proposal, test, shapes), see ``_RUNNERS``.
+- **A good start**: unless ``init`` is given, each run first finds the posterior mode by damped Newton
+  (full passes, counted in ``setup_items``), and takes the Laplace covariance as the adaptive proposal's
+  starting covariance; chains start dispersed around the mode (drawn from the Laplace approximation with
+  its sd inflated 1.5 times) so that R-hat can see chains that have not mixed.
+- **Chunks sized by time**: the chain runs in compiled chunks of a count of steps chosen so that a chunk
+  takes about ``chunk_seconds`` (1 s); the host waits for each chunk in short sleeps, so Ctrl-C returns
+  every completed step within about a second (also during compile and set-up).
+- **Resume**: ``sample(..., resume=result)`` continues every chain from where ``result`` stopped; each
+  step's key depends only on (seed, chain, phase, step), so a resumed run gives the same draws, bit for
+  bit, as one long run.
+- **Self-audit**: at random steps (the same steps for all chains) the exact test also decides with the
+  same u; the disagreements estimate the approximate test's wrong-decision rate (``Result.audit``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+import threading
 import time
+import warnings
 from typing import Optional
 
 import jax
@@ -16,12 +38,16 @@ from . import control_variates as cvm
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, ModelError
-from .kernel import StepInfo, build_kernel, make_problem
+from .kernel import StepInfo, build_kernel, make_problem, oracle_of
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .results import Result
 
 __all__ = ["sample", "decide", "decision_fn"]
+
+INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
+DEFAULT_AUDITS = 40  # audited steps per run (spread over the warmup), unless audit= says otherwise
+_RUNNERS: dict = {}
 
 
 def _prepare(model, data, test, init, check_finite=True, cv_center=None):
@@ -41,6 +67,162 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     return data, n, init, stats, setup_items
 
 
+def _value_key(obj):
+    """A hashable key for a model/proposal/test: by value for tallmh's own classes, else by identity."""
+    try:
+        hash(obj)
+        if dataclasses.is_dataclass(obj):
+            return (type(obj), obj)
+    except TypeError:
+        pass
+    if type(obj).__module__.startswith("tallmh.") and hasattr(obj, "__dict__"):
+        try:
+            items = tuple(sorted((k, v) for k, v in vars(obj).items()))
+            hash(items)
+            return (type(obj), items)
+        except TypeError:
+            pass
+    return (type(obj), id(obj))
+
+
+def _shape_key(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return (treedef, tuple((tuple(np.shape(a)), str(np.asarray(a).dtype) if not hasattr(a, "dtype") else str(a.dtype))
+                           for a in leaves))
+
+
+def _wait(x, stop_check=None):
+    """Block until ``x`` is computed, sleeping in short steps so Ctrl-C is seen at once."""
+    leaves = jax.tree_util.tree_leaves(x)
+    for leaf in leaves:
+        is_ready = getattr(leaf, "is_ready", None)
+        if is_ready is None:
+            continue
+        delay = 1e-4
+        while not is_ready():
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+    return x
+
+
+def _in_thread(fn):
+    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive)."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    while th.is_alive():
+        th.join(0.05)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
+                  key, dtype, notes):
+    """Mode, Laplace covariance, control-variate state and chain starts; returns a dict (passes counted)."""
+    out = {"center": None, "cov": None, "cv": None, "passes": 0, "starts": None}
+    want_mode = init_given is None
+    center = None
+    sums = None
+    if want_mode:
+        try:
+            center, passes = cvm.find_center(model, data, n, unravel, flat0,
+                                             control_variates.max_newton if control_variates is not None else 30)
+            out["passes"] += passes
+            sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
+            out["passes"] += 1
+            out["cov"] = cvm.laplace_cov(model, unravel, sums)
+            if out["cov"] is None:
+                notes.append("the Hessian at the posterior mode is not negative definite: no Laplace start")
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - a model Newton cannot handle: start at init
+            notes.append(f"posterior mode not found ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                         "chains start at the model's init")
+            center = None
+        if center is not None and not bool(jnp.all(jnp.isfinite(center))):
+            notes.append("posterior mode search diverged; chains start at the model's init")
+            center, out["cov"] = None, None
+        out["center"] = center
+    if control_variates is not None:
+        if control_variates.center is None and center is not None:
+            if control_variates.order == 2 and sums is not None:
+                cv0 = sums
+            else:
+                cv0 = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
+                out["passes"] += 1
+        else:
+            cv0, passes = cvm.prepare(control_variates, model, data, n, unravel, flat0)
+            out["passes"] += passes
+        out["cv"] = cv0
+        if out["cov"] is None and control_variates.order == 2:
+            out["cov"] = cvm.laplace_cov(model, unravel, cv0)
+        if init_given is None and center is None:
+            center = cv0.center
+    base = center if (init_given is None and center is not None) else flat0
+    starts = jnp.broadcast_to(base, (num_chains,) + base.shape)
+    k_jit = key
+    if init_jitter is not None:
+        if init_jitter > 0:
+            starts = starts + init_jitter * jax.random.normal(k_jit, starts.shape, dtype)
+    elif init_given is None and out["cov"] is not None:
+        chol = np.linalg.cholesky(np.asarray(out["cov"], float))
+        z = np.asarray(jax.random.normal(k_jit, starts.shape, dtype), float)
+        starts = jnp.asarray(np.asarray(base, float)[None, :] + INIT_SPREAD * z @ chol.T, dtype)
+    if num_chains > 1 and bool(np.all(np.asarray(starts) == np.asarray(starts)[0])):
+        notes.append("all chains started at the same point, so R-hat cannot detect chains that have not "
+                     "mixed (pass init_jitter > 0, or no init, to disperse them)")
+    out["starts"] = starts
+    return out
+
+
+def _runner(kernel, key, num_chains, length, audit_on):
+    """The compiled chunk: ``length`` scan steps of which the first ``count`` are made.
+
+    Cached by ``key`` (model, proposal and test by value where they are tallmh's own, shapes, options):
+    a second call with data of the same shape reuses the compiled program. Returns the cache entry, a
+    dict with ``fn`` (the jitted function) and ``compiled`` (filled on first use).
+    """
+    if key in _RUNNERS:
+        return _RUNNERS[key]
+
+    def chain_run(state, ckey, akey, start, count, phase, audit_rate, data, stats):
+        pkey = jax.random.fold_in(ckey, phase)
+        apkey = jax.random.fold_in(akey, phase)
+        adapt = phase == 0
+
+        def body(st, i):
+            g = start + i
+
+            def do(st):
+                if audit_on:
+                    audit = jax.random.uniform(jax.random.fold_in(apkey, g)) < audit_rate
+                else:
+                    audit = False
+                return kernel.step(jax.random.fold_in(pkey, g), st, data, g, adapt, stats, audit)
+
+            def skip(st):
+                return st, StepInfo.empty(st.theta.dtype)
+
+            st, info = jax.lax.cond(i < count, do, skip, st)
+            return st, (st.theta, info)
+
+        return jax.lax.scan(body, state, jnp.arange(length, dtype=jnp.int32))
+
+    fn = jax.jit(jax.vmap(chain_run, in_axes=(0, 0, None, None, None, None, None, None, None)))
+    if len(_RUNNERS) >= 16:
+        _RUNNERS.pop(next(iter(_RUNNERS)))
+    _RUNNERS[key] = {"fn": fn, "compiled": None, "kernel": kernel}
+    return _RUNNERS[key]
+
+
 def sample(
     model,
     data,
@@ -51,11 +233,17 @@ def sample(
     num_chains: int = 4,
     seed: int = 0,
     init=None,
-    init_jitter: float = 0.0,
+    init_jitter: Optional[float] = None,
     progress: Optional[bool] = None,
     chunk_size: Optional[int] = None,
     callback=None,
     control_variates=None,
+    audit=None,
+    budget_s: Optional[float] = None,
+    resume: Optional[Result] = None,
+    checkpoint: Optional[str] = None,
+    checkpoint_every_s: float = 300.0,
+    chunk_seconds: float = 1.0,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -67,22 +255,46 @@ def sample(
     proposal : a proposal from :mod:`tallmh.proposals` (default ``AdaptiveMetropolis()``)
     num_samples, num_warmup : draws kept per chain, and warmup steps (adaptation happens in warmup only)
     num_chains : chains run side by side (``jax.vmap``)
-    seed : integer seed; chain c at step k uses ``fold_in(fold_in(split(PRNGKey(seed))[c], phase), k)``, so
-        the same seed gives the same draws and chains use different streams
-    init : starting point (a pytree like the model's parameter); default ``model.init(data)``, or the
-        control variates' centre when ``control_variates`` is given
-    init_jitter : sd of Gaussian noise added to the start of each chain (0: all chains start at ``init``)
-    progress : print progress to stderr (default: when more than 2000 steps per chain)
-    chunk_size : steps per compiled call between progress reports (default: about a tenth of a phase)
+    seed : integer seed; chain c at step k of phase p uses ``fold_in(fold_in(split(PRNGKey(seed))[c], p),
+        k)``, so the same seed gives the same draws, however the run is cut into chunks or resumed
+    init : starting point (a pytree like the model's parameter). By default the posterior mode, found by
+        damped Newton on the full data (its passes counted in ``result.setup_items``; the model's
+        ``init(data)`` is Newton's start, and the fallback when Newton fails), with chains dispersed
+        around it (Laplace approximation, sd inflated 1.5 times) and the Laplace covariance as the
+        adaptive proposal's starting covariance
+    init_jitter : sd of Gaussian noise added to each chain's start (overrides the Laplace dispersion;
+        0: all chains start at the same point)
+    progress : a progress bar on stderr (rate, ETA, acceptance, data fraction); default: when stderr is
+        a terminal
+    chunk_size : fixed steps per compiled call (default: sized so that a call takes ``chunk_seconds``)
     control_variates : a :class:`tallmh.ControlVariates` to use Taylor control variates in the
-        approximate tests (:mod:`tallmh.control_variates`); the full passes it makes (finding the centre,
-        the sums, an optional re-centring after warmup) are counted in ``result.setup_items``
+        approximate tests (:mod:`tallmh.control_variates`); its full passes are counted in
+        ``result.setup_items``
+    audit : self-audit rate: the fraction of steps at which the exact test also decides with the same u
+        (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default: about 40 audited
+        steps spread over the warmup (for approximate tests; none for ``Exact``). A float applies to warmup
+        and sampling alike; 0 turns it off.
+    budget_s : optional wall-clock budget (seconds) of the sampling phase: sampling stops when it is spent
+        (``num_samples`` is then a cap; the run is not marked partial)
+    resume : a :class:`Result` (complete, partial or loaded with :func:`tallmh.load_result`) to continue:
+        ``num_warmup`` and ``num_samples`` are the totals of the combined run, which the returned Result
+        holds whole; the test, proposal, chains and seed are the resumed run's
+    checkpoint : a path; the run so far is saved there (atomically, :meth:`Result.save`) every
+        ``checkpoint_every_s`` seconds and at the end
     callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
         ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
 
-    Returns a :class:`tallmh.results.Result`. Ctrl-C during a run returns the draws of the chunks that
-    completed, with ``result.partial = True``.
+    Returns a :class:`tallmh.results.Result`. Ctrl-C (at any time, compile and set-up included) returns
+    every completed step within about a second, with ``result.partial = True``; such a result can be
+    resumed.
     """
+    if resume is not None:
+        test = resume.test if test is None else test
+        proposal = resume.proposal if proposal is None else proposal
+        num_chains = resume.num_chains
+        seed = resume.resume_info["seed"]
+        control_variates = resume.resume_info.get("control_variates") if control_variates is None \
+            else control_variates
     test = Exact() if test is None else test
     proposal = AdaptiveMetropolis() if proposal is None else proposal
     for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0), ("num_chains", num_chains, 1)):
@@ -90,120 +302,217 @@ def sample(
             raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
     if num_samples + num_warmup == 0:
         raise ConfigError("num_samples + num_warmup must be positive")
+    if budget_s is not None and not (budget_s > 0):
+        raise ConfigError(f"budget_s must be positive; got {budget_s}")
+    if chunk_size is not None and int(chunk_size) < 1:
+        raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size}")
+    if control_variates is not None and getattr(test, "tracks_log_lik", False):
+        raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
+    is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
+    if audit is not None and not (0.0 <= float(audit) <= 1.0):
+        raise ConfigError(f"audit must be a rate in [0, 1]; got {audit}")
+
+    t0 = time.perf_counter()
+    notes: list = []
     init_given = init
     data, n, init, stats, setup_items = _prepare(model, data, test, init)
     flat0, unravel = ravel_pytree(init)
-    cv0 = None
-    if control_variates is not None:
-        if getattr(test, "tracks_log_lik", False):
-            raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
-        cv0, passes = cvm.prepare(control_variates, model, data, n, unravel, flat0)
-        setup_items += passes * n
-        if init_given is None:  # start at the centre (the posterior mode unless the user gave one)
-            flat0 = cv0.center
-    cv_order = control_variates.order if control_variates is not None else None
-    kernel = build_kernel(model, proposal, test, data, n, unravel, stats, cv_order)
-    if progress is None:
-        progress = (num_samples + num_warmup) > 2000
-
+    dtype = flat0.dtype
+    d = flat0.shape[0]
     key = jax.random.PRNGKey(seed)
-    k_chains, k_jit = jax.random.split(key)
+    k_chains, k_jit, k_audit = jax.random.split(key, 3)
     chain_keys = jax.random.split(k_chains, num_chains)
-    starts = jnp.broadcast_to(flat0, (num_chains,) + flat0.shape)
-    if init_jitter > 0:
-        starts = starts + init_jitter * jax.random.normal(k_jit, starts.shape, flat0.dtype)
-    t0 = time.perf_counter()
-    if cv0 is not None:
-        hint = cvm.laplace_cov(model, unravel, cv0) if isinstance(proposal, AdaptiveMetropolis) else None
-        states = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None)))(starts, cv0, hint)
-    else:
-        states = jax.jit(jax.vmap(kernel.init))(starts)
-    init_items = n * num_chains if getattr(test, "tracks_log_lik", False) else 0  # one pass per chain
-    setup_items += init_items
-
-    def make_runner(length: int):
-        # One compiled function for both phases: the phase and the adapt flag are traced, unbatched
-        # arguments, so the step's lax.cond stays a real branch under vmap.
-        def chain_run(state, ckey, start, total, phase):
-            pkey = jax.random.fold_in(ckey, phase)
-            adapt = phase == 0
-
-            def body(st, i):
-                g = start + i
-
-                def do(st):
-                    return kernel.step(jax.random.fold_in(pkey, g), st, g, adapt)
-
-                def skip(st):
-                    z = jnp.zeros((), jnp.int32)
-                    return st, StepInfo(jnp.bool_(False), z, z)
-
-                st, info = jax.lax.cond(g < total, do, skip, st)
-                return st, (st.theta, info)
-
-            return jax.lax.scan(body, state, jnp.arange(length, dtype=jnp.int32))
-
-        return jax.jit(jax.vmap(chain_run, in_axes=(0, 0, None, None, None)))
-
-    timings = {"compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
-    phases = [("warmup", num_warmup, True, 0), ("sampling", num_samples, False, 1)]
+    cv_order = control_variates.order if control_variates is not None else None
+    kernel = build_kernel(model, proposal, test, n, unravel, None, cv_order)
+    timings = {"setup_s": 0.0, "compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
     collected = {"warmup": [], "sampling": []}
+    done = {"warmup": 0, "sampling": 0}
     partial = False
-    last_print = 0.0
-    totals = [t for _, t, _, _ in phases if t > 0]
-    length = int(chunk_size) if chunk_size else max(1, math.ceil(max(totals) / 10))
-    length = max(1, min(length, max(totals)))
-    compiled = None
+    states = None
+    start_info = {}
+
+    if resume is not None:
+        if resume.n != n:
+            raise ConfigError(f"resume: the run had N = {resume.n} items; this data has N = {n}")
+        if resume.flat_samples.shape[-1] != d:
+            raise ConfigError(f"resume: the run's parameter has {resume.flat_samples.shape[-1]} coordinates; "
+                              f"this model's has {d}")
+        info = resume.resume_info
+        states = jax.tree_util.tree_map(jnp.asarray, resume.final_state)
+        done = {"warmup": int(info["warmup_done"]), "sampling": int(info["sampling_done"])}
+        if done["warmup"] > num_warmup or done["sampling"] > num_samples:
+            raise ConfigError(f"resume: the run already has {done['warmup']} warmup steps and {done['sampling']} "
+                              f"draws; ask for at least as many (num_warmup={num_warmup}, num_samples={num_samples})")
+        if done["sampling"] > 0 and done["warmup"] < num_warmup:
+            raise ConfigError("resume: sampling had started; the warmup cannot be extended")
+        collected = {"warmup": [(resume.flat_warmup, resume.warmup_stats)] if resume.flat_warmup.shape[1] else [],
+                     "sampling": [(resume.flat_samples, resume.stats)] if resume.flat_samples.shape[1] else []}
+        setup_items = resume.setup_items
+        timings = {k: float(v) for k, v in resume.timings.items() if k != "total_s"}
+        timings["_before_s"] = float(resume.timings.get("total_s", 0.0))  # wall time of the earlier run(s)
+        notes = list(resume.notes)
+        start_info = dict(info.get("start_info", {}))
+
+    def make_result():
+        return _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items,
+                         partial, states, notes, dict(seed=seed, warmup_done=done["warmup"],
+                                                      sampling_done=done["sampling"], num_warmup=num_warmup,
+                                                      num_samples=num_samples, control_variates=control_variates,
+                                                      start_info=start_info), t0, control_variates)
+
+    bar = None
     try:
-        for pname, total, adapt, phase in phases:
-            if total == 0:
+        if states is None:  # set-up: mode, Laplace covariance, control variates, starts, kernel init
+            ts = time.perf_counter()
+            st = _in_thread(lambda: _start_points(model, data, n, unravel, flat0, control_variates, num_chains,
+                                                  init_given, init_jitter, k_jit, dtype, notes))
+            setup_items += st["passes"] * n
+            cv0 = st["cv"]
+            hint = st["cov"] if isinstance(proposal, AdaptiveMetropolis) else None
+            start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
+                          "newton_passes": int(st["passes"])}
+            init_v = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None, None)))
+            states = _wait(init_v(st["starts"], data, cv0, hint))
+            if getattr(test, "tracks_log_lik", False):
+                setup_items += n * num_chains  # the exact test's initial full pass, one per chain
+            timings["setup_s"] = time.perf_counter() - ts
+
+        # audit rates per phase
+        if audit is None:
+            rates = (0.0 if is_exact else min(0.05, DEFAULT_AUDITS / max(1, num_chains * num_warmup))
+                     if num_warmup > 0 else 0.0, 0.0)
+            if not is_exact and num_warmup == 0:
+                rates = (0.0, min(0.05, DEFAULT_AUDITS / max(1, num_chains * num_samples)))
+        else:
+            rates = (0.0 if is_exact else float(audit),) * 2
+        audit_on = any(r > 0 for r in rates)
+
+        length = int(chunk_size) if chunk_size else int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
+        rkey = (_value_key(model), _value_key(proposal), _value_key(test), n, _shape_key(data), _shape_key(stats),
+                cv_order, num_chains, length, audit_on, d, str(dtype), _shape_key(states), _shape_key(init))
+        entry = _runner(kernel, rkey, num_chains, length, audit_on)
+        args0 = (states, chain_keys, k_audit, jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.float32(0.0), data, stats)
+        if entry["compiled"] is None:
+            tc = time.perf_counter()
+            entry["compiled"] = _in_thread(lambda: entry["fn"].lower(*args0).compile())
+            timings["compile_s"] += time.perf_counter() - tc
+        compiled = entry["compiled"]
+
+        if progress is None:
+            progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        total_steps = num_warmup + num_samples
+        if progress:
+            bar = _Bar(total_steps, done["warmup"] + done["sampling"], getattr(test, "name", "mcmc"))
+        last_ckpt = time.perf_counter()
+        for pname, total, phase in (("warmup", num_warmup, 0), ("sampling", num_samples, 1)):
+            if done[pname] >= total:
                 continue
             if pname == "sampling" and control_variates is not None and control_variates.recenter \
-                    and collected["warmup"]:
+                    and collected["warmup"] and done["sampling"] == 0:
                 warm = np.concatenate([p[0] for p in collected["warmup"]], axis=1)
                 center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
                 cv_new = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
                 setup_items += n
                 states = states._replace(cv=jax.tree_util.tree_map(
                     lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), cv_new))
-            if compiled is None:
-                tc = time.perf_counter()
-                compiled = make_runner(length).lower(
-                    states, chain_keys, jnp.int32(0), jnp.int32(total), jnp.int32(phase)).compile()
-                timings["compile_s"] += time.perf_counter() - tc
             tp = time.perf_counter()
-            done = 0
-            while done < total:
-                states, out = compiled(states, chain_keys, jnp.int32(done), jnp.int32(total), jnp.int32(phase))
-                jax.block_until_ready(states)
-                take_n = min(length, total - done)
-                out = jax.tree_util.tree_map(lambda a: np.asarray(a[:, :take_n]), out)
-                collected[pname].append(out)
-                done += take_n
-                timings[f"{pname}_s"] = time.perf_counter() - tp
+            base_s = timings[f"{pname}_s"]
+            count = min(length, total - done[pname], 4 if chunk_size is None else length)
+            while done[pname] < total:
+                if pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s:
+                    break
+                tcall = time.perf_counter()
+                new_states, out = compiled(states, chain_keys, k_audit, jnp.int32(done[pname]), jnp.int32(count),
+                                           jnp.int32(phase), jnp.float32(rates[phase]), data, stats)
+                _wait(new_states)
+                dt = time.perf_counter() - tcall
+                out = jax.tree_util.tree_map(lambda a: np.asarray(a)[:, :count], out)
+                states = new_states
+                collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
+                done[pname] += count
+                timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
+                if bar is not None:
+                    bar.update(count, pname, out[1], n)
                 if callback is not None:
-                    callback({"phase": pname, "done": done, "total": total, "seconds": timings[f"{pname}_s"]})
-                if progress and (time.perf_counter() - last_print > 0.5 or done == total):
-                    last_print = time.perf_counter()
-                    _report(test, pname, done, total, timings[f"{pname}_s"], out, n)
+                    callback({"phase": pname, "done": done[pname], "total": total,
+                              "seconds": timings[f"{pname}_s"]})
+                if checkpoint is not None and time.perf_counter() - last_ckpt >= checkpoint_every_s:
+                    make_result().save(checkpoint)
+                    last_ckpt = time.perf_counter()
+                if chunk_size is None:  # next chunk: about chunk_seconds long
+                    per_step = max(dt / count, 1e-7)
+                    want = chunk_seconds / per_step
+                    if pname == "sampling" and budget_s is not None:
+                        want = min(want, max(1.0, (budget_s - timings["sampling_s"]) / per_step))
+                    count = int(max(1, min(length, want, 4 * count)))
+                count = min(count, length, total - done[pname]) if done[pname] < total else count
     except KeyboardInterrupt:
         partial = True
         print("\ntallmh: interrupted; returning the draws made so far (result.partial = True)", file=sys.stderr)
+    finally:
+        if bar is not None:
+            bar.close()
+    if states is None:  # interrupted during set-up: nothing to continue from
+        states = None
+    result = make_result()
+    if checkpoint is not None and states is not None:
+        result.save(checkpoint)
+    for w in result.warnings:
+        warnings.warn(_trust_warning()(w), stacklevel=2)
+    return result
 
-    def stack(parts, d):
+
+def _trust_warning():
+    from .results import TrustWarning
+
+    return TrustWarning
+
+
+class _Bar:
+    """A tqdm progress bar over all steps of a chain (warmup + sampling), with acceptance and data fraction."""
+
+    def __init__(self, total, initial, name):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, desc=f"tallmh[{name}]", unit="step", file=sys.stderr,
+                        dynamic_ncols=True, mininterval=0.5, smoothing=0.1)
+
+    def update(self, k, phase, info, n):
+        acc = float(np.mean(info.accepted)) if np.size(info.accepted) else float("nan")
+        frac = float(np.mean(info.n_data)) / n if np.size(info.n_data) else float("nan")
+        self.bar.set_postfix_str(f"{phase}, accept {acc:.2f}, data/step {frac:.3g}", refresh=False)
+        self.bar.update(k)
+
+    def close(self):
+        self.bar.close()
+
+
+def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items, partial,
+              states, notes, resume_info, t0, control_variates):
+    fields = StepInfo._fields
+
+    def stack(parts):
         if not parts:
             z = np.zeros((num_chains, 0), np.int32)
-            return np.zeros((num_chains, 0, d), np.asarray(flat0).dtype), {
-                "accepted": z.astype(bool), "n_data": z, "rounds": z}
+            st = {k: z.copy() for k in fields}
+            for k in ("accepted", "audited", "audit_exact"):
+                st[k] = z.astype(bool)
+            st["clt_error"] = z.astype(np.float32)
+            return np.zeros((num_chains, 0, d), np.dtype(str(dtype))), st
         theta = np.concatenate([p[0] for p in parts], axis=1)
-        info = parts[0][1]
-        st = {k: np.concatenate([getattr(p[1], k) for p in parts], axis=1) for k in info._fields}
+        st = {}
+        for k in fields:
+            vals = [p[1].get(k) for p in parts]
+            if any(v is None for v in vals):  # an older result without this statistic
+                vals = [v if v is not None else np.zeros(p[0].shape[:2], np.int32) for v, p in zip(vals, parts)]
+            st[k] = np.concatenate(vals, axis=1)
         return theta, st
 
-    d = flat0.shape[0]
-    flat_samples, sstats = stack(collected["sampling"], d)
-    flat_warm, wstats = stack(collected["warmup"], d)
-    timings["total_s"] = time.perf_counter() - t0
+    flat_samples, sstats = stack(collected["sampling"])
+    flat_warm, wstats = stack(collected["warmup"])
+    timings = dict(timings)
+    timings["total_s"] = timings.pop("_before_s", 0.0) + time.perf_counter() - t0
+    final = jax.tree_util.tree_map(np.asarray, states) if states is not None else None
     return Result(
         flat_samples=flat_samples,
         stats=sstats,
@@ -217,20 +526,10 @@ def sample(
         timings=timings,
         setup_items=setup_items,
         partial=partial,
-        final_state=states,
-    )
-
-
-def _report(test, phase, done, total, secs, out, n):
-    info = out[1]
-    frac = float(np.mean(info.n_data)) / n
-    acc = float(np.mean(info.accepted))
-    rate = done / max(secs, 1e-9)
-    print(
-        f"tallmh [{getattr(test, 'name', 'test')}] {phase} {done}/{total} "
-        f"({rate:.0f} steps/s per chain; last chunk: acceptance {acc:.2f}, data fraction {frac:.3g})",
-        file=sys.stderr,
-        flush=True,
+        final_state=final,
+        notes=list(notes),
+        resume_info=resume_info,
+        control_variates=control_variates,
     )
 
 
