@@ -267,8 +267,8 @@ def test_run_end_to_end(tables, tmp_path, capsys):
     eta_orig = beta[:, :1] + beta[:, 1:] @ raw.T
     np.testing.assert_allclose(eta_orig, eta_std, rtol=1e-6, atol=1e-6)
     # the standardisation matches the data
-    np.testing.assert_allclose(st["center"], df[names[1:]].mean().to_numpy(), rtol=1e-5)
-    np.testing.assert_allclose(st["scale"], df[names[1:]].std(ddof=0).to_numpy(), rtol=1e-5)
+    np.testing.assert_allclose(st["center"], df[names[1:]].to_numpy(float).mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(st["scale"], df[names[1:]].to_numpy(float).std(axis=0), rtol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "npz"])

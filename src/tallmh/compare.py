@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import inspect
 import json
 import os
 import platform
@@ -285,15 +284,6 @@ def sort_rows(rows: Sequence[dict]) -> List[dict]:
 # a run on a wall-clock budget
 
 
-def _sample_accepts(name: str) -> bool:
-    import tallmh as tm
-
-    try:
-        return name in inspect.signature(tm.sample).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def run_budgeted(model, data, test, budget_s: float, *, proposal=None, init=None, num_chains: int = 2,
                  num_warmup: int = 200, max_samples: int = 1_000_000, seed: int = 0, control_variates=None,
                  name: Optional[str] = None, progress=None, **sample_kwargs):
@@ -312,15 +302,7 @@ def run_budgeted(model, data, test, budget_s: float, *, proposal=None, init=None
     kw = dict(test=test, proposal=proposal, num_samples=int(max_samples), num_warmup=int(num_warmup),
               num_chains=int(num_chains), seed=seed, init=init, progress=progress,
               control_variates=control_variates, **sample_kwargs)
-    if _sample_accepts("budget_s"):
-        result = tm.sample(model, data, budget_s=float(budget_s), **kw)
-    else:  # older tallmh: stop from the per-chunk callback (the run then reads as partial; undone below)
-        def stop(info):
-            if info["phase"] == "sampling" and info["seconds"] >= budget_s:
-                raise KeyboardInterrupt
-
-        result = tm.sample(model, data, callback=stop, chunk_size=kw.pop("chunk_size", None) or 25, **kw)
-        result.partial = False
+    result = tm.sample(model, data, budget_s=float(budget_s), **kw)
     t = result.timings
     c, k, _ = result.flat_samples.shape
     kw_ = result.flat_warmup.shape[1]
