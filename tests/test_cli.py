@@ -75,6 +75,7 @@ def _table_rows(stdout):
     return rows
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_exits_zero_and_prints_the_table(demo):
     proc, _, _ = demo
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -96,6 +97,7 @@ def test_demo_exits_zero_and_prints_the_table(demo):
     assert all(v.split(": ", 1)[1].startswith(("trusted", "NOT trusted: ")) for v in verdicts)
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_table_is_sorted_accurate_first_then_by_ess_per_s(demo):
     proc, out, _ = demo
     res = json.loads((out / "results.json").read_text())
@@ -109,6 +111,7 @@ def test_demo_table_is_sorted_accurate_first_then_by_ess_per_s(demo):
     assert printed == [r["method"] for r in rows]
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_writes_a_complete_report(demo):
     import arviz as az
 
@@ -145,12 +148,14 @@ def test_demo_writes_a_complete_report(demo):
         assert "n_data" in idata.sample_stats
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_keeps_existing_files_and_leaves_no_temporaries(demo):
     _, out, _ = demo
     assert (out / "keep.txt").read_text() == "written before the demo"
     assert not [p for p in os.listdir(out) if p.startswith(".tallmh")]
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_refuses_to_replace_an_earlier_report(demo, tmp_path):
     _, out, _ = demo
     before = _snapshot(out)
@@ -159,6 +164,7 @@ def test_demo_refuses_to_replace_an_earlier_report(demo, tmp_path):
     assert _snapshot(out) == before
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_caches_the_reference_with_how_it_was_made(demo):
     proc, out, cache = demo
     assert proc.returncode == 0
@@ -169,6 +175,26 @@ def test_demo_caches_the_reference_with_how_it_was_made(demo):
     assert (cache / jsons[0].replace(".json", ".npz")).stat().st_size > 0
     res = json.loads((out / "results.json").read_text())
     assert res["reference"]["was_cached"] is False
+
+
+def test_demo_quick_with_two_methods(tmp_path, capsys):
+    """The demo's whole path in-process, small: two methods, a short reference (the full demo is slow)."""
+    out = tmp_path / "rep"
+    rc = main(["demo", "--rows", 1500, "--methods", "exact,austerity-cv", "--budget", 0.5, "--warmup", 20,
+               "--reference-draws", 100, "--reference-chains", 1, "--quiet", "--out", out, "--cache",
+               tmp_path / "cache"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    rows = _table_rows(captured.out)
+    assert sorted(rows) == ["austerity-cv", "exact"]
+    verdicts = [line.strip() for line in captured.out.splitlines() if line.startswith("  ")]
+    assert sorted(v.split(":")[0] for v in verdicts) == ["austerity-cv", "exact"]
+    for name in ("report.html", "results.json", "traces.png", "marginals.png", "data_per_step.png", "risk.png",
+                 "posterior-exact.nc", "posterior-austerity-cv.nc"):
+        assert (out / name).stat().st_size > 0, name
+    res = json.loads((out / "results.json").read_text())
+    assert [m["method"] for m in res["methods"]] == [line.split()[0] for line in captured.out.splitlines()
+                                                    if line.split()[:1] and line.split()[0] in rows]
 
 
 def test_reference_is_reused_from_the_cache(tmp_path):

@@ -87,6 +87,7 @@ def test_sigint_mid_sampling_keeps_the_draws_and_resume_continues(linear_csv, tm
     assert res["partial"] is False and res["methods"][0]["draws"] == 2 * (k + 30)
 
 
+@pytest.mark.slow  # three runs; tests/test_long_runs.py checks the same for tm.sample by default
 def test_resume_gives_the_draws_of_one_long_run(linear_csv, tmp_path, capsys):
     data = str(linear_csv / "small.csv")
     common = ["--target", "y", "--model", "linear", "--warmup", "50", "--quiet", "--test", "austerity",
@@ -141,10 +142,12 @@ def test_linear_model_on_noise_sd_2_matches_the_closed_form(linear_csv, tmp_path
     (the old behaviour) gives sds about half the right size, far outside that error."""
     csv = linear_csv / "noise2.csv"
     out = tmp_path / "o"
-    argv = ["run", str(csv), "--target", "y", "--model", "linear", "--samples", "4000", "--warmup", "1000",
-            "--chains", "2", "--seed", "3", "--quiet", "--out", str(out)]
-    if fixed_sd is not None:
-        argv += ["--noise-sd", str(fixed_sd)]
+    argv = ["run", str(csv), "--target", "y", "--model", "linear", "--chains", "2", "--seed", "3", "--quiet",
+            "--out", str(out)]
+    if fixed_sd is None:
+        argv += ["--samples", "4000", "--warmup", "1000"]
+    else:  # a factor of two in the sds shows in a short run
+        argv += ["--noise-sd", str(fixed_sd), "--samples", "1000", "--warmup", "500"]
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
     capsys.readouterr()
     draws = _draws(out).astype(np.float64)

@@ -140,6 +140,7 @@ def _screenshot(report, tmp_path):
     assert len(np.unique((rgb[::4, ::4] * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 200
 
 
+@pytest.mark.slow  # needs the demo of all seven methods (tests/test_cli.py)
 @needs_chromium
 def test_demo_report_in_chromium(demo_report, tmp_path):
     text = _check(demo_report, tmp_path, 4)

@@ -911,6 +911,9 @@ def _main(argv) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
+        import arviz  # noqa: F401 - imported now so that the level below holds (ArviZ sets its own on import)
+
+        logging.getLogger("arviz").setLevel(logging.ERROR)  # e.g. its note that one chain gives no R-hat
         with warnings.catch_warnings():
             # the verdict line says it: no repeated TrustWarning lines on the terminal
             try:

@@ -202,18 +202,11 @@ def laplace_proposal(cov):
 
 
 def method_label(test, control_variates=None) -> str:
-    """The method with its options, e.g. ``austerity(epsilon=0.05, batch_size=500)+cv``."""
-    name = getattr(test, "name", type(test).__name__)
-    opts = []
-    for k, v in sorted(_public_fields(test).items()):
-        if isinstance(v, float):
-            opts.append(f"{k}={v:g}")
-        elif isinstance(v, (int, str, bool)):
-            opts.append(f"{k}={v}")
-    label = f"{name}({', '.join(opts)})" if opts else str(name)
-    if control_variates is not None:
-        label += "+cv" if getattr(control_variates, "order", 2) == 2 else f"+cv{control_variates.order}"
-    return label
+    """The method with its options, e.g. ``austerity(batch_size=200)+cv`` (:func:`tallmh.results.method_label`:
+    options at their defaults are left out)."""
+    from .results import method_label as label
+
+    return label(test, control_variates)
 
 
 def _public_fields(obj) -> dict:
