@@ -174,3 +174,32 @@ def test_linear_model_on_noise_sd_2_matches_the_closed_form(linear_csv, tmp_path
         ratio = draws[:, :, :d].std(axis=(0, 1), ddof=1) / sd_true
         assert np.all(ratio < 0.6), ratio
         assert min(z_sd) > 10, z_sd
+
+
+def test_interrupt_during_warmup_writes_the_outputs_and_resume_goes_on(linear_csv, tmp_path, capsys, monkeypatch):
+    """Ctrl-C before the first sampling draw (simulated: tm.sample's callback raises KeyboardInterrupt, as
+    Ctrl-C does): every output is written for 0 draws, the status is 130, and --resume finishes the run."""
+    orig = tm.sample
+
+    def interrupted_in_warmup(*args, **kw):
+        if kw.get("resume") is None:
+            def stop(info):
+                if info["phase"] == "warmup" and info["done"] > 0:
+                    raise KeyboardInterrupt
+            kw["callback"] = stop
+        return orig(*args, **kw)
+
+    monkeypatch.setattr(tm, "sample", interrupted_in_warmup)
+    out = tmp_path / "o"
+    rc = main(["run", str(linear_csv / "small.csv"), "--target", "y", "--model", "linear", "--samples", "30",
+               "--warmup", "200", "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 130, err[-2000:]
+    assert "interrupted after 0 of 30 draws per chain" in err.strip().splitlines()[-1]
+    assert _draws(out).shape == (2, 0, 4)
+    res = json.loads((out / "results.json").read_text())
+    assert res["partial"] is True and res["methods"][0]["draws"] == 0
+    assert "too few draws" in res["verdict"] or "partial" in res["verdict"]
+    rc = main(["run", "--resume", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    assert _draws(out).shape == (2, 30, 4)

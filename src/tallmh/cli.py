@@ -742,7 +742,9 @@ def _coef_table(draws, names):
         q = np.quantile(flat, [0.05, 0.95], axis=0)
         tab.insert(2, "q5%", q[0])
         tab.insert(3, "q95%", q[1])
-    return tab.drop(columns=["ess_tail"])
+    tab = tab.drop(columns=["ess_tail"])
+    tab.index.name = None
+    return tab
 
 
 def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mode, n, prior_text, digest, t_all):

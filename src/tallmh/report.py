@@ -465,12 +465,15 @@ def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, r
         axes[p // ncol, p % ncol].axis("off")
     h, lab = axes[0, 0].get_legend_handles_labels()
     fh = fig.get_figheight()
-    fig.legend(h, lab, loc="upper center", ncol=min(len(lab), 4), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.05 / fh))
+    if lab:
+        fig.legend(h, lab, loc="upper center", ncol=min(len(lab), 4), fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, 1 - 0.05 / fh))
+    else:
+        fig.text(0.5, 1 - 0.1 / fh, "no draws yet", ha="center", va="top", fontsize=9, color="0.3")
     note = "" if len(idx) == d else f" (first {len(idx)} of {d} parameters)"
     if note:
         fig.text(0.99, 0.01, note.strip(), ha="right", fontsize=7, color="0.3")
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.5 / fh, top=1 - (0.35 + 0.2 * math.ceil(len(lab) / 4)) / fh,
+    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.5 / fh, top=1 - (0.35 + 0.2 * max(1, math.ceil(len(lab) / 4))) / fh,
                         wspace=0.25, hspace=0.7)
     return _savefig(fig, path)
 
