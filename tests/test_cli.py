@@ -55,7 +55,7 @@ def run_demo(tmp_path_factory):
         out.mkdir()
         (out / "keep.txt").write_text("written before the demo")
         cache = root / "cache"
-        proc = _cli("demo", "--rows", ROWS, "--budget", 1, "--chains", 2, "--warmup", 50, "--reference-draws", 300,
+        proc = _cli("demo", "--rows", ROWS, "--budget", 1, "--chains", 2, "--reference-draws", 300,
                     "--reference-chains", 1, "--out", out, "--cache", cache)
         _DEMO["run"] = (proc, out, cache)
     return _DEMO["run"]
@@ -180,7 +180,7 @@ def test_demo_caches_the_reference_with_how_it_was_made(demo):
 def test_demo_quick_with_two_methods(tmp_path, capsys):
     """The demo's whole path in-process, small: two methods, a short reference (the full demo is slow)."""
     out = tmp_path / "rep"
-    rc = main(["demo", "--rows", 1500, "--methods", "exact,austerity-cv", "--budget", 0.5, "--warmup", 20,
+    rc = main(["demo", "--rows", 1500, "--methods", "exact,austerity-cv", "--budget", 0.5,
                "--reference-draws", 100, "--reference-chains", 1, "--quiet", "--out", out, "--cache",
                tmp_path / "cache"])
     captured = capsys.readouterr()

@@ -77,7 +77,7 @@ def comparison(tmp_path_factory):
     return compare.compare(
         _gaussian_mean_model(), {"x": x},
         {"exact": tm.acceptance.Exact(), "always-accept": tm.acceptance.AlwaysAccept()},
-        budget_s=0.5, num_chains=2, num_warmup=100, seed=0, reference_draws=2000, reference_chains=2,
+        budget_s=0.5, num_chains=2, seed=0, reference_draws=2000, reference_chains=2,
         cache_dir=str(cache), names=["mu"])
 
 
@@ -94,6 +94,10 @@ def test_compare_flags_a_wrong_sampler_and_lists_it_last(comparison):
     assert comparison.verdicts()[1].startswith("always-accept: NOT trusted")
     for r in comparison.runs:
         assert r.result.flat_samples.shape[1] > 0 and not r.result.partial
+        # no warmup phase with the Laplace proposal: the first 10% of the budget's draws are burn-in
+        kb, ks = r.result.flat_warmup.shape[1], r.result.flat_samples.shape[1]
+        assert abs(kb - 0.1 * (kb + ks)) <= 1
+        assert r.result.stats["accepted"].shape[1] == ks and r.result.warmup_stats["accepted"].shape[1] == kb
 
 
 def test_comparison_writes_a_report(comparison, tmp_path):

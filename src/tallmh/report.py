@@ -524,7 +524,7 @@ def plot_risk(curves: Dict[str, tuple], path: str, budget_note: str = "") -> str
         if ok.any():
             ax.plot(t[ok], risk[ok], color=_color(name, i), label=name, lw=1.5)
     ax.set_yscale("log")
-    ax.set_xlabel("seconds into each chain's run (compilation excluded)")
+    ax.set_xlabel("seconds into the run (warmup and sampling; compilation excluded)")
     ax.set_ylabel("risk of predictive mean (held-out rows)")
     ax.set_title("Risk of the predictive mean vs wall-clock time" + (f"\n{budget_note}" if budget_note else ""),
                  fontsize=10)
