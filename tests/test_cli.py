@@ -177,6 +177,7 @@ def test_demo_caches_the_reference_with_how_it_was_made(demo):
     assert res["reference"]["was_cached"] is False
 
 
+@pytest.mark.slow  # about 25 s alone (3 compilations); tests/test_compare.py covers the library it calls
 def test_demo_quick_with_two_methods(tmp_path, capsys):
     """The demo's whole path in-process, small: two methods, a short reference (the full demo is slow)."""
     out = tmp_path / "rep"
@@ -297,7 +298,7 @@ def test_run_end_to_end(tables, tmp_path, capsys):
     np.testing.assert_allclose(st["scale"], df[names[1:]].to_numpy(float).std(axis=0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+@pytest.mark.parametrize("fmt", ["parquet", pytest.param("npz", marks=pytest.mark.slow)])
 def test_run_reads_parquet_and_npz(tables, tmp_path, fmt, capsys):
     _, paths, _ = tables
     rc = main(["run", str(paths[fmt]), "--target", "late", "--features", "month,air_time", "distance",

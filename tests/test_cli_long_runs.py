@@ -173,7 +173,7 @@ def test_linear_model_on_noise_sd_2_matches_the_closed_form(linear_csv, tmp_path
     else:
         ratio = draws[:, :, :d].std(axis=(0, 1), ddof=1) / sd_true
         assert np.all(ratio < 0.6), ratio
-        assert min(z_sd) > 10, z_sd
+        assert min(z_sd) > 6, z_sd  # far beyond the 4 the right model passes
 
 
 def test_interrupt_during_warmup_writes_the_outputs_and_resume_goes_on(linear_csv, tmp_path, capsys, monkeypatch):
