@@ -335,6 +335,8 @@ BAD = [
     ("unknown file type", ["run", "{root}/table.txt", "--target", "a"], "unknown file type"),
     ("bad epsilon", ["run", "{csv}", "--target", "late", "--test", "austerity", "--epsilon", "2"],
      "--epsilon must be in (0, 1)"),
+    ("error and epsilon", ["run", "{csv}", "--target", "late", "--test", "austerity", "--epsilon", "0.05", "--error",
+                           "0.05"], "--error (per-step error target) and --epsilon (per-look level) exclude each other"),
     ("unknown option", ["run", "{csv}", "--target", "late", "--frobnicate"], "unrecognized arguments"),
     ("unknown test", ["run", "{csv}", "--target", "late", "--test", "magic"], "invalid choice"),
     ("unknown method", ["demo", "--methods", "exact,magic"], "unknown method 'magic'"),

@@ -96,8 +96,12 @@ def _fraction(name, lo_open=True):
 
 def _add_method_options(p, barker_batch_default=1000):
     g = p.add_argument_group("method options")
-    g.add_argument("--epsilon", type=_fraction("--epsilon"), default=0.05,
-                   help="austerity: level of each sequential t-test look")
+    g.add_argument("--error", type=_fraction("--error"), default=None,
+                   help="austerity: bound on the probability that a step's decision differs from exact MH "
+                        "(the default form; 0.05 unless --epsilon is given)")
+    g.add_argument("--epsilon", type=_fraction("--epsilon"), default=None,
+                   help="austerity: the paper's Alg. 1 instead, with this level for each sequential t-test look "
+                        "(the whole step errs more often)")
     g.add_argument("--batch-size", type=_int_at_least("--batch-size", 2), default=500,
                    help="austerity: items added per look")
     g.add_argument("--delta", type=_fraction("--delta"), default=0.01,
@@ -342,7 +346,11 @@ def _make_test(name: str, args):
     if name == "exact":
         return tm.acceptance.Exact()
     if name == "austerity":
-        return tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch_size)
+        if args.epsilon is not None and args.error is not None:
+            raise CLIError("--error (per-step error target) and --epsilon (per-look level) exclude each other")
+        if args.epsilon is not None:
+            return tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch_size)
+        return tm.acceptance.Austerity(error=0.05 if args.error is None else args.error, batch_size=args.batch_size)
     if name == "confidence":
         if not args.gamma > 1:
             raise CLIError(f"--gamma must be greater than 1; got {args.gamma}")
@@ -363,7 +371,9 @@ def _method_config(name: str, args) -> dict:
     if name.endswith("-cv"):
         return {**_method_config(name[:-3], args), "control_variates": "Taylor, order 2, at the posterior mode"}
     if name == "austerity":
-        return {"epsilon": args.epsilon, "batch_size": args.batch_size}
+        if args.epsilon is not None:
+            return {"epsilon": args.epsilon, "batch_size": args.batch_size}
+        return {"error": 0.05 if args.error is None else args.error, "batch_size": args.batch_size}
     if name == "confidence":
         return {"delta": args.delta, "bound": args.bound, "p": 2.0, "gamma": args.gamma,
                 "initial_batch": args.initial_batch}
@@ -554,7 +564,7 @@ def _split_features(values):
 # settings of a run saved in run.json and restored by --resume
 _RUN_KEYS = ("data", "target", "features", "model", "noise_sd", "noise_prior_scale", "test", "samples", "warmup",
              "proposal", "start", "no_standardize", "no_intercept", "epsilon", "batch_size", "delta", "bound",
-             "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale")
+             "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale", "error")
 
 
 def _load_design(args):
@@ -630,7 +640,8 @@ def _restore_args(args):
     for k in _RUN_KEYS:
         if k == "samples" and args.samples is not None:
             continue
-        setattr(args, k, saved["settings"][k])
+        if k in saved["settings"]:
+            setattr(args, k, saved["settings"][k])
     args.out = folder
     return saved, ck
 
