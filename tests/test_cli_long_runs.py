@@ -203,3 +203,31 @@ def test_interrupt_during_warmup_writes_the_outputs_and_resume_goes_on(linear_cs
     rc = main(["run", "--resume", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err[-2000:]
     assert _draws(out).shape == (2, 30, 4)
+
+
+@pytest.mark.slow  # a second real process; the first Ctrl-C path is tested by default above
+def test_a_second_ctrl_c_ends_the_process_at_once(linear_csv, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tallmh", "run", str(linear_csv / "small.csv"), "--target", "y", "--model", "linear",
+         "--samples", "100000000", "--warmup", "0", "--checkpoint-every", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoint.pkl").exists():
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.time() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # the first one is being handled: the run winds up and its files are written
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)  # a hang fails here
+        waited = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert "interrupted again; stopping now" in stderr, stderr[-1000:]
+    assert waited < 30, waited

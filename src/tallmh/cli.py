@@ -331,6 +331,27 @@ def _arm_second_interrupt():
         return None
 
 
+def _install_interrupt_counter():
+    """The real command line: the first Ctrl-C raises KeyboardInterrupt as usual (tm.sample turns it into a
+    partial result); any later one ends the process at once, whatever it is doing."""
+    seen = []
+
+    def handler(signum, frame):
+        if seen:
+            try:
+                sys.stderr.write(f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
+                sys.stderr.flush()
+            finally:
+                os._exit(130)
+        seen.append(True)
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        pass
+
+
 def _disarm(previous):
     if previous is not None:
         try:
@@ -944,7 +965,7 @@ def _main(argv) -> int:
                 pass
             return int(args.func(args, argv) or 0)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted before sampling started; nothing written", file=sys.stderr, flush=True)
+        print(f"{PROG}: interrupted outside sampling: no partial results to write", file=sys.stderr, flush=True)
         return 130
     except CLIError as e:
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
@@ -973,6 +994,8 @@ def main(argv=None) -> int:
     """
     real = argv is None
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if real:
+        _install_interrupt_counter()
     rc = _main(argv)
     if real and rc == 130:
         for stream in (sys.stdout, sys.stderr):
