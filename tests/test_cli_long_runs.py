@@ -7,7 +7,6 @@ checkpoint; the others call ``tallmh.cli.main`` in-process on small tables.
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
