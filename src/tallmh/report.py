@@ -21,12 +21,14 @@ from . import diagnostics
 
 __all__ = [
     "MethodRun", "Reference", "method_row", "format_table", "predictive_risk", "plot_traces", "plot_marginals",
-    "plot_data_use", "plot_risk", "write_json", "write_html", "atomic_write", "COLUMNS",
+    "plot_data_use", "plot_risk", "write_json", "write_html", "atomic_write", "COLUMNS", "COLUMNS_HELP",
+    "write_netcdf", "idata_with_names", "param_table", "frame_html",
 ]
 
 # (key in a row, header printed, format)
 COLUMNS = [
     ("method", "method", "{}"),
+    ("accurate_col", "accurate", "{}"),
     ("draws", "draws", "{:d}"),
     ("seconds", "seconds", "{:.1f}"),
     ("draws_per_s", "draws/s", "{:.1f}"),
@@ -34,10 +36,26 @@ COLUMNS = [
     ("data_fraction", "data/step", "{:.3%}"),
     ("ess_min", "ESS min", "{:.1f}"),
     ("ess_per_s", "ESS/s", "{:.2f}"),
+    ("rhat_max", "R-hat", "{:.3f}"),
     ("max_mean_err_sd", "max|mean-ref|/sd", "{:.3f}"),
     ("max_err_z", "max z", "{:.1f}"),
     ("sd_ratio_range", "sd/ref sd", "{}"),
 ]
+
+
+COLUMNS_HELP = (
+    "<i>accurate</i>: the method's own checks passed (its verdict), and no posterior mean is more than 0.2 "
+    "reference sd from the reference mean and no sd outside 0.8-1.25 times the reference sd by more than 3 Monte "
+    "Carlo standard errors (this run's and the reference's); the table lists the accurate methods first, then "
+    "by ESS/s. <i>draws</i>: kept sampling draws, all chains; <i>seconds</i>: "
+    "warmup and sampling, compilation excluded; <i>accept</i>: acceptance rate; <i>data/step</i>: mean share of "
+    "the N items read by one accept/reject decision; <i>ESS min</i>: smallest bulk effective sample size over "
+    "the parameters (rank-normalised, ArviZ); <i>R-hat</i>: largest rank-normalised split R-hat; "
+    "<i>max|mean-ref|/sd</i>: largest distance between a posterior mean and the reference mean, in reference "
+    "posterior sd; <i>max z</i>: the same distances divided by their Monte Carlo standard error (this run's and "
+    "the reference's), so that values well above 3 point to bias (or a chain too short to mix) rather than "
+    "noise; <i>sd/ref sd</i>: smallest and largest ratio of a posterior sd to the reference sd (1 is right; an "
+    "approximate test that accepts too often widens the posterior).")
 
 
 @dataclass
@@ -184,6 +202,12 @@ def method_row(run: MethodRun, ref: Optional[Reference] = None) -> Dict[str, Any
             row["sd_ratio_min"] = float(np.min(ratio))
             row["sd_ratio_max"] = float(np.max(ratio))
             row["sd_ratio_range"] = f"{np.min(ratio):.2f}-{np.max(ratio):.2f}"
+        # per parameter, for judging accuracy beyond Monte Carlo noise (tallmh.compare)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ess_ref = np.asarray(ref.info.get("ess", ref.ess()), float)
+            # se of a ratio of two sds: about ratio * sqrt(1/(2 ESS) + 1/(2 ESS_ref))
+            ratio_se = ratio * np.sqrt(0.5 / ess_bulk + 0.5 / ess_ref)
+        row["per_param"] = {"err_sd": err, "err_z": z, "sd_ratio": ratio, "sd_ratio_se": ratio_se}
     return row
 
 
@@ -297,7 +321,7 @@ def _savefig(fig, path):
     import matplotlib.pyplot as plt
 
     try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
     finally:
         plt.close(fig)
     return path
@@ -319,6 +343,10 @@ def _color(name, i):
     return COLORS.get(name, f"C{i % 10}")
 
 
+FIG_WIDTH = 9.6  # inches: at 110 dpi, 1,056 px, which fits the report's 1,100 px column at its natural size
+DPI = 110
+
+
 def _shown_params(d, names, max_params):
     idx = list(range(min(d, max_params)))
     return idx, [names[j] for j in idx]
@@ -326,122 +354,177 @@ def _shown_params(d, names, max_params):
 
 def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_params: int = 12,
                 max_points: int = 1500) -> str:
-    """Trace of each parameter (rows) for each method (columns) against seconds into the run.
+    """Trace of each parameter against seconds into the run: one block of small panels per method (a
+    titled row group, at most four panels a row), one colour per chain, warmup in grey.
 
-    Long chains are thinned for drawing only (every k-th draw, at most about ``max_points`` per chain).
+    The figure is :data:`FIG_WIDTH` inches wide whatever the number of methods, so it shows at its natural
+    size in the report. Long chains are thinned for drawing only (every k-th draw, at most about
+    ``max_points`` per chain and phase).
     """
     plt = _plt()
     d = runs[0].result.flat_samples.shape[-1]
     idx, shown = _shown_params(d, names, max_params)
-    fig, axes = plt.subplots(len(idx), len(runs), figsize=(3.6 * len(runs) + 0.6, 1.35 * len(idx) + 0.8),
-                             sharex="col", sharey="row", squeeze=False)
-    for col, run in enumerate(runs):
+    ncol = min(4, len(idx))
+    rows_per = int(math.ceil(len(idx) / ncol))
+    panel_h = 1.35
+    heights = [0.45 + panel_h * rows_per + 0.35 for _ in runs]
+    note = "" if len(idx) == d else f"; first {len(idx)} of {d} parameters"
+    fig = plt.figure(figsize=(FIG_WIDTH, sum(heights)))
+    subs = fig.subfigures(len(runs), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for run, sub, hgt in zip(runs, subs, heights):
         r = run.result
-        # at most about max_points points per chain and phase are drawn (every k-th draw)
-        tw = max(1, r.flat_warmup.shape[1] // max_points)
-        ts = max(1, r.flat_samples.shape[1] // max_points)
-        for row, j in enumerate(idx):
-            ax = axes[row, col]
-            for ch in range(r.flat_samples.shape[0]):
-                if r.flat_warmup.shape[1]:
+        c, k = r.flat_samples.shape[:2]
+        kw = r.flat_warmup.shape[1]
+        tw = max(1, kw // max_points)
+        ts = max(1, k // max_points)
+        axes = sub.subplots(rows_per, ncol, squeeze=False, sharex=True)
+        sub.suptitle(f"{run.name}: {c} chain(s) x {k} draws" + (f" after {kw} warmup steps (grey)" if kw else "")
+                     + (" (PARTIAL: interrupted)" if getattr(r, "partial", False) else "") + note
+                     + "; one colour per chain",
+                     fontsize=9, fontweight="bold", x=0.01, ha="left", y=1 - 0.08 / hgt, va="top")
+        for p, j in enumerate(idx):
+            ax = axes[p // ncol, p % ncol]
+            for ch in range(c):
+                if kw:
                     ax.plot(run.warmup_times[ch, ::tw], r.flat_warmup[ch, ::tw, j], lw=0.5, color="0.6")
-                ax.plot(run.times[ch, ::ts], r.flat_samples[ch, ::ts, j], lw=0.5, color=f"C{ch % 10}")
-            if r.flat_warmup.shape[1]:
-                ax.axvspan(0, float(np.max(run.warmup_times[:, -1])), color="0.92", zorder=-1)
-            if col == 0:
-                ax.set_ylabel(shown[row], fontsize=8)
-            if row == 0:
-                ax.set_title(f"{run.name} ({r.flat_samples.shape[1]} draws/chain)", fontsize=9)
+                if k:
+                    ax.plot(run.times[ch, ::ts], r.flat_samples[ch, ::ts, j], lw=0.5, color=f"C{ch % 10}")
+            if kw and run.warmup_times.size:
+                ax.axvspan(0, float(np.max(run.warmup_times[:, -1])), color="0.93", zorder=-1)
+            ax.set_title(shown[p], fontsize=8, pad=2)
             ax.tick_params(labelsize=7)
-        axes[-1, col].set_xlabel("seconds into each chain's run", fontsize=8)
-    note = "" if len(idx) == d else f" (first {len(idx)} of {d} parameters)"
-    h = fig.get_figheight()
-    fig.suptitle("Traces: one colour per chain, warmup in grey" + note, fontsize=10, y=1 - 0.12 / h)
-    fig.subplots_adjust(left=0.09, right=0.99, bottom=0.55 / h, top=1 - 0.7 / h, wspace=0.08, hspace=0.12)
+            ax.locator_params(axis="y", nbins=4)
+            if p // ncol == rows_per - 1 or p + ncol >= len(idx):  # last panel of its column: label the axis
+                ax.set_xlabel("seconds into the run", fontsize=7)
+                ax.tick_params(labelbottom=True)
+        for p in range(len(idx), rows_per * ncol):
+            axes[p // ncol, p % ncol].axis("off")
+        sub.subplots_adjust(left=0.07, right=0.99, bottom=0.45 / hgt, top=1 - 0.5 / hgt, wspace=0.3, hspace=0.55)
+    for sub in subs:
+        sub.set_facecolor("none")
     return _savefig(fig, path)
+
+
+def _plot_range(pools, ref_flat=None):
+    """Axis range covering the central 99.8% of every method's draws (and the reference's)."""
+    lows, highs = [], []
+    for v in ([ref_flat] if ref_flat is not None else []) + [v for v in pools if v.size]:
+        lo, hi = np.quantile(v, [0.001, 0.999])
+        lows.append(lo)
+        highs.append(hi)
+    if not lows:
+        return -1.0, 1.0
+    lo, hi = min(lows), max(highs)
+    span = hi - lo if hi > lo else max(abs(hi), 1.0)
+    return lo - 0.08 * span, hi + 0.08 * span
 
 
 def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, ref: Optional[Reference] = None,
                    laplace=None, max_params: int = 12) -> str:
-    """Histogram of each parameter for each method, against the reference (or a Laplace curve)."""
+    """Density histogram of each parameter (one panel each, methods overlaid) against the reference (or a
+    Laplace curve). The range covers the central 99.8% of every method's draws; draws outside it are left
+    out (never piled into the end bins) and their share is written in the panel."""
     plt = _plt()
     d = runs[0].result.flat_samples.shape[-1]
     idx, shown = _shown_params(d, names, max_params)
-    ncol = min(5, len(idx))
+    ncol = min(4, len(idx))
     nrow = int(math.ceil(len(idx) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.0 * ncol, 2.4 * nrow + 0.6), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_WIDTH, 2.3 * nrow + 0.9), squeeze=False)
     for p, j in enumerate(idx):
         ax = axes[p // ncol, p % ncol]
         pools = [run.result.flat_samples[:, :, j].ravel() for run in runs]
-        if ref is not None:
-            base = ref.flat[:, j]
-            lo, hi = np.quantile(base, [0.0005, 0.9995])
-        else:
-            allv = np.concatenate([v for v in pools if v.size] or [np.zeros(1)])
-            lo, hi = np.quantile(allv, [0.001, 0.999])
-        span = hi - lo if hi > lo else 1.0
-        lo, hi = lo - 0.15 * span, hi + 0.15 * span
+        base = ref.flat[:, j] if ref is not None else None
+        lo, hi = _plot_range(pools, base)
         bins = np.linspace(lo, hi, 41)
-        if ref is not None:
-            ax.hist(np.clip(base, lo, hi), bins=bins, density=True, color="0.8", label="reference")
+        outside = []
+        if base is not None:
+            ax.hist(base, bins=bins, density=True, color="0.8", label="reference (exact MH)")
         if laplace is not None:
             mu, sd = laplace[0][j], laplace[1][j]
             g = np.linspace(lo, hi, 200)
-            ax.plot(g, np.exp(-0.5 * ((g - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), color="0.5", ls="--",
+            ax.plot(g, np.exp(-0.5 * ((g - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), color="0.4", ls="--",
                     lw=1, label="Laplace approx.")
         for i, (run, v) in enumerate(zip(runs, pools)):
             if v.size:
-                ax.hist(np.clip(v, lo, hi), bins=bins, density=True, histtype="step", lw=1.2, color=_color(run.name, i),
+                ax.hist(v, bins=bins, density=True, histtype="step", lw=1.2, color=_color(run.name, i),
                         label=run.name)
+                out = float(np.mean((v < lo) | (v > hi)))
+                if out >= 0.0005:
+                    outside.append(f"{run.name}: {out:.1%}")
+        if outside:
+            ax.text(0.02, 0.97, "outside: " + ", ".join(outside), transform=ax.transAxes, fontsize=6, va="top",
+                    color="0.3")
         ax.set_title(shown[p], fontsize=9)
         ax.tick_params(labelsize=7)
-        ax.locator_params(axis="x", nbins=5)
-        ax.set_yticks([])
+        ax.locator_params(axis="x", nbins=4)
+        ax.locator_params(axis="y", nbins=3)
+        ax.set_xlabel("value", fontsize=7)
+        if p % ncol == 0:
+            ax.set_ylabel("density", fontsize=8)
     for p in range(len(idx), nrow * ncol):
         axes[p // ncol, p % ncol].axis("off")
     h, lab = axes[0, 0].get_legend_handles_labels()
-    fig.legend(h, lab, loc="upper center", ncol=len(lab), fontsize=8, frameon=False)
     fh = fig.get_figheight()
-    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.35 / fh, top=1 - 0.75 / fh, wspace=0.08, hspace=0.45)
+    if lab:
+        fig.legend(h, lab, loc="upper center", ncol=min(len(lab), 4), fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, 1 - 0.05 / fh))
+    else:
+        fig.text(0.5, 1 - 0.1 / fh, "no draws yet", ha="center", va="top", fontsize=9, color="0.3")
+    note = "" if len(idx) == d else f" (first {len(idx)} of {d} parameters)"
+    if note:
+        fig.text(0.99, 0.01, note.strip(), ha="right", fontsize=7, color="0.3")
+    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.5 / fh, top=1 - (0.35 + 0.2 * max(1, math.ceil(len(lab) / 4))) / fh,
+                        wspace=0.25, hspace=0.7)
     return _savefig(fig, path)
 
 
 def plot_data_use(runs: Sequence[MethodRun], n: int, path: str) -> str:
-    """Histogram of the data items read per sampling step, per method, on log-log axes (shared)."""
+    """Histogram of the data items read per sampling step, one panel per method (at most four a row),
+    log-log axes shared by all panels."""
     plt = _plt()
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.4 * len(runs) + 0.6, 3.0), sharex=True, sharey=True,
+    ncol = min(4, len(runs))
+    nrow = int(math.ceil(len(runs) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_WIDTH, 2.5 * nrow + 0.7), sharex=True, sharey=True,
                              squeeze=False)
     allv = [np.asarray(run.result.stats["n_data"]).ravel() for run in runs]
-    lo = max(1, min([int(v.min()) for v in allv if v.size] or [1]))
+    lo = max(1, min([int(v.min()) for v in allv if v.size] + [n // 10] or [1]))
     edges = np.unique(np.geomspace(lo * 0.9, n * 1.1, 40))
     for i, (run, v) in enumerate(zip(runs, allv)):
-        ax = axes[0, i]
+        ax = axes[i // ncol, i % ncol]
         if v.size:
             counts, _ = np.histogram(np.maximum(v, 1), bins=edges)
             ax.stairs(counts, edges, fill=True, color=_color(run.name, i))
             ax.axvline(v.mean(), color="k", ls="--", lw=1)
-            ax.set_title(f"{run.name}: mean {v.mean():,.0f} ({v.mean() / n:.1%} of N)", fontsize=9)
+            ax.set_title(f"{run.name}\nmean {v.mean():,.0f} items ({v.mean() / n:.1%} of N)", fontsize=8)
+        else:
+            ax.set_title(f"{run.name}\n(no draws)", fontsize=8)
         ax.axvline(n, color="0.5", ls=":", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("data items read in one step", fontsize=8)
+        if i // ncol == nrow - 1 or i + ncol >= len(runs):
+            ax.set_xlabel("items read in one step", fontsize=8)
+        if i % ncol == 0:
+            ax.set_ylabel("steps", fontsize=8)
         ax.tick_params(labelsize=7)
-    axes[0, 0].set_ylabel("steps", fontsize=8)
-    fig.suptitle(f"Data used per step (N = {n:,}, dotted line; dashed: mean)", fontsize=10)
-    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.18, top=0.8, wspace=0.08)
+    for i in range(len(runs), nrow * ncol):
+        axes[i // ncol, i % ncol].axis("off")
+    fh = fig.get_figheight()
+    fig.suptitle(f"Data used per step (N = {n:,}: dotted line; dashed: the mean)", fontsize=10, y=1 - 0.08 / fh,
+                 va="top")
+    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.55 / fh, top=1 - 0.75 / fh, wspace=0.12, hspace=0.75)
     return _savefig(fig, path)
 
 
 def plot_risk(curves: Dict[str, tuple], path: str, budget_note: str = "") -> str:
     """``curves[name] = (t, risk)``: log risk of the predictive mean against seconds."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, (name, (t, risk)) in enumerate(curves.items()):
         ok = np.isfinite(risk) & (risk > 0)
         if ok.any():
             ax.plot(t[ok], risk[ok], color=_color(name, i), label=name, lw=1.5)
     ax.set_yscale("log")
-    ax.set_xlabel("seconds into each chain's run (compilation excluded)")
+    ax.set_xlabel("seconds into the run (warmup and sampling; compilation excluded)")
     ax.set_ylabel("risk of predictive mean (held-out rows)")
     ax.set_title("Risk of the predictive mean vs wall-clock time" + (f"\n{budget_note}" if budget_note else ""),
                  fontsize=10)
@@ -459,17 +542,19 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max
 padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:0.9em;margin:0.6em 0}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}
 img{max-width:100%;height:auto;border:1px solid #eee;margin:0.4em 0}
-.note{color:#555;font-size:0.92em}code,pre{background:#f6f6f6;padding:1px 4px}
-pre{padding:8px;overflow-x:auto}
+.note{color:#555;font-size:0.92em}figure{margin:0}
+.verdicts ul{list-style:none;padding-left:0}.verdicts li{margin:0.2em 0;padding:2px 8px;border-left:4px solid}
+.verdicts li.ok{border-color:#2ca02c}.verdicts li.bad{border-color:#d62728;background:#fff3f3}code,pre{background:#f6f6f6;padding:1px 4px}
+pre{padding:8px;overflow-x:auto}.scroll{overflow-x:auto}
 """
 
 
 def _rows_html(rows, columns=COLUMNS):
     cols = [(k, h, f) for k, h, f in columns if any(k in r for r in rows)]
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols) + "</tr>"]
+    out = ["<div class=\"scroll\"><table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols) + "</tr>"]
     for r in rows:
         cells = []
         for k, _, f in cols:
@@ -482,43 +567,57 @@ def _rows_html(rows, columns=COLUMNS):
                 s = "-"
             cells.append(f"<td>{html.escape(s)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "\n".join(out)
 
 
 def _frame_html(df, digits=4):
-    return df.to_html(float_format=lambda v: f"{v:.{digits}g}", border=0, na_rep="-")
+    df = df.copy()
+    df.index.name = None  # no extra header row for the index name
+    return ("<div class=\"scroll\">" + df.to_html(float_format=lambda v: f"{v:.{digits}g}", border=0, na_rep="-")
+            + "</div>")
 
 
 def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text: str, sections: Sequence[tuple],
-               images: Sequence[tuple], details: Sequence[tuple] = (), tables: Sequence[tuple] = ()) -> str:
-    """Write ``report.html``: a title, paragraphs, the table, images (relative paths) and notes.
+               images: Sequence[tuple], details: Sequence[tuple] = (), tables: Sequence[tuple] = (),
+               verdicts: Sequence[tuple] = ()) -> str:
+    """Write ``report.html``: a title, the verdicts, paragraphs, the table, images and notes.
 
-    ``sections``: ``(heading, [paragraph html, ...])``; ``images``: ``(heading, file name, alt text,
-    caption)``; ``details``: ``(summary, html)`` shown folded; ``tables``: ``(heading, html)`` shown after the
-    results.
+    Plain text (escaped here, once): ``title``, headings, image file names and alt texts, ``details``
+    summaries, ``verdicts``. HTML (written as given; escape what you put in): ``intro`` paragraphs,
+    ``sections`` paragraphs, image captions, ``details`` and ``tables`` bodies.
+
+    ``verdicts``: ``(method, trusted, line)`` shown first, one line per method; ``sections``: ``(heading,
+    [paragraph html, ...])``; ``images``: ``(heading, file name, alt text, caption html)``; ``details``:
+    ``(summary text, html)`` shown folded; ``tables``: ``(heading, html)`` shown after the results.
     """
+    e = html.escape
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>"]
+             f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>{e(title)}</h1>"]
+    if verdicts:
+        items = []
+        for method, ok, line in verdicts:
+            cls = "ok" if ok else "bad"
+            items.append(f"<li class=\"{cls}\"><b>{e(str(method))}</b>: {e(str(line))}</li>")
+        parts.append("<div class=\"verdicts\"><h2>Verdict</h2><ul>" + "".join(items) + "</ul></div>")
     parts += [f"<p>{p}</p>" for p in intro]
     parts.append("<h2>Results</h2>")
     parts.append(_rows_html(rows))
-    parts.append(f"<details><summary>as printed</summary><pre>{html.escape(table_text)}</pre></details>")
+    parts.append(f"<details><summary>as printed</summary><pre>{e(table_text)}</pre></details>")
     for heading, body in tables:
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts.append(f"<h2>{e(heading)}</h2>")
         parts.append(body)
     for heading, paras in sections:
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts.append(f"<h2>{e(heading)}</h2>")
         parts += [f"<p class=\"note\">{p}</p>" for p in paras]
     for heading, fname, alt, caption in images:
-        parts.append(f"<h2>{html.escape(heading)}</h2>")
-        parts.append(f"<img src=\"{html.escape(fname)}\" alt=\"{html.escape(alt)}\">")
-        if caption:
-            parts.append(f"<p class=\"note\">{caption}</p>")
+        parts.append(f"<h2>{e(heading)}</h2>")
+        parts.append(f"<figure><img src=\"{e(fname)}\" alt=\"{e(alt)}\">"
+                     + (f"<figcaption class=\"note\">{caption}</figcaption>" if caption else "") + "</figure>")
     for summary, body in details:
-        parts.append(f"<details><summary>{html.escape(summary)}</summary>{body}</details>")
+        parts.append(f"<details><summary>{e(summary)}</summary>{body}</details>")
     parts.append("</body></html>")
     text = "\n".join(parts)
 
@@ -527,6 +626,39 @@ def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text:
             f.write(text)
 
     return atomic_write(path, w)
+
+
+def idata_with_names(result, names, extra: Optional[Dict[str, tuple]] = None):
+    """``result.to_arviz()`` with the parameter axis of ``theta`` named ``parameter`` and labelled by
+    ``names``; ``extra``: more posterior variables ``{name: (draws (chain, draw, k), coordinate labels)}``
+    (e.g. coefficients on the original scale of the data), or ``(chain, draw)`` arrays with labels None."""
+    idata = result.to_arviz()
+    if len(names) == result.flat_samples.shape[-1]:
+        try:
+            idata = idata.rename({"theta_dim_0": "parameter"})
+            idata = idata.assign_coords({"parameter": list(names)},
+                                        groups=[g for g in idata.groups() if "posterior" in g])
+        except Exception:  # noqa: BLE001 - names are a convenience; the draws are written regardless
+            idata = result.to_arviz()
+    if extra:
+        import xarray as xr
+
+        for var, (arr, labels) in extra.items():
+            arr = np.asarray(arr)
+            if arr.ndim == 3:
+                dim = f"{var}_dim"
+                da = xr.DataArray(arr, dims=("chain", "draw", dim), coords={dim: list(labels)})
+            else:
+                da = xr.DataArray(arr, dims=("chain", "draw"))
+            idata.posterior[var] = da
+    return idata
+
+
+def write_netcdf(path: str, result, names, extra: Optional[Dict[str, tuple]] = None) -> str:
+    """The draws as ArviZ InferenceData in NetCDF (``arviz.from_netcdf``), written atomically."""
+    idata = idata_with_names(result, names, extra)
+    atomic_write(path, lambda tmp: idata.to_netcdf(tmp))
+    return path
 
 
 def frame_html(df, digits=4):

@@ -1,0 +1,112 @@
+"""``tallmh.compare``: the demo's comparison workflow as a library, on a user's own model and data (issue 9)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh import compare
+
+
+def _gaussian_mean_model(sigma=2.0, prior_sd=10.0):
+    """A user's model, written as callables: x_i ~ N(mu, sigma^2), mu ~ N(0, prior_sd^2)."""
+    return tm.Model(
+        log_prior=lambda th: -0.5 * jnp.sum(th**2) / prior_sd**2,
+        log_lik=lambda th, b: -0.5 * ((b["x"] - th[0]) / sigma) ** 2,
+        init=lambda data: jnp.zeros(1),
+        name="my-gaussian-mean",
+    )
+
+
+def test_posterior_mode_of_a_user_model_is_the_closed_form():
+    rng = np.random.default_rng(0)
+    x = (3.0 + 2.0 * rng.standard_normal(5000)).astype(np.float32)
+    mode = compare.posterior_mode(_gaussian_mean_model(), {"x": x})
+    prec = len(x) / 4.0 + 1 / 100.0
+    mean = (x.astype(np.float64).sum() / 4.0) / prec
+    np.testing.assert_allclose(mode.theta, [mean], rtol=1e-5)
+    np.testing.assert_allclose(mode.cov, [[1 / prec]], rtol=1e-3)
+    assert mode.passes >= 2  # Newton's passes and the one for the Hessian sums are counted
+
+
+def test_logistic_mode_in_float64_agrees_with_autodiff_newton():
+    data, _ = tm.models.LogisticRegression.simulate(3000, d=3, seed=2)
+    builtin = tm.models.LogisticRegression(prior_scale=5.0)
+    fast = compare.posterior_mode(builtin, data)
+    # the same model as a user would write it: the generic (autodiff) path
+    user = tm.Model(log_prior=builtin.log_prior, log_lik=builtin.log_lik, init=builtin.init)
+    generic = compare.posterior_mode(user, data)
+    np.testing.assert_allclose(generic.theta, fast.theta, atol=2e-3 * np.max(fast.sd) + 1e-4)
+    np.testing.assert_allclose(np.sqrt(np.diag(generic.cov)), fast.sd, rtol=5e-3)
+
+
+def test_linear_mode_with_the_noise_sd_sampled():
+    data, _ = tm.models.LinearRegression.simulate(2000, d=2, noise_sd=2.0, seed=5)
+    model = tm.models.LinearRegression(noise_sd=None)
+    mode = compare.posterior_mode(model, data)
+    mean, cov = model.posterior(data)
+    # the mode and the mean of log sigma differ by O(1/N); the coefficients agree closely
+    np.testing.assert_allclose(mode.theta[:2], mean[:2], atol=0.05 * np.sqrt(cov[0, 0]))
+    assert abs(np.exp(mode.theta[2]) - 2.0) < 0.15
+    np.testing.assert_allclose(mode.sd, np.sqrt(np.diag(cov)), rtol=0.02)
+
+
+def test_sort_rows_puts_accurate_methods_first_then_ess_per_s():
+    rows = [{"method": "a", "accurate": False, "ess_per_s": 900.0},
+            {"method": "b", "accurate": True, "ess_per_s": 10.0},
+            {"method": "c", "accurate": True, "ess_per_s": 50.0},
+            {"method": "d", "accurate": False, "ess_per_s": float("nan")}]
+    assert [r["method"] for r in compare.sort_rows(rows)] == ["c", "b", "a", "d"]
+
+
+def test_data_digest_follows_the_data():
+    a = {"x": np.arange(10.0)}
+    assert compare.data_digest(a) == compare.data_digest({"x": np.arange(10.0)})
+    assert compare.data_digest(a) != compare.data_digest({"x": np.arange(10.0) + 1e-9 * (np.arange(10) == 3)})
+    assert compare.data_digest(a) != compare.data_digest({"z": np.arange(10.0)})
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    """Exact MH against a deliberately wrong sampler (every proposal accepted) on a user's model."""
+    rng = np.random.default_rng(1)
+    x = (1.0 + 2.0 * rng.standard_normal(2000)).astype(np.float32)
+    cache = tmp_path_factory.mktemp("cache")
+    return compare.compare(
+        _gaussian_mean_model(), {"x": x},
+        {"exact": tm.acceptance.Exact(), "always-accept": tm.acceptance.AlwaysAccept()},
+        budget_s=0.5, num_chains=2, seed=0, reference_draws=2000, reference_chains=2,
+        cache_dir=str(cache), names=["mu"])
+
+
+def test_compare_flags_a_wrong_sampler_and_lists_it_last(comparison):
+    rows = comparison.rows
+    assert [r["method"] for r in rows] == ["exact", "always-accept"]
+    exact, wrong = rows
+    assert exact["accurate"] and exact["problems"] == []
+    assert not wrong["accurate"] and not wrong["trusted_all"]
+    assert wrong["verdict_line"].startswith("NOT trusted: ")
+    assert wrong["sd_ratio_max"] > 2  # a random walk that never rejects spreads far too wide
+    lines = comparison.table().splitlines()
+    assert lines[0].split()[:2] == ["method", "accurate"] and lines[2].split()[:2] == ["exact", "yes"]
+    assert comparison.verdicts()[1].startswith("always-accept: NOT trusted")
+    for r in comparison.runs:
+        assert r.result.flat_samples.shape[1] > 0 and not r.result.partial
+        # no warmup phase with the Laplace proposal: the first 10% of the budget's draws are burn-in
+        kb, ks = r.result.flat_warmup.shape[1], r.result.flat_samples.shape[1]
+        assert abs(kb - 0.1 * (kb + ks)) <= 1
+        assert r.result.stats["accepted"].shape[1] == ks and r.result.warmup_stats["accepted"].shape[1] == kb
+
+
+def test_comparison_writes_a_report(comparison, tmp_path):
+    files = comparison.write_report(str(tmp_path / "rep"), title="my comparison")
+    names = sorted(p.split("/")[-1] for p in files)
+    assert names == sorted(["traces.png", "marginals.png", "data_per_step.png", "posterior-exact.nc",
+                            "posterior-always-accept.nc", "results.json", "report.html"])
+    res = json.loads((tmp_path / "rep" / "results.json").read_text())
+    assert [m["method"] for m in res["methods"]] == ["exact", "always-accept"]
+    assert res["reference"]["chains"] == 2 and res["parameters"] == ["mu"]
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert html.index("Verdict") < html.index("Results")
