@@ -103,6 +103,20 @@ class LinearRegression(Model):
             return -0.5 * (r / s) ** 2 - np.log(s) - 0.5 * _LOG_2PI
         return -0.5 * (r * jnp.exp(-log_sigma)) ** 2 - log_sigma - 0.5 * _LOG_2PI
 
+    def log_lik_ratio(self, theta, theta_prop, batch):
+        """``l_i`` without cancellation: with ``r = y - x.beta`` and ``dr = -x.(beta' - beta)`` formed
+        directly, ``z = r/s``, ``z' - z = z expm1(log s - log s') + dr/s'`` and
+        ``l_i = -(z' - z)(z' + z)/2 - (log s' - log s)`` (fixed s: ``-dr (2 r + dr) / (2 s^2)``)."""
+        beta, ls = self._split(theta)
+        beta_p, ls_p = self._split(theta_prop)
+        r = batch["y"] - batch["X"] @ beta
+        dr = -(batch["X"] @ (beta_p - beta))
+        if ls is None:
+            return -0.5 * dr * (2.0 * r + dr) / self.noise_sd**2
+        z = r * jnp.exp(-ls)
+        dz = z * jnp.expm1(ls - ls_p) + dr * jnp.exp(-ls_p)
+        return -0.5 * dz * (2.0 * z + dz) - (ls_p - ls)
+
     def init(self, data):
         if np.ndim(data["X"]) != 2:
             raise DataError(f"LinearRegression needs data['X'] of shape (N, d); got {np.shape(data['X'])}")
