@@ -128,7 +128,7 @@ class StreamReader:
     """
 
     def __init__(self, n, m: int, fn: Callable, permuted: bool = True, ladder_base: int = 16,
-                 max_ladder: int = 4):
+                 max_ladder: int = 2):
         if isinstance(n, (int, np.integer)):
             self.n = int(n)
             self.m = int(max(1, min(m, n)))
