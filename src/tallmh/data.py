@@ -127,6 +127,9 @@ def permute(perm: Permutation, positions, n: int):
         bits = jnp.maximum(jnp.int32(32) - jax.lax.clz(nm1).astype(jnp.int32), 2)
         h = (bits + 1) // 2
     x = jnp.clip(positions, 0, jnp.maximum(n - 1, 0)).astype(jnp.uint32)
+    if not isinstance(n, (int, np.integer)):
+        # n = 0 (an empty population) must still terminate: vmapped while loops run this for every lane
+        n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
     nn = jnp.uint32(n)
     y = _encrypt(perm, x, h)
 
