@@ -1,4 +1,9 @@
-"""Data used and wrong decisions of the austerity test versus epsilon (austerity paper, Fig. 2, synthetic data).
+"""Data used and wrong decisions of the austerity test versus epsilon and versus the per-step error target.
+
+Austerity paper, Fig. 2, on synthetic data, for both forms of ``tm.acceptance.Austerity``: the paper's
+Alg. 1 with per-look level epsilon (``Austerity(epsilon=e)``) and the per-step error target
+(``Austerity(error=e)``, the default: the per-look level designed so that the worst-case whole-step
+error is e; ``tallmh/acceptance/_sequential.py``).
 
 Korattikara, Chen & Welling (2014), Sec. 5.1, Fig. 2: logistic regression on MNIST 7 vs 9 (N = 12214,
 PCA to 50 dimensions, Gaussian prior, random-walk proposal); average percentage of data used per test
@@ -18,7 +23,12 @@ key, so a decision is wrong when the two differ. epsilon = 0 is exact MH (the pa
 epsilon = 0 corresponds to the exact MH algorithm"); ``Austerity`` requires epsilon in (0, 1), so the
 epsilon = 0 row is computed with ``Exact()`` itself (data fraction 1, no wrong decisions by definition).
 
-Reported per epsilon: mean data fraction (items read / N), wrong-decision rate with its binomial
+The error-targeted rows (``--errors``) run ``Austerity(error=e, batch_size=500)`` on the same pairs and
+keys and also report the designed per-look level and the worst-case whole-step error the design
+promises (the measured rate, averaged over u and pairs, should be at most that). The epsilon rows report
+the worst-case whole-step error of Alg. 1 computed the same way.
+
+Reported per row: mean data fraction (items read / N), wrong-decision rate with its binomial
 standard error sqrt(p (1 - p) / n) over all pair x key decisions, and a pair-clustered standard error
 (sd of the per-pair rates / sqrt(pairs)), which is the honest one when the error concentrates on the
 pairs near the decision boundary; also wrong accepts and wrong rejects separately.
@@ -88,12 +98,57 @@ def laplace(X, y, prior_scale, iters=50):
     return theta, H
 
 
+def plot(out, png):
+    """Data used and wrong decisions versus the nominal value, both forms, from the results dict."""
+    rows, error_rows = out["rows"], out.get("error_rows", [])
+    cfg = out["config"]
+    n = cfg["N"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax1 = plt.subplots(figsize=(6.5, 5))
+    ax2 = ax1.twinx()
+    for rs, key, style, name in ((rows, "epsilon", "-", "per look (epsilon)"), (error_rows, "error", "--", "per step (error)")):
+        if not rs:
+            continue
+        x = np.array([r[key] for r in rs])
+        frac = np.array([100 * r["data_fraction"] for r in rs])
+        wr = np.array([100 * r["wrong_rate"] for r in rs])
+        wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rs])
+        ax1.plot(x, frac, "o" + style, color="tab:blue", label=f"data used, {name}")
+        ax2.errorbar(x, wr, yerr=2 * np.nan_to_num(wse), fmt="s" + style, color="tab:red", capsize=3,
+                     label=f"wrong, {name}")
+    top = max([100 * r["wrong_rate"] + 200 * np.nan_to_num(r["wrong_rate_pair_clustered_se"]) for r in rows + error_rows])
+    xs = np.array(sorted({r.get("error", r.get("epsilon")) for r in rows + error_rows}))
+    ax2.plot(xs, 100 * xs, ":", color="gray", label="wrong = nominal value")
+    ax1.set_xlabel(r"nominal value: $\epsilon$ (per look) or error target (per step)")
+    ax1.set_ylabel("percentage of data used", color="tab:blue")
+    ax1.tick_params(axis="y", labelcolor="tab:blue")
+    ax1.set_ylim(0, 105)
+    ax2.set_ylabel("percentage of wrong decisions (±2 se, pair-clustered)", color="tab:red")
+    ax2.tick_params(axis="y", labelcolor="tab:red")
+    ax2.set_ylim(0, max(1.0, 1.15 * float(top)))
+    h1, l1 = ax1.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    fig.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower center", ncol=3, frameon=False)
+    ax1.set_title(f"Austerity, synthetic logistic regression\nN = {n}, d = {cfg['d_features']}+1, batch {cfg['batch_size']}, "
+                  f"{cfg['pairs']}x{cfg['keys_per_pair']} decisions", fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    print(f"wrote {png}")
+
+
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=12214, help="number of data items")
     ap.add_argument("--d", type=int, default=50, help="features (an intercept column is added)")
     ap.add_argument("--epsilons", default="0,0.001,0.01,0.05,0.1,0.2")
+    ap.add_argument("--errors", default="0.001,0.01,0.05,0.1,0.2",
+                    help="per-step error targets for Austerity(error=...) ('' for none)")
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--pairs", type=int, default=200, help="(theta, theta') pairs")
     ap.add_argument("--keys", type=int, default=250, help="keys (u and subsample order) per pair")
@@ -103,10 +158,16 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                     help="directory for decision_error.json and decision_error.png")
+    ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results JSON and exit")
     args = ap.parse_args(argv[1:])
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            plot(json.load(f), os.path.splitext(args.plot_only)[0] + ".png")
+        return 0
     if args.smoke:
         args.n, args.d, args.pairs, args.keys = 2000, 10, 4, 32
         args.epsilons = "0,0.1"
+        args.errors = "0.1"
         args.batch_size = 100
 
     import jax
@@ -117,6 +178,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     meta = machine_info(argv)
     eps_list = [float(e) for e in args.epsilons.split(",")]
+    err_list = [float(e) for e in args.errors.split(",") if e.strip()]
     data, _ = tm.models.LogisticRegression.simulate(args.n, d=args.d, seed=args.seed)
     model = tm.models.LogisticRegression(prior_scale=args.prior_scale)
     X = np.asarray(data["X"], np.float64)
@@ -177,24 +239,12 @@ def main(argv=None):
     te = time.perf_counter()
     exact_acc, exact_nd = run(tm.acceptance.Exact())
     exact_s = time.perf_counter() - te
-    rows = []
-    for eps in eps_list:
-        tr = time.perf_counter()
-        if eps == 0.0:
-            acc, nd = exact_acc, exact_nd
-            test_repr = "Exact() (epsilon = 0 is exact MH)"
-            secs = exact_s
-        else:
-            test = tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
-            acc, nd = run(test)
-            test_repr = repr(test)
-            secs = time.perf_counter() - tr
+    def summarise(acc, nd, secs, test_repr):
         wrong = acc != exact_acc
         total = wrong.size
         p = float(wrong.mean())
         per_pair = wrong.mean(axis=1)
-        row = {
-            "epsilon": eps,
+        return {
             "test": test_repr,
             "decisions": int(total),
             "data_fraction": float(nd.mean() / n),
@@ -209,18 +259,57 @@ def main(argv=None):
             "max_pair_wrong_rate": float(per_pair.max()),
             "seconds": secs,
         }
-        rows.append(row)
-        print(f"  eps {eps:<6g} data {100 * row['data_fraction']:7.2f}%  wrong {100 * p:6.3f}% "
+
+    def show(label, row):
+        print(f"  {label:<24s} data {100 * row['data_fraction']:7.2f}%  wrong {100 * row['wrong_rate']:6.3f}% "
               f"(binomial se {100 * row['wrong_rate_binomial_se']:.3f}%, pair-clustered se "
-              f"{100 * row['wrong_rate_pair_clustered_se']:.3f}%)  {secs:.1f}s", flush=True)
+              f"{100 * row['wrong_rate_pair_clustered_se']:.3f}%; max over pairs "
+              f"{100 * row['max_pair_wrong_rate']:.1f}%)  {row['seconds']:.1f}s", flush=True)
+
+    rows = []
+    for eps in eps_list:
+        tr = time.perf_counter()
+        if eps == 0.0:
+            acc, nd = exact_acc, exact_nd
+            test_repr = "Exact() (epsilon = 0 is exact MH)"
+            secs = exact_s
+            worst = 0.0
+        else:
+            test = tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
+            acc, nd = run(test)
+            test_repr = repr(test)
+            secs = time.perf_counter() - tr
+            worst = test.worst_case_error(n)
+        row = {"form": "epsilon", "epsilon": eps, **summarise(acc, nd, secs, test_repr),
+               "per_look_epsilon": eps, "worst_case_step_error": worst}
+        rows.append(row)
+        show(f"eps {eps:g}", row)
+
+    error_rows = []
+    for target in err_list:
+        tr = time.perf_counter()
+        test = tm.acceptance.Austerity(error=target, batch_size=args.batch_size)
+        alpha = test.per_look_epsilon(n)
+        design_s = time.perf_counter() - tr
+        acc, nd = run(test)
+        secs = time.perf_counter() - tr
+        row = {"form": "error", "error": target, **summarise(acc, nd, secs, repr(test)),
+               "per_look_epsilon": alpha, "worst_case_step_error": test.worst_case_error(n),
+               "design_seconds": design_s}
+        error_rows.append(row)
+        show(f"error {target:g} (eps {alpha:.3g})", row)
 
     total_s = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se %':>10s} {'pair se %':>9s} "
-          f"{'wrong acc %':>11s} {'wrong rej %':>11s} {'accept':>7s}")
-    for r in rows:
-        print(f"{r['epsilon']:8g} {100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
+    print(f"{'test':>24s} {'per-look':>9s} {'worst %':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se %':>10s} "
+          f"{'pair se %':>9s} {'max pair %':>10s} {'wrong acc %':>11s} {'wrong rej %':>11s} {'accept':>7s}")
+    for r in rows + error_rows:
+        label = (f"error={r['error']:g}" if r["form"] == "error" else
+                 ("exact" if r["epsilon"] == 0 else f"epsilon={r['epsilon']:g}"))
+        print(f"{label:>24s} {r['per_look_epsilon']:9.3g} {100 * r['worst_case_step_error']:8.2f} "
+              f"{100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
               f"{100 * r['wrong_rate_binomial_se']:10.3f} {100 * r['wrong_rate_pair_clustered_se']:9.3f} "
+              f"{100 * r['max_pair_wrong_rate']:10.1f} "
               f"{100 * r['wrong_accept_rate']:11.3f} {100 * r['wrong_reject_rate']:11.3f} {r['acceptance_rate']:7.3f}")
     print(f"(exact acceptance over the same keys: {exact_acc.mean():.3f}; mean exact acceptance probability "
           f"min(1, e^Delta) of the pairs: {exact_prob.mean():.3f})")
@@ -236,6 +325,7 @@ def main(argv=None):
             "model": f"LogisticRegression(prior_scale={args.prior_scale})",
             "data": f"LogisticRegression.simulate({args.n}, d={args.d}, seed={args.seed})",
             "epsilons": eps_list,
+            "errors": err_list,
             "batch_size": args.batch_size,
             "pairs": args.pairs,
             "keys_per_pair": args.keys,
@@ -251,6 +341,7 @@ def main(argv=None):
             "delta_quantiles": {q: float(np.quantile(dlt, float(q))) for q in ("0.05", "0.25", "0.5", "0.75", "0.95")},
         },
         "rows": rows,
+        "error_rows": error_rows,
         "total_runtime_s": total_s,
     }
     os.makedirs(args.out, exist_ok=True)
@@ -259,33 +350,7 @@ def main(argv=None):
         json.dump(out, f, indent=2)
     print(f"wrote {path}")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    eps = np.array([r["epsilon"] for r in rows])
-    frac = np.array([100 * r["data_fraction"] for r in rows])
-    wr = np.array([100 * r["wrong_rate"] for r in rows])
-    wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rows])
-    fig, ax1 = plt.subplots(figsize=(5.5, 4))
-    ax1.plot(eps, frac, "o-", color="tab:blue")
-    ax1.set_xlabel(r"$\epsilon$")
-    ax1.set_ylabel("percentage of data used", color="tab:blue")
-    ax1.tick_params(axis="y", labelcolor="tab:blue")
-    ax1.set_ylim(0, 105)
-    ax2 = ax1.twinx()
-    ax2.errorbar(eps, wr, yerr=2 * np.nan_to_num(wse), fmt="s-", color="tab:red", capsize=3)
-    ax2.set_ylabel("percentage of wrong decisions (±2 se, pair-clustered)", color="tab:red")
-    ax2.tick_params(axis="y", labelcolor="tab:red")
-    ax2.set_ylim(0, max(1.0, 1.15 * float(np.max(wr + 2 * np.nan_to_num(wse)))))
-    ax1.set_title(f"Austerity, synthetic logistic regression\nN = {n}, d = {args.d}+1, batch {args.batch_size}, "
-                  f"{args.pairs}x{args.keys} decisions", fontsize=9)
-    fig.tight_layout()
-    png = os.path.join(args.out, "decision_error.png")
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    print(f"wrote {png}")
+    plot(out, os.path.join(args.out, "decision_error.png"))
     return 0
 
 

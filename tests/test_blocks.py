@@ -125,8 +125,8 @@ def test_sv_program_runs_and_reads_a_subsample():
     x, _ = StochasticVolatility.simulate(400, 5, seed=0)
     prog = tm.Cycle([
         tm.blocks.ParticleGibbs("h", particles=8, window=5, series_per_step=100),
-        tm.blocks.SubsampledMH("phi", test=tm.acceptance.Austerity(0.05, 50), scale=0.3),
-        tm.blocks.SubsampledMH("sigma2", test=tm.acceptance.Austerity(0.05, 50), scale=0.3),
+        tm.blocks.SubsampledMH("phi", test=tm.acceptance.Austerity(epsilon=0.05, batch_size=50), scale=0.3),
+        tm.blocks.SubsampledMH("sigma2", test=tm.acceptance.Austerity(epsilon=0.05, batch_size=50), scale=0.3),
     ])
     res = tm.sample_program(prog, StochasticVolatility(), x, num_samples=50, num_chains=2, seed=0)
     assert np.all(np.isfinite(res.samples["phi"])) and np.all((res.samples["phi"] > 0) & (res.samples["phi"] < 1))
@@ -143,7 +143,7 @@ def test_jointdpm_program_runs():
     prog = tm.Cycle([
         tm.blocks.MH("alpha", scale=0.5),
         tm.blocks.Gibbs("z", items_per_step=50),
-        tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(0.3, 20), scale=0.2, group_by="z"),
+        tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(epsilon=0.3, batch_size=20), scale=0.2, group_by="z"),
     ])
     res = tm.sample_program(prog, model, train, num_samples=20, num_chains=2, seed=0)
     st = res.final_state

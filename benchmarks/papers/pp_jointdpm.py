@@ -13,7 +13,7 @@ Here, with :mod:`tallmh.blocks` and :class:`tallmh.blocks.models.JointDPM`::
               tm.blocks.Gibbs("z", items_per_step=STEP_Z),
               tm.blocks.SubsampledMH("w", test=TEST, scale=SIGMA, group_by="z")])
 
-``TEST`` = ``Exact()`` (all N_k members of each cluster) or ``Austerity(0.3, batch)`` over each cluster's
+``TEST`` = ``Exact()`` (all N_k members of each cluster) or ``Austerity(epsilon=0.3, batch_size=batch)`` over each cluster's
 current members; every cluster's weights are updated once per cycle (``groups="all"``). Both runs start
 from the same state and run in chunks of ``--chunk`` cycles until ``--budget`` seconds of sampling have
 passed (the first chunk's compile time is excluded from the clock and reported); after each chunk the
@@ -78,7 +78,7 @@ def main(argv=None):
 
     runs = {}
     for name, test_obj in (("exact", tm.acceptance.Exact(chunk=256)),
-                           (f"austerity eps={args.epsilon}", tm.acceptance.Austerity(args.epsilon, args.batch))):
+                           (f"austerity eps={args.epsilon}", tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch))):
         prog = tm.Cycle([
             tm.blocks.MH("alpha", scale=0.5),
             tm.blocks.Gibbs("z", items_per_step=args.step_z),

@@ -72,7 +72,12 @@ def _chunk_batch(data, start, size, n):
 
 
 def proxy_sums(model, data, n, unravel, center, order=2):
-    """``G = sum_i grad ell_i(center)`` and ``H = sum_i hess ell_i(center)``: one full pass over the data."""
+    """``G = sum_i grad ell_i(center)`` and ``H = sum_i hess ell_i(center)``: one full pass over the data.
+
+    Each chunk's sums are made on the device in the working precision; the chunks are accumulated in
+    float64 on the host, so the result has the precision of a float32 sum of 8192 items, not of N items
+    (``G`` is a sum of N terms that nearly cancel at the mode).
+    """
     d = center.shape[0]
 
     @jax.jit
@@ -84,24 +89,31 @@ def proxy_sums(model, data, n, unravel, center, order=2):
         h = jax.hessian(total)(center) if order == 2 else jnp.zeros((d, d), center.dtype)
         return g, h
 
-    G = jnp.zeros(d, center.dtype)
-    H = jnp.zeros((d, d), center.dtype)
+    G = np.zeros(d, np.float64)
+    H = np.zeros((d, d), np.float64)
     for s, size in _chunks(n):
         size_pad = _CHUNK if n > _CHUNK else n
         batch = _chunk_batch(data, s, size_pad, n)
         mask = jnp.arange(size_pad) < size
         g, h = chunk_sums(batch, mask)
-        G, H = G + g, H + h
-    return CVState(center, G, H)
+        G += np.asarray(g, np.float64)
+        H += np.asarray(h, np.float64)
+    H = 0.5 * (H + H.T)
+    return CVState(center, jnp.asarray(G, center.dtype), jnp.asarray(H, center.dtype))
 
 
 def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
     """Posterior mode by damped Newton with autodiff; returns ``(theta_hat, full passes made)``.
 
-    Each iteration makes one pass computing the log posterior, its gradient and Hessian over the data
-    in chunks; a step that lowers the log posterior is halved (up to 30 times; each trial evaluation is a
-    counted pass). Stops when the Newton decrement is below ``tol`` or after ``max_iter`` iterations.
+    Each iteration makes one pass computing the log posterior's gradient and Hessian over the data in
+    chunks (chunk sums accumulated in float64 on the host); a step that lowers the log posterior is halved
+    (up to 30 times; each trial is a counted pass). The trial compares ``sum_i (ell_i(cand) - ell_i(theta))``
+    made from per-item differences with a compensated sum (:func:`~tallmh.acceptance.base.df_sum`), not
+    two full log-likelihoods near ``-N``, whose difference float32 cannot resolve. Stops when the Newton
+    decrement is below ``tol`` or after ``max_iter`` iterations.
     """
+    from .acceptance.base import df_sum
+
     d = flat0.shape[0]
 
     @jax.jit
@@ -113,37 +125,48 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
         return v, g, jax.hessian(total)(th)
 
     @jax.jit
-    def chunk_v(th, batch, mask):
-        return jnp.sum(jnp.where(mask, model.log_lik(unravel(th), batch), 0.0))
+    def chunk_dv(th, cand, batch, mask):
+        dl = model.log_lik(unravel(cand), batch) - model.log_lik(unravel(th), batch)
+        hi, lo = df_sum(jnp.where(mask, dl, 0.0))
+        return hi, lo
 
-    def full(th, with_derivs):
-        lp = model.log_prior(unravel(th))
-        if with_derivs:
-            v = lp
-            g = jax.grad(lambda t: model.log_prior(unravel(t)))(th)
-            h = jax.hessian(lambda t: model.log_prior(unravel(t)))(th)
-        else:
-            v = lp
-        size_pad = _CHUNK if n > _CHUNK else n
+    def prior_parts(th):
+        lp = float(model.log_prior(unravel(th)))
+        g = np.asarray(jax.grad(lambda t: model.log_prior(unravel(t)))(th), np.float64)
+        h = np.asarray(jax.hessian(lambda t: model.log_prior(unravel(t)))(th), np.float64)
+        return lp, g, h
+
+    size_pad = _CHUNK if n > _CHUNK else n
+
+    def full_derivs(th):
+        v, g, h = prior_parts(th)
         for s, size in _chunks(n):
             batch = _chunk_batch(data, s, size_pad, n)
             mask = jnp.arange(size_pad) < size
-            if with_derivs:
-                cv, cg, ch = chunk_vgh(th, batch, mask)
-                v, g, h = v + cv, g + cg, h + ch
-            else:
-                v = v + chunk_v(th, batch, mask)
-        return (float(v), g, h) if with_derivs else float(v)
+            cv, cg, ch = chunk_vgh(th, batch, mask)
+            v += float(cv)
+            g = g + np.asarray(cg, np.float64)
+            h = h + np.asarray(ch, np.float64)
+        return v, g, h
+
+    def full_diff(th, cand):
+        dv = float(model.log_prior(unravel(cand))) - float(model.log_prior(unravel(th)))
+        for s, size in _chunks(n):
+            batch = _chunk_batch(data, s, size_pad, n)
+            mask = jnp.arange(size_pad) < size
+            hi, lo = chunk_dv(th, cand, batch, mask)
+            dv += float(hi) + float(lo)
+        return dv
 
     th = jnp.asarray(flat0)
     passes = 0
     for _ in range(max_iter):
-        v, g, h = full(th, True)
+        v, g, h = full_derivs(th)
         passes += 1
         if not np.isfinite(v):
             raise ModelError("the log posterior is not finite at the control-variate starting point")
-        neg_h = -np.asarray(h, float)
-        gn = np.asarray(g, float)
+        neg_h = -0.5 * (h + h.T)
+        gn = g
         lam = 0.0
         for _ in range(8):  # make the system positive definite if needed (Levenberg damping)
             try:
@@ -158,9 +181,10 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
         t = 1.0
         for _ in range(30):
             cand = th + t * jnp.asarray(step, th.dtype)
-            vc = full(cand, False)
+            dv = full_diff(th, cand)
             passes += 1
-            if np.isfinite(vc) and vc >= v - 1e-12 * abs(v):
+            # accept a step that does not lower the log posterior beyond float rounding of the difference
+            if np.isfinite(dv) and dv >= -1e-6 * max(1.0, decrement):
                 th = cand
                 break
             t *= 0.5
@@ -191,8 +215,8 @@ def proxy_sum_diff(cv: CVState, theta, theta_p, order=2):
     a = theta - cv.center
     ap = theta_p - cv.center
     s = cv.grad_sum @ (ap - a)
-    if order == 2:
-        s = s + 0.5 * (ap @ cv.hess_sum @ ap - a @ cv.hess_sum @ a)
+    if order == 2:  # a'^T H a' - a^T H a = (a' - a)^T H (a' + a) for symmetric H: no cancellation
+        s = s + 0.5 * ((ap - a) @ (cv.hess_sum @ (ap + a)))
     return s
 
 

@@ -138,6 +138,7 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
             out["passes"] += passes
             sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
             out["passes"] += 1
+            out["sums"] = sums
             out["cov"] = cvm.laplace_cov(model, unravel, sums)
             if out["cov"] is None:
                 notes.append("the Hessian at the posterior mode is not negative definite: no Laplace start")
@@ -368,6 +369,8 @@ def sample(
                                                   init_given, init_jitter, k_jit, dtype, notes))
             setup_items += st["passes"] * n
             cv0 = st["cv"]
+            if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
+                cv0 = st.get("sums")
             hint = st["cov"] if isinstance(proposal, AdaptiveMetropolis) else None
             start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                           "newton_passes": int(st["passes"])}
@@ -375,6 +378,8 @@ def sample(
             states = _wait(init_v(st["starts"], data, cv0, hint))
             if getattr(test, "tracks_log_lik", False):
                 setup_items += n * num_chains  # the exact test's initial full pass, one per chain
+            if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
+                setup_items += test.setup_items_of(states, n)
             timings["setup_s"] = time.perf_counter() - ts
 
         # audit rates per phase

@@ -87,7 +87,8 @@ def test_austerity_first_look_error_within_epsilon(setting):
     # most epsilon (under the CLT). The first look is observed without selection (it stopped there iff
     # n_data == batch_size), so P(stop at look 1 and wrong) <= epsilon. Over many looks near the
     # boundary the total error exceeds epsilon (repeated testing); benchmarks/decision_error.py measures
-    # it. We also check the total error falls with epsilon.
+    # it. We also check the total error falls with epsilon. The per-step form, Austerity(error=...), whose
+    # whole-step error is bounded, is checked in test_austerity_error.py.
     totals = {}
     for eps in (0.1, 0.01):
         first, total, nd = _first_look_error(tm.acceptance.Austerity(epsilon=eps, batch_size=500), setting, 500)

@@ -8,6 +8,7 @@ from .barker import Barker
 from .base import Decision, Problem
 from .confidence import BOUNDS, Confidence
 from .exact import Exact
+from .informed import Informed
 from .none import AlwaysAccept
 
 __all__ = ["AlwaysAccept", "Exact", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 from ..data import make_permutation
 from ..errors import ConfigError
-from .base import Decision, Moments, Problem, StreamReader, draw_u
+from .base import Decision, MomentsSum, Problem, StreamReader, clt_error, draw_u
+from .exact import exact_accept
 
 __all__ = ["Barker"]
 
@@ -36,6 +37,12 @@ class Barker:
     test read more (the same guard as the austerity test).
 
     ``temperature`` T divides the log-likelihood: the chain targets ``p0(theta) prod_i p(x_i|theta)^(1/T)``.
+
+    Support: a read item with a non-finite ``l_i`` rejects at once (reading stops at the end of its
+    chunk; ``Decision.n_nonfinite`` counts such items); a proposal with ``log_base = -inf`` is rejected
+    without reading data. ``Decision.clt_error`` is :func:`~tallmh.acceptance.base.clt_error` of the items
+    read (the Shevtsova-constant Berry-Esseen estimate, for the run's CLT check; the stopping rule uses
+    the paper's own eps above).
     """
 
     batch_size: int = 100
@@ -65,41 +72,41 @@ class Barker:
         u, k_perm, k_extra = draw_u(key)
         dtype = problem.log_base.dtype
         perm = make_permutation(k_perm)
-        reader = StreamReader(n, self.batch_size, problem.lik_ratio)
+        reader = StreamReader(n, self.batch_size, problem.lik_ratio, stop_on_nonfinite=True)
         scale = jnp.asarray(n / float(self.temperature), dtype)
         nf = jnp.asarray(n, dtype)
+        impossible = problem.log_base == -jnp.inf  # rejected without reading data
 
-        def stats(acc):
-            tf = acc.t.astype(dtype)
-            var_l = acc.var()
+        def stats(m):
+            tf = jnp.maximum(m.t, 1).astype(dtype)
+            var_l = m.var()
             s2 = scale**2 * var_l / tf * jnp.maximum(1.0 - tf / nf, 0.0)
-            sd_b = jnp.sqrt(acc.m2 / tf)  # sd normalised by t, for the standardised moments
+            sd_b = jnp.sqrt(m.m2 / tf)  # sd normalised by t, for the standardised moments
             safe = jnp.where(sd_b > 0, sd_b, 1.0)
-            rho1 = acc.abs1 / tf / safe
-            rho3 = acc.abs3 / tf / safe**3
+            rho1 = m.abs1 / tf / safe
+            rho3 = m.abs3 / tf / safe**3
             eps = jnp.where(sd_b > 0, (6.4 * rho3 + 2.0 * rho1) / jnp.sqrt(tf), jnp.inf)
             return s2, eps
 
         def cond(c):
             acc, rounds = c
-            s2, eps = stats(acc)
-            return (acc.t < n) & ((s2 >= 1.0) | (eps > self.delta))
+            s2, eps = stats(acc.m)
+            return (acc.read < n) & (acc.nonfinite == 0) & ~impossible & ((s2 >= 1.0) | (eps > self.delta))
 
         def body(c):
             acc, rounds = c
-            return reader.advance(perm, acc, jnp.minimum(acc.t + self.batch_size, n)), rounds + 1
+            return reader.advance(perm, acc, jnp.minimum(acc.read + self.batch_size, n)), rounds + 1
 
-        acc0 = reader.advance(perm, Moments.zero(dtype), self.batch_size)
+        acc0 = reader.advance(perm, MomentsSum.zero(dtype), jnp.where(impossible, 0, self.batch_size))
         acc, rounds = jax.lax.while_loop(cond, body, (acc0, jnp.int32(1)))
-        s2, _ = stats(acc)
-        delta_star = scale * acc.mean + problem.log_base
+        m = acc.m
+        s2, _ = stats(m)
+        delta_star = scale * m.mean + problem.log_base
         k_nc, k_corr = jax.random.split(k_extra)
         x_nc = jnp.sqrt(jnp.maximum(1.0 - s2, 0.0)) * jax.random.normal(k_nc, (), dtype)
         x_corr = sample_correction(k_corr, jnp.asarray(table.values, dtype), jnp.asarray(table.cdf, dtype))
-        x_log = jnp.log(u) - jnp.log1p(-u)
-        accept = jnp.where(
-            acc.t >= n,
-            delta_star + x_log > 0,
-            delta_star + x_nc + x_corr > 0,
-        )
-        return Decision(accept, acc.t, rounds)
+        exact = exact_accept("barker", u, problem.log_base, (acc.s.hi, acc.s.lo), self.temperature)
+        accept = jnp.where(acc.read >= n, exact, delta_star + x_nc + x_corr > 0)
+        bad = acc.nonfinite
+        accept = accept & (bad == 0) & ~impossible
+        return Decision(accept, acc.read, rounds, None, bad, clt_error(m))

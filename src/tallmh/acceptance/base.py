@@ -21,7 +21,8 @@ import numpy as np
 
 from ..data import permute
 
-__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader", "clt_error"]
+__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader", "clt_error", "two_sum", "df_add",
+           "df_sum", "CompSum", "MomentsSum"]
 
 
 class Problem(NamedTuple):
@@ -128,7 +129,9 @@ class StreamReader:
     """
 
     def __init__(self, n, m: int, fn: Callable, permuted: bool = True, ladder_base: int = 16,
-                 max_ladder: int = 2):
+                 stop_on_nonfinite: bool = False, max_ladder: int = 2):
+        # stop reading (at the end of the current chunk) once a non-finite value has been seen
+        self.stop_on_nonfinite = bool(stop_on_nonfinite)
         if isinstance(n, (int, np.integer)):
             self.n = int(n)
             self.m = int(max(1, min(m, n)))
@@ -153,18 +156,26 @@ class StreamReader:
             return pos, permute(perm, pos, self.n)
         return pos, jnp.clip(pos, 0, self.n - 1)
 
+    def _go(self, a):
+        if self.stop_on_nonfinite:
+            return a.nonfinite == 0
+        return jnp.bool_(True)
+
     def advance(self, perm, acc: Moments, target):
         """Merge the items at positions ``[acc.read, target)`` into ``acc``. ``target <= N``.
 
         Positions count every item read, finite or not (``acc.read``); non-finite items are counted
-        in ``acc.nonfinite`` and left out of the moments. With a traced n, ``target`` is capped at n.
+        in ``acc.nonfinite`` and left out of the moments. With ``stop_on_nonfinite`` the reader stops at
+        the end of the chunk in which the first non-finite value was seen. ``acc`` is any accumulator
+        with ``read``, ``nonfinite`` and ``merge(values, mask)``: :class:`Moments`, :class:`CompSum`,
+        :class:`MomentsSum`. With a traced n, ``target`` is capped at n.
         """
         if self.dynamic:
             target = jnp.minimum(target, self.n)
         for size in reversed(self.sizes[1:]):
 
             def cond(a, size=size):
-                return target - a.read >= size
+                return (target - a.read >= size) & self._go(a)
 
             def body(a, size=size):
                 _, idx = self._indices(perm, a.read, size)
@@ -176,7 +187,7 @@ class StreamReader:
         m = self.m
 
         def cond0(a):
-            return a.read < target
+            return (a.read < target) & self._go(a)
 
         def body0(a):
             pos, idx = self._indices(perm, a.read, m)
@@ -201,3 +212,115 @@ def clt_error(acc: Moments):
     rho3 = acc.abs3 / tf
     safe = jnp.where(sd > 0, sd, 1.0)
     return jnp.where((sd > 0) & (acc.t > 1), 0.4748 * rho3 / safe**3 / jnp.sqrt(tf), jnp.inf)
+
+
+# --- Sums that keep their digits -------------------------------------------------------------------------
+#
+# In float32 (JAX's default) a plain running sum of N log-likelihood terms loses about log2(N) bits: at
+# N = 10^7 the full log-likelihood is near -1.4e7, whose ulp is 1, so ``ll(theta') - ll(theta)`` is
+# meaningless. The helpers below keep a sum as an unevaluated pair ``hi + lo`` of floats ("double-float",
+# Dekker 1971; Knuth TAOCP vol. 2, 4.2.2, TwoSum): within a chunk by a pairwise tree whose every addition
+# keeps its rounding error in ``lo``, across chunks by double-float addition. The error of the result is
+# a few ulps of ``|sum|`` in the working precision squared (about 1e-14 relative in float32) plus a few
+# ulps of ``lo``; what remains is the rounding of the items themselves (see benchmarks/precision.py).
+# These rely on IEEE round-to-nearest without re-association, which XLA guarantees (no fast-math).
+
+
+def two_sum(a, b):
+    """``(s, e)`` with ``s = fl(a + b)`` and ``a + b = s + e`` exactly (Knuth's TwoSum, 6 flops)."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    return s, e
+
+
+def _renorm(hi, lo):
+    s = hi + lo
+    return s, lo - (s - hi)
+
+
+def df_add(x, y):
+    """Sum of two double-floats ``x = (hi, lo)`` and ``y = (hi, lo)``, as a normalised pair."""
+    s, e = two_sum(x[0], y[0])
+    return _renorm(s, x[1] + y[1] + e)
+
+
+def df_sum(v, axis: int = 0):
+    """Compensated sum of ``v`` along ``axis`` as a double-float pair ``(hi, lo)`` (pairwise TwoSum tree).
+
+    Static shapes: ``ceil(log2(len))`` levels of elementwise work, about 8 flops per item in all.
+    """
+    hi = jnp.moveaxis(jnp.asarray(v), axis, 0)
+    lo = jnp.zeros_like(hi)
+    while hi.shape[0] > 1:
+        k = hi.shape[0]
+        if k % 2:
+            pad = jnp.zeros((1,) + hi.shape[1:], hi.dtype)
+            hi = jnp.concatenate([hi, pad])
+            lo = jnp.concatenate([lo, pad])
+            k += 1
+        h = k // 2
+        s, e = two_sum(hi[:h], hi[h:])
+        lo = lo[:h] + lo[h:] + e
+        hi = s
+    if hi.shape[0] == 0:
+        z = jnp.zeros(hi.shape[1:], hi.dtype)
+        return z, z
+    return _renorm(hi[0], lo[0])
+
+
+class CompSum(NamedTuple):
+    """A compensated running sum of the finite values read, as ``hi + lo`` (see :func:`df_sum`).
+
+    Same reading interface as :class:`Moments` (``read``, ``nonfinite``, ``merge``), so a
+    :class:`StreamReader` can fill it. ``value()`` is ``hi + lo`` rounded to one float.
+    """
+
+    t: jax.Array  # int32: finite items summed
+    hi: jax.Array
+    lo: jax.Array
+    nonfinite: jax.Array  # int32
+
+    @staticmethod
+    def zero(dtype):
+        z = jnp.zeros((), dtype)
+        i = jnp.zeros((), jnp.int32)
+        return CompSum(i, z, z, i)
+
+    @property
+    def read(self):
+        return self.t + self.nonfinite
+
+    def merge(self, l, mask):
+        bad = mask & ~jnp.isfinite(l)
+        ok = mask & ~bad
+        h, lo = df_sum(jnp.where(ok, l, jnp.zeros_like(l)))
+        hi, lo = df_add((self.hi, self.lo), (h, lo))
+        return CompSum(self.t + jnp.sum(ok).astype(jnp.int32), hi, lo,
+                       self.nonfinite + jnp.sum(bad).astype(jnp.int32))
+
+    def value(self):
+        return self.hi + self.lo
+
+
+class MomentsSum(NamedTuple):
+    """:class:`Moments` (for the sequential statistics) and a :class:`CompSum` of the same items (for the
+    exact decision once every item has been read), filled together by one :class:`StreamReader`."""
+
+    m: Moments
+    s: CompSum
+
+    @staticmethod
+    def zero(dtype):
+        return MomentsSum(Moments.zero(dtype), CompSum.zero(dtype))
+
+    @property
+    def read(self):
+        return self.m.read
+
+    @property
+    def nonfinite(self):
+        return self.m.nonfinite
+
+    def merge(self, l, mask):
+        return MomentsSum(self.m.merge(l, mask), self.s.merge(l, mask))

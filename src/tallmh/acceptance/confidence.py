@@ -11,7 +11,8 @@ import jax.numpy as jnp
 
 from ..data import make_permutation
 from ..errors import ConfigError
-from .base import Decision, Moments, Problem, StreamReader, draw_u
+from .base import Decision, MomentsSum, Problem, StreamReader, clt_error, draw_u
+from .exact import exact_accept
 
 __all__ = ["Confidence", "BOUNDS", "concentration_bound"]
 
@@ -60,12 +61,29 @@ class Confidence:
     and at the k-th look (k = 1, 2, ...) stop when ``|Lambda*_t - psi| > c_t`` with the bound of
     :func:`concentration_bound` at ``delta_k = (p - 1)/(p k^p) delta`` (so ``sum_k delta_k <= delta`` and
     the decision differs from the exact one with probability at most delta, Lemma 3.1); otherwise grow
-    the batch to ``min(N, ceil(gamma t))`` (Fig. 3, step 18). At t = N the decision is exact.
+    the batch to ``min(N, ceil(gamma t))`` (Fig. 3, step 18). At t = N the decision is exact (the same
+    compensated sum and comparison as :class:`~tallmh.acceptance.Exact`).
 
-    The range ``C_{theta,theta'}`` (eq. 8) comes from the model's ``lik_ratio_bound`` when it has one
-    (logistic regression: ``||theta' - theta|| max_i ||x_i||``, with the max computed once at set-up);
-    otherwise from a full pass over the data, whose N items are counted in ``n_data``. ``range_from="data"``
-    forces the full pass.
+    The range ``C_{theta,theta'} >= max_i |l_i|`` (eq. 8) comes from the model's ``lik_ratio_bound`` (with
+    control variates: ``cv_remainder_bound``), computed from data statistics found once by the model's
+    ``setup(data)``; every built-in model has one (``GaussianMean`` and ``Gaussian``: the extremes of the
+    quadratic ``l(x)`` over ``[min x, max x]``, Sec. 4.3; ``GaussianMixture``: the largest per-component
+    ratio; ``LogisticRegression``: ``||theta' - theta|| max_i ||x_i||``, Sec. 4.2; each with headroom for the
+    float rounding of the ``l_i``, so that the bound holds for the computed values and delta is really
+    guaranteed).
+
+    **A model without a bound** (``range_from=None``, the default): the test cannot stop early with a
+    guarantee, so it reads all N items once (in order, no permutation) and makes the exact decision:
+    ``n_data = N`` per step, exactly what :class:`~tallmh.acceptance.Exact` reads, never more.
+    (The paper's alternative, a full pass for ``C = max_i |l_i|`` followed by the sequential test, reads
+    up to 2N and is strictly worse than deciding from that same pass.) ``range_from="data"`` forces this
+    exact pass even when the model has a bound; ``range_from="model"`` raises ConfigError when it has none.
+
+    Support: a read item with a non-finite ``l_i`` rejects at once (reading stops at the end of its
+    chunk; ``Decision.n_nonfinite`` counts such items). A proposal with ``log_base = -inf`` (prior or
+    proposal ratio) is rejected without reading data. ``Decision.clt_error`` is
+    :func:`~tallmh.acceptance.base.clt_error` of the items read (informative only: this test does not
+    rely on the CLT).
     """
 
     delta: float = 0.01
@@ -73,7 +91,7 @@ class Confidence:
     p: float = 2.0
     gamma: float = 2.0
     initial_batch: int = 100
-    range_from: Optional[str] = None  # None (model bound if any, else data), "model" or "data"
+    range_from: Optional[str] = None  # None (model bound if any, else exact pass), "model" or "data"
 
     name = "confidence"
     tracks_log_lik = False
@@ -101,18 +119,20 @@ class Confidence:
         u, k_perm, _ = draw_u(key)
         dtype = problem.log_base.dtype
         psi = (jnp.log(u) - problem.log_base) / n
-        use_model = problem.bound is not None and self.range_from != "data"
         if self.range_from == "model" and problem.bound is None:
             raise ConfigError("range_from='model' but the model has no lik_ratio_bound")
-        if use_model:
-            c_range = jnp.asarray(problem.bound(), dtype)
-            extra = jnp.int32(0)
-        else:  # a full pass for max_i |l_i|: counted
-            full = StreamReader(n, 4096, problem.lik_ratio, permuted=False)
-            c_range = full.advance(None, Moments.zero(dtype), n).absmax
-            extra = jnp.int32(n)
+        impossible = problem.log_base == -jnp.inf  # rejected without reading data
+        if problem.bound is None or self.range_from == "data":
+            # No range: one in-order pass over all N items and the exact decision (never more than Exact).
+            full = StreamReader(n, 4096, problem.lik_ratio, permuted=False, stop_on_nonfinite=True)
+            acc = full.advance(None, MomentsSum.zero(dtype), jnp.where(impossible, 0, n))
+            bad = acc.nonfinite
+            accept = exact_accept("metropolis", u, problem.log_base, (acc.s.hi, acc.s.lo)) & (bad == 0)
+            return Decision(accept, acc.read, jnp.int32(1), None, bad, clt_error(acc.m))
+
+        c_range = jnp.asarray(problem.bound(), dtype)
         perm = make_permutation(k_perm)
-        reader = StreamReader(n, self.initial_batch, problem.lik_ratio)
+        reader = StreamReader(n, self.initial_batch, problem.lik_ratio, stop_on_nonfinite=True)
         p = float(self.p)
         gamma = float(self.gamma)
 
@@ -123,16 +143,20 @@ class Confidence:
         def body(c):
             acc, b, look, _ = c
             acc = reader.advance(perm, acc, b)
+            m = acc.m
             look = look + 1
             lf = look.astype(dtype)
             delta_k = (p - 1.0) / (p * lf**p) * self.delta
-            tf = acc.t.astype(dtype)
-            sd = jnp.sqrt(acc.m2 / tf)
-            cb = concentration_bound(self.bound, acc.t, n, sd, c_range, delta_k)
-            done = (jnp.abs(acc.mean - psi) > cb) | (acc.t >= n)
+            tf = jnp.maximum(m.t, 1).astype(dtype)
+            sd = jnp.sqrt(m.m2 / tf)
+            cb = concentration_bound(self.bound, jnp.maximum(m.t, 1), n, sd, c_range, delta_k)
+            done = (jnp.abs(m.mean - psi) > cb) | (acc.read >= n) | (acc.nonfinite > 0)
             b_next = jnp.minimum(n, jnp.ceil(gamma * tf).astype(jnp.int32))
             return acc, b_next, look, done
 
-        init = (Moments.zero(dtype), jnp.int32(self.initial_batch), jnp.int32(0), jnp.bool_(False))
+        init = (MomentsSum.zero(dtype), jnp.int32(self.initial_batch), jnp.int32(0), impossible)
         acc, _, look, _ = jax.lax.while_loop(cond, body, init)
-        return Decision(acc.mean > psi, acc.t + extra, look)
+        bad = acc.nonfinite
+        exact = exact_accept("metropolis", u, problem.log_base, (acc.s.hi, acc.s.lo))
+        accept = jnp.where(acc.read >= n, exact, acc.m.mean > psi) & (bad == 0) & ~impossible
+        return Decision(accept, acc.read, look, None, bad, clt_error(acc.m))

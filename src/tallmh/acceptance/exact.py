@@ -7,11 +7,34 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from .base import Decision, Moments, Problem, StreamReader, draw_u
+from .base import CompSum, Decision, Problem, StreamReader, draw_u
 
-__all__ = ["Exact"]
+__all__ = ["Exact", "exact_accept", "as_scalar_log_lik"]
 
 _EXACT_CHUNK = 4096
+
+
+def exact_accept(kind: str, u, log_base, total, temperature: float = 1.0):
+    """The exact decision from the full sum ``total = sum_i l_i`` (a float, or a double-float pair).
+
+    ``kind="metropolis"``: ``log u < log_base + total / T``; ``kind="barker"``: ``log_base + total / T +
+    logit(u) > 0``. One function, so that an approximate test that has read all N items decides exactly
+    as :class:`Exact` does, bit for bit.
+    """
+    if isinstance(total, tuple):
+        hi, lo = total
+        lam = hi / temperature + lo / temperature
+    else:
+        lam = total / temperature
+    if kind == "metropolis":
+        return jnp.log(u) < log_base + lam
+    return log_base + lam + (jnp.log(u) - jnp.log1p(-u)) > 0
+
+
+def as_scalar_log_lik(ll):
+    """A tracked full log-likelihood as one float (``hi + lo`` of the pair that :class:`Exact` keeps)."""
+    ll = jnp.asarray(ll)
+    return ll[..., 0] + ll[..., 1] if ll.ndim and ll.shape[-1] == 2 else ll
 
 
 @dataclass(frozen=True)
@@ -26,8 +49,22 @@ class Exact:
     ``temperature`` T divides the log-likelihood (target ``p0 prod_i p(x_i|theta)^(1/T)``), as in
     :class:`~tallmh.acceptance.Barker`, whose oracle is ``Exact(kind="barker", temperature=T)``.
 
-    Inside :func:`tallmh.sample` the kernel keeps the current full log-likelihood, so a step evaluates
-    ``log p(x_i|theta')`` once per item (N items read per step).
+    Precision. Every full-data sum is compensated (:func:`~tallmh.acceptance.base.df_sum`: pairwise
+    TwoSum within a chunk, double-float addition across chunks), so float32 data and parameters keep
+    their digits at any N. Inside :func:`tallmh.sample` the kernel keeps the current full log-likelihood
+    as a double-float pair ``[hi, lo]`` (a float array of shape (2,), made by :meth:`initial_log_lik` and
+    returned in ``Decision.log_lik_prop``); ``Delta = (hi' - hi) + (lo' - lo)`` whose first difference is
+    exact (Sterbenz), so a step reads N items and ``Delta`` is as good as a float64 sum of the float32
+    per-item values. Without a tracked log-likelihood (``problem.log_lik_current is None``) the test sums
+    the per-item differences ``l_i`` the same way (N items, each evaluated at theta and theta'). What
+    remains is the float32 rounding of each item's own ``log p(x_i|theta)`` (random, about
+    ``sqrt(N) eps |log p|`` in all: see benchmarks/precision.py). A scalar ``log_lik_current`` (the
+    older kernel) is also accepted, and then a scalar is returned.
+
+    Support. A non-finite ``log p(x_i|theta')`` or ``l_i`` (NaN, +-inf) rejects at once: reading stops
+    at the end of the chunk where it was seen, ``Decision.n_nonfinite`` counts such items and ``n_data``
+    the items read. A proposal with ``log_base = -inf`` (prior or proposal ratio) is rejected without
+    reading data (``n_data = 0``).
     """
 
     kind: str = "metropolis"
@@ -49,23 +86,54 @@ class Exact:
     def check(self, n: int):
         return None
 
-    def decide(self, key, problem: Problem) -> Decision:
+    def _sum(self, n, fn, dtype, target=None) -> CompSum:
+        reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
+        return reader.advance(None, CompSum.zero(dtype), n if target is None else target)
+
+    def initial_log_lik(self, n: int, log_lik_fn, dtype=None):
+        """Full log-likelihood ``sum_i log p(x_i|theta)`` as the pair ``[hi, lo]`` (shape (2,)).
+
+        ``log_lik_fn(idx)`` returns ``log p(x_i|theta)`` for the items ``idx``. If an item is not finite
+        the result is ``[-inf, 0]``: theta is outside the support, and the first proposal with a finite
+        log-likelihood is accepted.
+        """
+        dtype = jnp.result_type(float) if dtype is None else dtype
+        acc = self._sum(n, log_lik_fn, dtype)
+        hi = jnp.where(acc.nonfinite > 0, -jnp.inf, acc.hi)
+        lo = jnp.where(acc.nonfinite > 0, 0.0, acc.lo).astype(dtype)
+        return jnp.stack([hi, lo])
+
+    def log_ratio(self, problem: Problem):
+        """``(Delta, log_lik_prop, n_read, n_nonfinite)`` with ``Delta = sum_i l_i`` (before tempering).
+
+        ``Delta`` is a double-float pair ``(hi, lo)``; ``log_lik_prop`` is the tracked representation at
+        theta' (None without a tracked log-likelihood).
+        """
         n = problem.n
-        u, _, _ = draw_u(key)
         dtype = problem.log_base.dtype
-        if problem.log_lik_current is not None:
-            reader = StreamReader(n, self.chunk, problem.log_lik_prop, permuted=False)
-            acc = reader.advance(None, Moments.zero(dtype), n)
-            ll_prop = acc.mean * n
-            lam = ll_prop - problem.log_lik_current
+        cur = problem.log_lik_current
+        # a proposal with log_base = -inf (prior or proposal ratio) is rejected without reading data
+        target = jnp.where(problem.log_base == -jnp.inf, 0, n)
+        if cur is not None:
+            acc = self._sum(n, problem.log_lik_prop, dtype, target)
+            cur = jnp.asarray(cur, dtype)
+            if cur.ndim == 0:  # a plain float: the kernel before double-float tracking
+                c_hi, c_lo = cur, jnp.zeros((), dtype)
+                ll_prop = acc.value()
+            else:
+                c_hi, c_lo = cur[0], cur[1]
+                ll_prop = jnp.stack([acc.hi, acc.lo])
+            d_hi, d_lo = acc.hi - c_hi, acc.lo - c_lo  # hi - c_hi is exact when they are within 2x
+            s = d_hi + d_lo
+            delta = (s, jnp.where(jnp.isfinite(s), d_lo - (s - d_hi), jnp.zeros((), dtype)))
         else:
-            reader = StreamReader(n, self.chunk, problem.lik_ratio, permuted=False)
-            acc = reader.advance(None, Moments.zero(dtype), n)
-            lam = acc.mean * n
+            acc = self._sum(n, problem.lik_ratio, dtype, target)
+            delta = (acc.hi, acc.lo)
             ll_prop = None
-        lam = lam / self.temperature
-        if self.kind == "metropolis":
-            accept = jnp.log(u) < problem.log_base + lam
-        else:
-            accept = problem.log_base + lam + (jnp.log(u) - jnp.log1p(-u)) > 0
-        return Decision(accept, jnp.int32(n), jnp.int32(1), ll_prop)
+        return delta, ll_prop, acc.read, acc.nonfinite
+
+    def decide(self, key, problem: Problem) -> Decision:
+        u, _, _ = draw_u(key)
+        delta, ll_prop, read, bad = self.log_ratio(problem)
+        accept = exact_accept(self.kind, u, problem.log_base, delta, self.temperature) & (bad == 0)
+        return Decision(accept, read.astype(jnp.int32), jnp.int32(1), ll_prop, bad.astype(jnp.int32))

@@ -9,7 +9,7 @@ step_z) (subsampled_mh w one Nbatch eps 'drift sigma 1)))``. This module is that
     program = tm.Cycle([
         tm.blocks.MH("alpha", scale=0.5),                       # hyperparameter, exact MH
         tm.blocks.Gibbs("z", items_per_step=200),               # per-item assignments, O(items * K)
-        tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(0.3, 100),
+        tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(epsilon=0.3, batch_size=100),
                                scale=0.1, group_by="z"),        # each cluster's weights, over its members
     ])
     result = tm.sample_program(program, model, data, num_samples=500, num_chains=2, seed=0)
@@ -196,6 +196,10 @@ class SubsampledMH:
         _require(model, ["site_log_prior", "local_log_density"], self.label)
         if self.group_by is not None:
             _check_site(values, self.group_by, self.label)
+            if getattr(self.test, "error", None) is not None and getattr(self.test, "epsilon", 0) is None:
+                raise ConfigError(
+                    f"{self.label}: a grouped site's population (a cluster's members) changes from step to step, "
+                    "so Austerity's error= form (designed for a fixed N) does not apply; use Austerity(epsilon=...)")
         elif hasattr(self.test, "check"):
             self.test.check(n)
 

@@ -1,12 +1,18 @@
-"""Gaussian models of the adaptive-subsampling paper's Sec. 4.1 and 4.3."""
+"""Gaussian models of the adaptive-subsampling paper's Sec. 4.1 and 4.3.
+
+Both have a range bound ``C_{theta,theta'} >= max_i |l_i|`` (adaptive subsampling paper, eq. 8) from the
+smallest and largest data value (``setup``: one pass, counted as set-up items), so the confidence test
+needs no full pass per step.
+"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..model import Model
+from ._rounding import rounding_headroom
 
 __all__ = ["GaussianMean", "Gaussian"]
 
@@ -37,6 +43,30 @@ class GaussianMean(Model):
     def init(self, data):
         return jnp.zeros(1)
 
+    def setup(self, data):
+        x = jnp.asarray(data["x"])
+        if x.ndim != 1:
+            raise DataError(f"{type(self).__name__} needs data['x'] of shape (N,); got {x.shape}")
+        return {"x_min": jnp.min(x), "x_max": jnp.max(x)}
+
+    def lik_ratio_bound(self, theta, theta_prop, stats):
+        """``C = |theta' - theta| / sigma^2 max(|max x - m|, |min x - m|)``, ``m = (theta + theta')/2``.
+
+        ``l(x) = (theta' - theta)(x - m) / sigma^2`` is linear in x, so its largest size over the data is at
+        the smallest or largest item (adaptive subsampling paper, Sec. 4.3, whose bound is twice this).
+        Plus headroom for the float rounding of the computed ``l_i`` (:func:`rounding_headroom`).
+        """
+        t, tp = theta[0], theta_prop[0]
+        lo, hi = stats["x_min"], stats["x_max"]
+        m = 0.5 * (t + tp)
+        c = jnp.abs(tp - t) / self.sigma**2 * jnp.maximum(jnp.abs(hi - m), jnp.abs(lo - m))
+
+        def mag(th):  # largest |log p(x_i|th)| and of its terms
+            z2 = jnp.maximum((hi - th) ** 2, (lo - th) ** 2) / self.sigma**2
+            return 0.5 * z2 + abs(np.log(self.sigma)) + 0.5 * _LOG_2PI
+
+        return rounding_headroom(c, mag(t) + mag(tp))
+
     def posterior(self, data):
         x = np.asarray(data["x"], float)
         return float(np.mean(x)), self.sigma / np.sqrt(x.shape[0])
@@ -46,6 +76,7 @@ class Gaussian(Model):
     """``x_i ~ N(mu, sigma^2)`` with ``theta = (mu, log sigma)`` and a flat prior on theta.
 
     The adaptive-subsampling paper's Sec. 4.1 example (its Fig. 4 shows the marginal of sigma).
+    Data: ``{"x": (N,) array}``.
     """
 
     name = "gaussian"
@@ -60,3 +91,29 @@ class Gaussian(Model):
 
     def init(self, data):
         return jnp.zeros(2)
+
+    def setup(self, data):
+        return GaussianMean.setup(self, data)
+
+    def lik_ratio_bound(self, theta, theta_prop, stats):
+        """Largest ``|l(x)|`` over ``x in [min x, max x]`` (eq. 8 with the data's range), plus float headroom.
+
+        ``l(x) = log N(x|mu', s'^2) - log N(x|mu, s^2)`` is a quadratic in x, so its largest size over an
+        interval is at an end or at the vertex: ``l`` is evaluated at those (at most) three points.
+        """
+        lo, hi = stats["x_min"], stats["x_max"]
+        w, wp = jnp.exp(-2.0 * theta[1]), jnp.exp(-2.0 * theta_prop[1])
+        a = 0.5 * (w - wp)  # l(x) = a x^2 + b x + const
+        b = theta_prop[0] * wp - theta[0] * w
+        safe_a = jnp.where(a != 0, a, 1.0)
+        vertex = jnp.clip(jnp.where(a != 0, -b / (2.0 * safe_a), lo), lo, hi)
+        pts = jnp.stack([lo, hi, vertex])
+        l = self.log_lik(theta_prop, {"x": pts}) - self.log_lik(theta, {"x": pts})
+        c = jnp.max(jnp.abs(l))
+
+        def mag(th):
+            z2 = jnp.maximum((hi - th[0]) ** 2, (lo - th[0]) ** 2) * jnp.exp(-2.0 * th[1])
+            return 0.5 * z2 + jnp.abs(th[1]) + 0.5 * _LOG_2PI
+
+        # the three values are computed like the l_i: twice the per-item headroom covers both roundings
+        return rounding_headroom(c, 2.0 * (mag(theta) + mag(theta_prop)))

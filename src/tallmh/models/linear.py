@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..model import Model
+from ._rounding import rounding_headroom
 
 __all__ = ["LinearRegression"]
 
@@ -41,18 +42,45 @@ class LinearRegression(Model):
         return jnp.zeros(np.shape(data["X"])[1])
 
     def setup(self, data):
-        return {"max_norm": jnp.max(jnp.linalg.norm(jnp.asarray(data["X"]), axis=1))}
+        return {"max_norm": jnp.max(jnp.linalg.norm(jnp.asarray(data["X"]), axis=1)),
+                "max_abs_y": jnp.max(jnp.abs(jnp.asarray(data["y"])))}
+
+    def _magnitude(self, theta, stats):
+        """Bound on ``|log p(y_i|x_i, theta)|`` and the terms it is made of (for rounding headroom)."""
+        r = stats["max_abs_y"] + stats["max_norm"] * jnp.linalg.norm(theta)
+        return 0.5 * r**2 / self.noise_sd**2 + abs(np.log(self.noise_sd)) + 0.5 * np.log(2 * np.pi) + 1.0
+
+    def lik_ratio_bound(self, theta, theta_prop, stats):
+        """``C >= max_i |l_i|`` (adaptive subsampling paper, eq. 8), plus float headroom.
+
+        ``l_i = (x_i . (theta' - theta)) (y_i - x_i . (theta + theta')/2) / noise_sd^2``, so ``|l_i| <=
+        max ||x|| ||theta' - theta|| (max |y| + max ||x|| ||theta + theta'|| / 2) / noise_sd^2``.
+        """
+        x = stats["max_norm"]
+        c = x * jnp.linalg.norm(theta_prop - theta) * (
+            stats["max_abs_y"] + 0.5 * x * jnp.linalg.norm(theta + theta_prop)) / self.noise_sd**2
+        ops = 4.0 + 0.5 * theta.shape[0]
+        return rounding_headroom(c, self._magnitude(theta, stats) + self._magnitude(theta_prop, stats), ops)
 
     def cv_remainder_bound(self, theta, theta_prop, center, stats, order):
         """Bound on ``max_i |l~_i|`` under Taylor control variates at ``center`` (flat vectors).
 
         The log-likelihood is quadratic, so the second-order remainder is 0 and the first-order one is
         ``-(x_i . a)^2 / (2 noise_sd^2)``, at most ``max_i ||x_i||^2 ||a||^2 / (2 noise_sd^2)`` in size.
+        Plus headroom for float rounding: the computed ``l~_i`` carry the rounding of ``log p`` at theta
+        and theta' and of the proxy terms (the exact remainder of order 2 is 0, the computed one is not).
         """
+        x = stats["max_norm"]
+        a2 = jnp.sum((theta - center) ** 2)
+        ap2 = jnp.sum((theta_prop - center) ** 2)
         if order == 2:
-            return jnp.zeros((), theta.dtype)
-        x2 = stats["max_norm"] ** 2 / (2.0 * self.noise_sd**2)
-        return x2 * (jnp.sum((theta - center) ** 2) + jnp.sum((theta_prop - center) ** 2))
+            c = jnp.zeros((), theta.dtype)
+        else:
+            c = x**2 / (2.0 * self.noise_sd**2) * (a2 + ap2)
+        rc = stats["max_abs_y"] + x * jnp.linalg.norm(center)
+        proxy = (rc * x * (jnp.sqrt(a2) + jnp.sqrt(ap2)) + 0.5 * x**2 * (a2 + ap2)) / self.noise_sd**2
+        mag = self._magnitude(theta, stats) + self._magnitude(theta_prop, stats) + proxy
+        return rounding_headroom(c, mag, 4.0 + 0.5 * theta.shape[0])
 
     def posterior(self, data):
         """Exact posterior mean and covariance (float64 numpy)."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..model import Model
+from ._rounding import rounding_headroom
 
 __all__ = ["LogisticRegression"]
 
@@ -54,7 +55,22 @@ class LogisticRegression(Model):
         return {"max_norm": jnp.max(jnp.linalg.norm(jnp.asarray(data["X"]), axis=1))}
 
     def lik_ratio_bound(self, theta, theta_prop, stats):
-        return jnp.linalg.norm(theta_prop - theta) * stats["max_norm"]
+        """``||theta' - theta|| max_i ||x_i||`` (Sec. 4.2) plus headroom for the float rounding of the ``l_i``.
+
+        A computed ``log p(y_i|x_i, theta)`` is off by at most about ``(d/2 + 4) eps (||x_i|| ||theta|| +
+        1)`` (the dot product ``x_i . theta``, then softplus, which is 1-Lipschitz).
+        """
+        x = stats["max_norm"]
+        c = jnp.linalg.norm(theta_prop - theta) * x
+        return rounding_headroom(c, self._magnitude(theta, theta_prop, x), self._ops(theta))
+
+    @staticmethod
+    def _ops(theta):
+        return 4.0 + 0.5 * theta.shape[0]
+
+    @staticmethod
+    def _magnitude(theta, theta_prop, x):
+        return x * (jnp.linalg.norm(theta) + jnp.linalg.norm(theta_prop)) + 2.0
 
     def cv_remainder_bound(self, theta, theta_prop, center, stats, order):
         """Bound on ``max_i |l~_i|`` for Taylor control variates at ``center`` (flat vectors).
@@ -62,6 +78,10 @@ class LogisticRegression(Model):
         With ``r_i(t) = ell_i(t) - p_i(t)`` the Taylor remainder, ``|r_i(t)| <= M_{k+1}/(k+1)!
         (||x_i|| ||t - center||)^(k+1)`` where ``M_2 = 1/4`` and ``M_3 = 1/(6 sqrt 3)`` bound the second and
         third derivatives of ``log sigmoid``; so ``|l~_i| <= |r_i(theta')| + |r_i(theta)|``.
+
+        Plus headroom for float rounding: the computed ``l~_i`` carry the rounding of ``log p`` at theta
+        and theta' and of the proxy terms ``g_i . a`` (at most ``||x_i|| ||a||``) and ``a^T H_i a`` (at most
+        ``||x_i||^2 ||a||^2 / 4``), far above the exact remainder near the centre.
         """
         import math
 
@@ -69,8 +89,11 @@ class LogisticRegression(Model):
         a = jnp.linalg.norm(theta - center) * x
         ap = jnp.linalg.norm(theta_prop - center) * x
         if order == 1:
-            return 0.25 / 2.0 * (a**2 + ap**2)
-        return 1.0 / (6.0 * math.sqrt(3.0)) / 6.0 * (a**3 + ap**3)
+            c = 0.25 / 2.0 * (a**2 + ap**2)
+        else:
+            c = 1.0 / (6.0 * math.sqrt(3.0)) / 6.0 * (a**3 + ap**3)
+        mag = self._magnitude(theta, theta_prop, x) + (a + ap) + 0.25 * (a**2 + ap**2)
+        return rounding_headroom(c, mag, self._ops(theta))
 
     @staticmethod
     def simulate(n: int, d: int = 10, seed: int = 0, intercept: bool = True, dtype=np.float32):

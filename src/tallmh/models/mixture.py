@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..model import Model
+from ._rounding import rounding_headroom
 
 __all__ = ["GaussianMixture"]
 
@@ -42,6 +43,34 @@ class GaussianMixture(Model):
 
     def init(self, data):
         return jnp.zeros(2)
+
+    def setup(self, data):
+        x = jnp.asarray(data["x"])
+        if x.ndim != 1:
+            raise DataError(f"GaussianMixture needs data['x'] of shape (N,); got {x.shape}")
+        return {"x_min": jnp.min(x), "x_max": jnp.max(x)}
+
+    def lik_ratio_bound(self, theta, theta_prop, stats):
+        """``C >= max_i |l_i|`` (adaptive subsampling paper, eq. 8) from the data's range, plus float headroom.
+
+        With equal weights, ``sum_k w p'_k(x) / sum_k w p_k(x)`` lies between the smallest and the largest
+        per-component ratio ``p'_k(x)/p_k(x)``, and ``log p'_k(x)/p_k(x) = (m'_k - m_k)(x - (m_k + m'_k)/2)
+        / sx^2`` is linear in x (component means ``m_1 = theta_1``, ``m_2 = theta_1 + theta_2``). So
+        ``|l(x)| <= max_k |m'_k - m_k| max(|max x - c_k|, |min x - c_k|) / (sx^2 T)``, ``c_k`` the midpoints.
+        """
+        lo, hi = stats["x_min"], stats["x_max"]
+        m = jnp.stack([theta[0], theta[0] + theta[1]])
+        mp = jnp.stack([theta_prop[0], theta_prop[0] + theta_prop[1]])
+        mid = 0.5 * (m + mp)
+        reach = jnp.maximum(jnp.abs(hi - mid), jnp.abs(lo - mid))
+        c = jnp.max(jnp.abs(mp - m) * reach) / self.var_x / self.temperature
+
+        def mag(mm):  # largest size of a component's log density over the data, tempered
+            z2 = jnp.max(jnp.maximum((hi - mm) ** 2, (lo - mm) ** 2)) / self.var_x
+            return (0.5 * z2 + abs(0.5 * np.log(2 * np.pi * self.var_x) - np.log(0.5)) + 1.0) / self.temperature
+
+        # logsumexp adds a few roundings of its own: 16 ulps of the magnitudes
+        return rounding_headroom(c, mag(m) + mag(mp), ops=16.0)
 
     @staticmethod
     def simulate(n: int, theta=(0.0, 1.0), var_x: float = 2.0, seed: int = 0):

@@ -1,0 +1,434 @@
+"""Informed sub-sampling MCMC (ISS-MCMC; Maire, Friel & Alquier, Statistics and Computing 29, 2019).
+
+Summarised in ``informed-subsampling-iss-mcmc-report.md`` (Mwakima & Zhang, Stats 230 report, 2023),
+whose equations are cited below as "report eq. (k)".
+
+The chain lives on the extended space Theta x U_n, where U_n is the set of subsets of n of the N items.
+One iteration (report Sec. 3.3, the algorithm box):
+
+1. *Subset move.* Propose U' from U by swapping ``swap`` = k uniformly chosen members for k uniformly
+   chosen non-members (a symmetric kernel R, as the report's Sec. 3.2 asks: R(U, U') = R(U', U) =
+   1 / (C(n, k) C(N - n, k)) for subsets k swaps apart), and accept it with probability
+   ``min(1, exp(eps (||Delta(U)||^2 - ||Delta(U')||^2)))`` (report eq. (4)-(5)), where
+
+       Delta(U) = sum_{i=1..N} S(y_i) - (N/n) sum_{i in U} S(y_i)            (report eq. (1))
+
+   compares the subset's (rescaled) summary statistic with the full data's. The U-marginal of the
+   chain is therefore exactly ``nu_{n,eps}(U) ∝ exp(-eps ||Delta(U)||^2)`` (report eq. (3)): the subset
+   move does not look at theta, as in the report's algorithm (lines 3-9).
+2. *Parameter move.* An MH step on theta for the subset posterior
+
+       pi_n(theta | Y_U) ∝ p(theta) prod_{i in U} p(y_i | theta)^(N/n)          (report eq. (7))
+
+   with the library's proposal (any symmetric or asymmetric ``propose``; its ``log q`` ratio is used).
+
+**Target.** This is the report's (and Maire et al.'s) algorithm as stated, with no likelihood factor in
+the subset move, so the joint chain has no simple product target: U is a nu_{n,eps}-reversible chain on
+its own, and theta is an MH chain on pi_n(. | Y_U) driven by it. The theta-marginal is a *noisy MCMC*
+approximation of the posterior (Alquier et al. 2016; Maire et al. 2019, Sec. 3-4): when theta mixes
+within the life of a subset it is close to the mixture ``sum_U nu_{n,eps}(U) pi_n(theta | Y_U)``. It is
+the exact posterior when every subset that nu_{n,eps} charges has ``Delta(U) = 0`` for a *sufficient*
+statistic (an exponential family with ``statistic`` = its sufficient statistic and eps -> inf:
+pi_n(. | Y_U) then equals pi(. | Y) for such U). Otherwise it is biased: wider than the posterior and
+shifted by the selected subsets' errors. The self-audit against exact MH is therefore meaningless here
+and the kernel never audits (``audit = False``; ``StepInfo.audited`` stays False).
+
+**Statistics.** ``statistic(batch) -> (b,)`` or ``(b, s)`` per-item values, summed over items (the
+report's additive S). The default (``statistic=None``) is *ours, not the report's*: per-item scores at
+the posterior mode theta_hat, whitened by the inverse square root of the negative Hessian of the log
+posterior there, ``S(y_i) = P^{-1/2} grad log p(y_i | theta_hat)`` with ``P = -hess log pi(theta_hat)``.
+To first order, the mode of pi_n(. | Y_U) is ``theta_hat - P^{-1} Delta_raw(U)``, so with this statistic
+``||Delta(U)||`` is the distance of the subset posterior's mode from the posterior mode *in posterior
+standard deviations* (Mahalanobis), and eps has a model-free scale: under uniform U,
+``E ||Delta||^2 ≈ dim(theta) (N/n - 1)``, and nu_{n,eps} keeps ``||Delta||^2`` of order
+``dim(theta) / (2 eps)`` for eps >> n/N (a Gaussian-mixture estimate of the theta-marginal's sd inflation
+is ``sqrt(1 + 1/(n/(N-n) + 2 eps))`` per direction when the subset chain mixes). For models with a
+sufficient statistic linear in the data (e.g. a Gaussian mean with known variance), the scores are
+such a statistic.
+
+**Choosing k.** A swap of k items moves the whitened Delta by about ``sqrt(2 k N) / n`` per coordinate,
+while nu_{n,eps} keeps it within about ``1 / sqrt(2 eps)``: with ``k`` much above ``n^2 / (4 eps N)`` almost
+every subset move is rejected and the subset stays put (chains then disagree: R-hat shows it). k = 1 is
+the safe choice at large N (``benchmarks/papers/iss_mcmc.py``: at N = 1e6, n = 1000, eps = 1, k = 10 gave
+an ESS of 5 where k = 1 gave 327).
+
+The mode and Hessian come, in this order, from ``center=`` (a flat vector; the Hessian is then computed
+in one full pass), from the ``cv`` that ``kernel.init`` receives (``tallmh.sample`` passes the mode and
+Hessian it found for its start when the test sets ``wants_mode``), or from damped Newton inside
+``kernel.init`` started at the chain's theta (at most ``newton_steps`` full passes per chain).
+
+**Cost.** Set-up: one O(N) pass for ``sum_i S(y_i)`` (plus the Newton passes above, if any), shared by the
+chains except Newton's. Per iteration: k candidate items read (their statistic and their
+log-likelihood at the current theta), then the n members at the proposed theta: ``n_data = n + k``
+(``k`` alone when the proposal is outside the prior's support). Cached in ``KernelState.extra``: the
+subset's indices, the per-member statistics (centred at the full-data mean) and the per-member
+log-likelihoods at the current theta. Non-members are drawn by rejection against the member list
+(O(n k) comparisons, or a sort for k > 16), never O(N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..data import take
+from ..errors import ConfigError, ModelError
+
+__all__ = ["Informed", "ISSState"]
+
+
+class ISSState(NamedTuple):
+    """What the informed sub-sampling kernel keeps in ``KernelState.extra`` (per chain)."""
+
+    idx: jax.Array  # (n,) int32: the subset U
+    stat: jax.Array  # (n, s): S(y_i) - mean_j S(y_j) of the members (whitened scores by default)
+    ll: jax.Array  # (n,): log p(y_i | theta) of the members at the current theta
+    mean_stat: jax.Array  # (s,): mean over all N items of S(y_i)
+    center: jax.Array  # (d,): theta_hat of the default statistic (zeros for a user statistic)
+    whiten: jax.Array  # (d, d): P^{-1/2} of the default statistic (zeros for a user statistic)
+    delta_sq: jax.Array  # ||Delta(U)||^2 of the current subset
+    subset_accepted: jax.Array  # int32: subset moves accepted so far (warmup included)
+    steps: jax.Array  # int32: iterations made so far
+    chain_passes: jax.Array  # int32: full passes this chain's init made alone (Newton)
+    shared_passes: jax.Array  # int32: full passes of the init shared by all chains (the statistic's sum)
+
+
+def _hash_key(theta):
+    """A PRNG key derived from the bits of ``theta`` (``kernel.init`` has no key): the initial subset."""
+    bits = jax.lax.bitcast_convert_type(theta.astype(jnp.float32), jnp.uint32)
+    mult = (jnp.arange(bits.shape[0], dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)) * jnp.uint32(0x9E3779B1)
+    h = jax.lax.reduce(bits * mult, jnp.uint32(0), jax.lax.bitwise_xor, (0,))
+    h = h ^ (h >> 15)
+    return jax.random.fold_in(jax.random.PRNGKey(0x1555), h)
+
+
+def _distinct_draw(key, count, high, exclude=None):
+    """``count`` distinct ints uniform in ``[0, high)`` and not in ``exclude`` (an int array), by rejection.
+
+    Each round redraws the values that repeat an earlier one or hit ``exclude``; the result is uniform over
+    the ``count``-subsets of the allowed values (the procedure only compares values for equality, so its
+    law is invariant under every permutation of the allowed values). Cost per round O(count log count +
+    count * len(exclude)) (a sort of ``exclude`` when ``count > 16``); expected rounds about
+    ``1 / (1 - (count + len(exclude)) / high)``.
+    """
+    if exclude is not None and count > 16:
+        excl_sorted = jnp.sort(exclude)
+
+    def bad_of(c):
+        order = jnp.argsort(c)
+        sc = c[order]
+        dup_sorted = jnp.concatenate([jnp.zeros((1,), bool), sc[1:] == sc[:-1]])
+        bad = jnp.zeros((count,), bool).at[order].set(dup_sorted)
+        if exclude is not None:
+            if count > 16:
+                pos = jnp.clip(jnp.searchsorted(excl_sorted, c), 0, exclude.shape[0] - 1)
+                bad = bad | (excl_sorted[pos] == c)
+            else:
+                bad = bad | jnp.any(c[:, None] == exclude[None, :], axis=1)
+        return bad
+
+    k0, key = jax.random.split(key)
+    c = jax.random.randint(k0, (count,), 0, high, dtype=jnp.int32)
+
+    def cond(s):
+        return jnp.any(s[2])
+
+    def body(s):
+        c, key, bad = s
+        key, sub = jax.random.split(key)
+        c = jnp.where(bad, jax.random.randint(sub, (count,), 0, high, dtype=jnp.int32), c)
+        return c, key, bad_of(c)
+
+    c, _, _ = jax.lax.while_loop(cond, body, (c, key, bad_of(c)))
+    return c
+
+
+def _chunk_starts(n_items, chunk):
+    return jnp.arange(0, n_items, chunk, dtype=jnp.int32)
+
+
+@dataclass(frozen=True)
+class Informed:
+    """Informed sub-sampling MCMC: ``tm.sample(model, data, test=Informed(subset_size=n, ...))``.
+
+    Parameters
+    ----------
+    subset_size : n, the items in the subset (the likelihood is the subset's raised to N/n).
+    swap : k, members swapped for non-members in each subset proposal (1 <= k <= n, k <= N - n).
+    epsilon : eps >= 0 of ``nu_{n,eps}(U) ∝ exp(-eps ||Delta(U)||^2)`` (report eq. (3)); 0 gives uniform
+        subsets (no information), large eps the most representative ones.
+    statistic : ``f(batch) -> (b,) or (b, s)`` per-item summary statistics (additive, report eq. (1));
+        None: whitened scores at the posterior mode (ours, see the module docstring).
+    center : flat theta_hat for the default statistic (None: from ``tm.sample``'s mode, else Newton).
+    newton_steps : at most this many Newton passes per chain when the mode has to be found in ``init``.
+    chunk : items per chunk of the set-up passes.
+
+    See the module docstring for the target (approximate: a noisy MCMC, not the posterior) and the costs.
+    ``tracks_log_lik = False`` and ``audit = False``: the exact self-audit does not apply.
+    """
+
+    subset_size: int
+    swap: int = 1
+    epsilon: float = 1.0
+    statistic: Optional[Callable] = None
+    center: Any = None
+    newton_steps: int = 20
+    chunk: int = 4096
+
+    name = "informed"
+    tracks_log_lik = False
+    audit = False  # the approximate target makes the self-audit against exact MH meaningless
+
+    def __post_init__(self):
+        for nm in ("subset_size", "swap", "newton_steps", "chunk"):
+            v = getattr(self, nm)
+            if isinstance(v, bool) or int(v) != v or v < 1:
+                raise ConfigError(f"Informed {nm} must be a positive integer; got {v!r}")
+            object.__setattr__(self, nm, int(v))
+        if self.swap > self.subset_size:
+            raise ConfigError(f"Informed swap ({self.swap}) cannot exceed subset_size ({self.subset_size})")
+        eps = float(self.epsilon)
+        if not (np.isfinite(eps) and eps >= 0.0):
+            raise ConfigError(f"Informed epsilon must be finite and >= 0; got {self.epsilon!r}")
+        object.__setattr__(self, "epsilon", eps)
+        if self.statistic is not None and not callable(self.statistic):
+            raise ConfigError("Informed statistic must be a callable f(batch) -> per-item statistics, or None")
+        if self.center is not None:
+            c = np.asarray(self.center, float).ravel()
+            if not np.all(np.isfinite(c)):
+                raise ConfigError("Informed center must be finite")
+            object.__setattr__(self, "center", tuple(float(v) for v in c))
+
+    @property
+    def wants_mode(self) -> bool:
+        """True when the default statistic needs the posterior mode and Hessian (``tm.sample`` may pass them)."""
+        return self.statistic is None and self.center is None
+
+    @property
+    def label(self) -> str:
+        stat = "scores" if self.statistic is None else "user"
+        return f"informed(n={self.subset_size}, k={self.swap}, eps={self.epsilon:g}, stat={stat})"
+
+    def check(self, n: int):
+        if self.subset_size >= n:
+            raise ConfigError(f"Informed subset_size ({self.subset_size}) must be below N ({n})")
+        if self.swap > n - self.subset_size:
+            raise ConfigError(f"Informed swap ({self.swap}) exceeds the N - n = {n - self.subset_size} non-members")
+
+    def decide(self, key, problem):
+        raise ConfigError("Informed brings its own kernel (the subset is chain state): use it through "
+                          "tm.sample or tm.build_kernel, not as a per-step decision")
+
+    @staticmethod
+    def setup_items_of(states, n_items: int) -> int:
+        """Items the kernels' ``init`` read for ``states`` (vmapped over chains): what set-up should count.
+
+        Newton passes are per chain; the pass for the statistic's sum is shared by the chains (it does not
+        depend on theta, so under ``vmap`` it runs once); each chain also reads its initial subset.
+        """
+        ex = states.extra
+        cp = np.asarray(ex.chain_passes).ravel()
+        sp = np.asarray(ex.shared_passes).ravel()
+        m = np.asarray(ex.idx).shape[-1]
+        return int(cp.sum() * n_items + (sp.max() if sp.size else 0) * n_items + cp.size * m)
+
+    # ---------------------------------------------------------------------------------------------
+    def build_kernel(self, model, proposal, n_items, unravel, stats=None, cv_order=None):
+        from ..kernel import Kernel, KernelState, StepInfo, build_kernel
+        from .none import AlwaysAccept
+
+        if cv_order:
+            raise ConfigError("Informed does not use control variates (its subset is fixed between subset "
+                              "moves); leave control_variates=None")
+        if getattr(proposal, "needs_data", False):
+            raise ConfigError("Informed works with data-free proposals (AdaptiveMetropolis, RandomWalk), "
+                              f"not {type(proposal).__name__}")
+        self.check(n_items)
+        N, m, k = int(n_items), self.subset_size, self.swap
+        scale = N / m
+        eps = self.epsilon
+        user_stat = self.statistic
+        chunk = int(min(self.chunk, N))
+        base = build_kernel(model, proposal, AlwaysAccept(), n_items, unravel, stats, None)
+        fixed_center = None if self.center is None else np.asarray(self.center, float)
+        newton_steps = self.newton_steps
+
+        def loglik(theta, batch):
+            return model.log_lik(unravel(theta), batch)
+
+        def log_prior(theta):
+            return jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
+
+        def item_stats(batch, center, whiten, dtype):
+            if user_stat is not None:
+                s = jnp.asarray(user_stat(batch), dtype)
+                b = jax.tree_util.tree_leaves(batch)[0].shape[0]
+                if s.ndim == 1:
+                    s = s[:, None]
+                if s.ndim != 2 or s.shape[0] != b:
+                    raise ModelError(f"Informed statistic(batch) must return shape (b,) or (b, s) for a batch "
+                                     f"of b = {b} items; it returned shape {s.shape}")
+                return s
+            scores = jax.jacfwd(lambda t: loglik(t, batch))(center)  # (b, d)
+            return scores.astype(dtype) @ whiten.T
+
+        def full_pass(data, fn, init):
+            """Sum of ``fn(batch, mask)`` over the N items in chunks (one pass)."""
+
+            def body(acc, start):
+                idx = start + jnp.arange(chunk, dtype=jnp.int32)
+                mask = idx < N
+                batch = take(data, jnp.minimum(idx, N - 1))
+                return jax.tree_util.tree_map(jnp.add, acc, fn(batch, mask)), None
+
+            out, _ = jax.lax.scan(body, init, _chunk_starts(N, chunk))
+            return out
+
+        def grad_hess(theta, data):
+            """Gradient and Hessian of the log posterior (one full pass)."""
+            d = theta.shape[0]
+
+            def fn(batch, mask):
+                def tot(t):
+                    return jnp.sum(jnp.where(mask, loglik(t, batch), 0.0))
+
+                return jax.grad(tot)(theta), jax.hessian(tot)(theta)
+
+            g, h = full_pass(data, fn, (jnp.zeros(d, theta.dtype), jnp.zeros((d, d), theta.dtype)))
+            return g + jax.grad(log_prior)(theta), h + jax.hessian(log_prior)(theta)
+
+        def inv_sqrt(prec):
+            prec = 0.5 * (prec + prec.T)
+            lam, vec = jnp.linalg.eigh(prec)
+            lam = jnp.maximum(lam, 1e-12 * jnp.maximum(jnp.max(jnp.abs(lam)), 1e-30))
+            return (vec * (1.0 / jnp.sqrt(lam))) @ vec.T, (vec * (1.0 / lam)) @ vec.T
+
+        def newton(theta, data):
+            """Damped-free Newton from theta (eigenvalues of -H floored); returns (theta_hat, -H, passes)."""
+            d = theta.shape[0]
+
+            def cond(s):
+                return (s[2] < newton_steps) & ~s[3]
+
+            def body(s):
+                th, _, it, _ = s
+                g, h = grad_hess(th, data)
+                _, cov = inv_sqrt(-h)
+                step = cov @ g
+                dec = g @ step
+                done = ~(dec >= 1e-8) | ~jnp.all(jnp.isfinite(step))
+                th = jnp.where(done, th, th + step)
+                return th, -h, it + 1, done
+
+            th, prec, it, _ = jax.lax.while_loop(
+                cond, body, (theta, jnp.eye(d, dtype=theta.dtype), jnp.int32(0), jnp.bool_(False)))
+            return th, prec, it
+
+        def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
+            if data is None:
+                raise ConfigError("Informed's kernel.init needs the data")
+            dtype = theta.dtype
+            d = theta.shape[0]
+            lp = log_prior(theta)
+            pstate = proposal.init(theta, N, cov_hint) if cov_hint is not None else proposal.init(theta, N)
+            chain_passes = jnp.int32(0)
+            shared = 1  # the statistic's sum
+            if user_stat is not None:
+                center = jnp.zeros(d, dtype)
+                whiten = jnp.zeros((d, d), dtype)
+            else:
+                if fixed_center is not None:
+                    if fixed_center.shape[0] != d:
+                        raise ConfigError(f"Informed center has {fixed_center.shape[0]} coordinates; the "
+                                          f"parameter has {d}")
+                    center = jnp.asarray(fixed_center, dtype)
+                    _, h = grad_hess(center, data)
+                    prec = -h
+                    shared += 1
+                elif cv is not None:
+                    center = cv.center.astype(dtype)
+                    prec = -(cv.hess_sum.astype(dtype) + jax.hessian(log_prior)(center))
+                else:
+                    center, prec, chain_passes = newton(theta, data)
+                whiten, _ = inv_sqrt(prec)
+            s_sum = full_pass(data, lambda batch, mask: jnp.sum(
+                jnp.where(mask[:, None], item_stats(batch, center, whiten, dtype), 0.0), axis=0),
+                jnp.zeros(jax.eval_shape(lambda b: item_stats(b, center, whiten, dtype),
+                                         take(data, jnp.arange(1))).shape[1:], dtype))
+            mean_stat = s_sum / N
+            if m > N // 2:
+                idx = jax.random.choice(_hash_key(theta), N, (m,), replace=False).astype(jnp.int32)
+            else:
+                idx = _distinct_draw(_hash_key(theta), m, N)
+            batch = take(data, idx)
+            stat = item_stats(batch, center, whiten, dtype) - mean_stat
+            ll = loglik(theta, batch).astype(dtype)
+            delta = -scale * jnp.sum(stat, axis=0)
+            ex = ISSState(idx, stat, ll, mean_stat, center, whiten, jnp.sum(delta**2), jnp.int32(0), jnp.int32(0),
+                          jnp.asarray(chain_passes, jnp.int32), jnp.int32(shared))
+            return KernelState(theta, lp, jnp.zeros((), dtype), pstate, None, ex)
+
+        def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False):
+            ex: ISSState = state.extra
+            dtype = state.theta.dtype
+            k_pos, k_cand, k_u1, k_prop, k_u2 = jax.random.split(key, 5)
+            # 1. subset move: swap k members (positions pos) for k non-members (cand)
+            if k == 1:
+                pos = jax.random.randint(k_pos, (1,), 0, m, dtype=jnp.int32)
+            elif k == m:
+                pos = jnp.arange(m, dtype=jnp.int32)
+            elif 2 * k > m:  # rejection would need many rounds: a permutation, O(n log n)
+                pos = jax.random.permutation(k_pos, m)[:k].astype(jnp.int32)
+            else:
+                pos = _distinct_draw(k_pos, k, m)
+            cand = _distinct_draw(k_cand, k, N, ex.idx)
+            batch_new = take(data, cand)
+            stat_new = item_stats(batch_new, ex.center, ex.whiten, dtype) - ex.mean_stat
+            ll_new = loglik(state.theta, batch_new).astype(dtype)
+            sum_cur = jnp.sum(ex.stat, axis=0)
+            dsq_cur = jnp.sum((scale * sum_cur) ** 2)
+            sum_new = sum_cur - jnp.sum(ex.stat[pos], axis=0) + jnp.sum(stat_new, axis=0)
+            dsq_new = jnp.sum((scale * sum_new) ** 2)
+            log_b = eps * (dsq_cur - dsq_new) if eps > 0 else jnp.zeros((), dtype)
+            u1 = jax.random.uniform(k_u1, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+            take_u = (jnp.log(u1) < log_b) & jnp.isfinite(dsq_new) & jnp.all(jnp.isfinite(stat_new))
+            idx = jnp.where(take_u, ex.idx.at[pos].set(cand), ex.idx)
+            stat = jnp.where(take_u, ex.stat.at[pos].set(stat_new), ex.stat)
+            ll = jnp.where(take_u, ex.ll.at[pos].set(ll_new), ex.ll)
+            dsq = jnp.where(take_u, dsq_new, dsq_cur)
+            # 2. theta move on pi_n(theta | Y_U) ∝ p(theta) p(Y_U | theta)^(N/n)
+            theta_p, log_q = proposal.propose(k_prop, state.theta, state.proposal)
+            lp_p = log_prior(theta_p)
+            in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(theta_p).all()
+
+            def read():
+                llp = loglik(theta_p, take(data, idx)).astype(dtype)
+                return llp, jnp.sum(~jnp.isfinite(llp)).astype(jnp.int32), jnp.int32(m)
+
+            def skip():
+                return ll, jnp.int32(0), jnp.int32(0)
+
+            ll_p, nonfinite, read_n = jax.lax.cond(in_support, read, skip)
+            log_a = lp_p - state.log_prior + log_q + scale * jnp.sum(jnp.where(jnp.isfinite(ll_p), ll_p - ll, 0.0))
+            u2 = jax.random.uniform(k_u2, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+            acc = in_support & (nonfinite == 0) & (jnp.log(u2) < log_a)
+            theta = jnp.where(acc, theta_p, state.theta)
+            lp = jnp.where(acc, lp_p, state.log_prior)
+            ll = jnp.where(acc, ll_p, ll)
+            if isinstance(adapt, bool):
+                pstate = proposal.update(state.proposal, theta, acc, step_index) if adapt else state.proposal
+            else:
+                pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
+                                      lambda: state.proposal)
+            ex = ex._replace(idx=idx, stat=stat, ll=ll, delta_sq=dsq,
+                             subset_accepted=ex.subset_accepted + take_u.astype(jnp.int32), steps=ex.steps + 1)
+            z = jnp.zeros((), jnp.int32)
+            info = StepInfo(acc, read_n + jnp.int32(k), jnp.int32(1), nonfinite, jnp.zeros((), dtype),
+                            jnp.bool_(False), jnp.bool_(False), z)
+            return KernelState(theta, lp, state.log_lik, pstate, None, ex), info
+
+        return Kernel(init, step, base.full_log_lik, base.grad_estimate)
