@@ -56,6 +56,7 @@ def run(program, model, x, steps, chains, seed, thin=1, warmup_chunks=1, ref_see
         states, _, _ = runner.run(states, data, steps, jax.random.fold_in(key, 1000 + c), thin)
     jax.block_until_ready(states)
     t1 = time.perf_counter()
+    print(f"   compiled and warmed up in {t1 - t0:.1f}s", flush=True)
     states, rec, infos = runner.run(states, data, steps, key, thin)
     jax.block_until_ready(rec)
     t2 = time.perf_counter()
@@ -71,6 +72,7 @@ def run(program, model, x, steps, chains, seed, thin=1, warmup_chunks=1, ref_see
         recs = []
         for c in range(warmup_chunks + ref_chunks):
             rs, r, _ = runner.run(rs, data, steps, jax.random.fold_in(key, 5000 + c), thin)
+            print(f"   reference chunk {c + 1}/{warmup_chunks + ref_chunks}", flush=True)
             if c >= warmup_chunks:
                 recs.append({k: np.asarray(v) for k, v in r.items()})
         ref = {k: np.concatenate([r[k] for r in recs], axis=1) for k in recs[0]}
