@@ -18,14 +18,16 @@ with TEST = ``Exact()`` or ``Austerity(eps, batch)``; the items of the subsample
 (the plate), each series' local section being ``sum_t log N(h_t | phi h_{t-1}, sigma^2)``. phi and sigma^2
 are sampled on the logit / log scale (random walk). The "ground truth" is a long run of the exact
 program (more chains and steps). ESS (ArviZ bulk, over chains) per second of sampling time (compile
-excluded and reported separately) for phi and sigma.
+excluded and reported separately) for phi and sigma. The reference is the exact program's compiled
+chunk run again from other starts, 4 chunks after 1 warmup chunk (``--ref-chunks``).
 
 Scaled for a loaded 2-core CPU: ``--series`` (default 5000 series, not 200: with 200 series an
 austerity test with a batch of 100 reads most of the plate anyway; 5000 shows the subsampling), ``T = 5``.
 
 Usage::
 
-    python benchmarks/papers/pp_sv.py                 # ~3-4 min on 2 cores
+    python benchmarks/papers/pp_sv.py --series 2000 --steps 1000 --thin 2 --series-per-step 400
+                                                      # the committed results: ~10 min at load ~10
     python benchmarks/papers/pp_sv.py --smoke --out /tmp/x
 """
 
