@@ -42,8 +42,8 @@ are kept in the program state as per-cluster index lists with O(1) updates when 
 (:class:`Members`); the test reads ``members[k, pi(t)]`` for positions ``t < N_k`` of a keyed permutation
 of ``range(N_k)``, so a step never costs O(N).
 
-Run a program with :func:`sample_program` (jit + ``lax.scan`` over steps, ``vmap`` over chains, data as an
-argument). ``tm.Cycle`` and ``tm.sample_program`` are re-exported at the top level.
+Run a program with :func:`sample_program` (jit + ``lax.scan`` over steps, ``lax.map`` over chains, data as
+an argument). ``tm.Cycle`` and ``tm.sample_program`` are re-exported at the top level.
 """
 
 from __future__ import annotations
@@ -84,14 +84,25 @@ class Members(NamedTuple):
     counts: jax.Array  # (K,) int32
 
     def move(self, i, old, new):
-        p = self.pos[i]
-        last = self.lists[old, self.counts[old] - 1]
-        lists = self.lists.at[old, p].set(last)
-        pos = self.pos.at[last].set(p)
-        counts = self.counts.at[old].add(-1)
-        lists = lists.at[new, counts[new]].set(i)
-        pos = pos.at[i].set(counts[new])
-        counts = counts.at[new].add(1)
+        # dynamic_slice / dynamic_update_slice (not gather / scatter): XLA updates these loop-carried
+        # buffers in place, so a move costs O(1); a scatter here was copied whole, O(K N), on CPU
+        def get(a, *ix):
+            return jax.lax.dynamic_slice(a, ix, (1,) * len(ix)).reshape(())
+
+        def put(a, v, *ix):
+            return jax.lax.dynamic_update_slice(a, jnp.reshape(v, (1,) * len(ix)).astype(a.dtype), ix)
+
+        i, old, new = (jnp.asarray(v, jnp.int32) for v in (i, old, new))
+        p = get(self.pos, i)
+        c_old = get(self.counts, old)
+        last = get(self.lists, old, c_old - 1)
+        lists = put(self.lists, last, old, p)
+        pos = put(self.pos, p, last)
+        counts = put(self.counts, c_old - 1, old)
+        c_new = get(counts, new)
+        lists = put(lists, i, new, c_new)
+        pos = put(pos, c_new, i)
+        counts = put(counts, c_new + 1, new)
         return Members(lists, pos, counts)
 
 
@@ -594,8 +605,8 @@ class Cycle:
 class Runner:
     """Compiled runs of ``program`` on ``model``: ``init`` once, then ``run`` chunks of steps.
 
-    ``run(states, data, num_steps, key, thin)`` is ``jit`` of a ``lax.scan`` over steps ``vmap``-ed over
-    chains, with the data an argument (never a constant); the compiled function is cached per
+    ``run(states, data, num_steps, key, thin)`` is ``jit`` of a ``lax.scan`` over steps, mapped over
+    chains with ``lax.map`` (see the comment in ``run``), with the data an argument (never a constant); the compiled function is cached per
     (num_steps, thin), so chunks of equal size reuse it. It returns the final states, the records
     (``model.record(values, aux)`` every ``thin`` steps, or all sites) and per-block :class:`BlockInfo`
     sums per recorded draw.
@@ -654,7 +665,13 @@ class Runner:
 
                 return jax.lax.scan(outer, state, jax.random.split(key, num_steps // thin))
 
-            fn = jax.jit(jax.vmap(chain, in_axes=(0, 0, None)))
+            # chains run one after another (lax.map), not vmap-ed: under vmap the member lists' O(1)
+            # dynamic updates become batched scatters that XLA copies whole (O(K N) per move on CPU), and
+            # every lane would wait for the slowest lane's sequential-test loop
+            def chains(keys, states, data):
+                return jax.lax.map(lambda ks: chain(ks[0], ks[1], data), (keys, states))
+
+            fn = jax.jit(chains)
             self._compiled[(num_steps, thin)] = fn
         num_chains = jax.tree_util.tree_leaves(states)[0].shape[0]
         keys = jax.random.split(key, num_chains)
