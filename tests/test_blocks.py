@@ -65,7 +65,6 @@ def test_members_move_and_build():
         np.testing.assert_array_equal(pos[members], np.arange(counts[k]))
 
 
-@pytest.mark.slow  # ~20-30 s on a loaded 2-core CPU (compilation)
 def test_cycle_mixture_matches_enumeration():
     """MH on pi + Gibbs on z + per-cluster MH on mu (exact test over each cluster's members): the
     marginals of pi, mu and every z_i match the exact posterior computed by enumerating 2^6 assignments."""
@@ -76,7 +75,6 @@ def test_cycle_mixture_matches_enumeration():
     assert res.items_per_step()["subsampled_mh(mu, exact)"] == pytest.approx(len(X_MIX))
 
 
-@pytest.mark.slow  # ~20-30 s on a loaded 2-core CPU (compilation)
 def test_cycle_mixture_negative_control():
     """The same check must fail for a Gibbs block that ignores the likelihood (a wrong conditional)."""
     model = TwoComponentMixture(wrong_gibbs=True)
@@ -123,7 +121,6 @@ def test_particle_gibbs_negative_control():
     assert zs.max() > 2 * Z_CRIT, zs
 
 
-@pytest.mark.slow  # ~20-30 s on a loaded 2-core CPU (compilation)
 def test_sv_program_runs_and_reads_a_subsample():
     x, _ = StochasticVolatility.simulate(400, 5, seed=0)
     prog = tm.Cycle([
@@ -140,7 +137,7 @@ def test_sv_program_runs_and_reads_a_subsample():
     assert "phi" in idata.posterior and "sigma" in idata.posterior
 
 
-@pytest.mark.slow  # ~20-30 s on a loaded 2-core CPU (compilation)
+@pytest.mark.slow  # ~10 s on a loaded 2-core CPU (compilation)
 def test_jointdpm_program_runs():
     train, test = JointDPM.simulate(300, n_test=50, seed=0)
     model = JointDPM(max_clusters=8)
