@@ -9,7 +9,8 @@ Quick start::
     print(result.summary())
 """
 
-from . import acceptance, diagnostics, models, proposals
+from . import acceptance, blocks, diagnostics, models, proposals
+from .blocks import Cycle, sample_program
 from .control_variates import ControlVariates
 from .errors import ConfigError, DataError, ModelError, TallmhError, TrustWarning
 from .kernel import build_kernel
@@ -21,7 +22,7 @@ from .sampling import decide, decision_fn, sample
 __version__ = "0.1.0"
 
 __all__ = [
-    "Model", "from_numpyro", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result", "Summary",
-    "acceptance", "proposals", "models", "diagnostics",
+    "Model", "from_numpyro", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result",
+    "Summary", "acceptance", "proposals", "models", "diagnostics", "blocks", "Cycle", "sample_program",
     "TallmhError", "DataError", "ModelError", "ConfigError", "TrustWarning", "load_result",
 ]

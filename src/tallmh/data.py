@@ -98,8 +98,12 @@ def make_permutation(key) -> Permutation:
     return Permutation(jax.random.bits(key, (_FEISTEL_ROUNDS,), dtype=jnp.uint32))
 
 
-def _encrypt(perm: Permutation, x, h: int):
-    mask = jnp.uint32((1 << h) - 1)
+def _encrypt(perm: Permutation, x, h):
+    if isinstance(h, int):
+        mask = jnp.uint32((1 << h) - 1)
+    else:  # a traced h (a population whose size is only known at run time)
+        h = h.astype(jnp.uint32)
+        mask = (jnp.uint32(1) << h) - jnp.uint32(1)
     left = (x >> h) & mask
     right = x & mask
     for r in range(_FEISTEL_ROUNDS):
@@ -112,9 +116,20 @@ def permute(perm: Permutation, positions, n: int):
     """The items at ``positions`` (ints in ``range(n)``) of the permuted order: ``pi(positions)``.
 
     Cost O(len(positions)). Positions outside ``range(n)`` are clipped into it; callers mask them.
+    ``n`` may also be a traced integer scalar (a population whose size changes from step to step, such as
+    a mixture component's current members): the network's width then follows n at run time, so
+    cycle-walking still needs fewer than four rounds on average.
     """
-    h = _half_bits(n)
-    x = jnp.clip(positions, 0, n - 1).astype(jnp.uint32)
+    if isinstance(n, (int, np.integer)):
+        h = _half_bits(int(n))
+    else:
+        nm1 = jnp.maximum(jnp.asarray(n, jnp.int32), 2).astype(jnp.uint32) - jnp.uint32(1)
+        bits = jnp.maximum(jnp.int32(32) - jax.lax.clz(nm1).astype(jnp.int32), 2)
+        h = (bits + 1) // 2
+    x = jnp.clip(positions, 0, jnp.maximum(n - 1, 0)).astype(jnp.uint32)
+    if not isinstance(n, (int, np.integer)):
+        # n = 0 (an empty population) must still terminate: vmapped while loops run this for every lane
+        n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
     nn = jnp.uint32(n)
     y = _encrypt(perm, x, h)
 

@@ -142,7 +142,8 @@ class Austerity:
 
     def decide(self, key, problem: Problem) -> Decision:
         n = problem.n
-        m = min(self.batch_size, n)
+        # n may be a traced population size (tallmh.blocks: a cluster's current members); reads stop at n
+        m = min(self.batch_size, n) if isinstance(n, int) else self.batch_size
         u, k_perm, _ = draw_u(key)
         dtype = problem.log_base.dtype
         mu0 = (jnp.log(u) - problem.log_base) / n

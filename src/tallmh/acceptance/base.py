@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..data import permute
 
@@ -127,14 +128,23 @@ class StreamReader:
     identity, for the exact test, which reads everything anyway).
     """
 
-    def __init__(self, n: int, m: int, fn: Callable, permuted: bool = True, ladder_base: int = 16,
-                 stop_on_nonfinite: bool = False):
-        self.n = int(n)
+    def __init__(self, n, m: int, fn: Callable, permuted: bool = True, ladder_base: int = 16,
+                 stop_on_nonfinite: bool = False, max_ladder: int = 2):
         # stop reading (at the end of the current chunk) once a non-finite value has been seen
         self.stop_on_nonfinite = bool(stop_on_nonfinite)
-        self.m = int(max(1, min(m, n)))
+        if isinstance(n, (int, np.integer)):
+            self.n = int(n)
+            self.m = int(max(1, min(m, n)))
+            self.dynamic = False
+        else:
+            # A traced population size (e.g. a mixture component's current members, in
+            # :mod:`tallmh.blocks`): the ladder has ``max_ladder`` static sizes and reads stop at n.
+            self.n = jnp.asarray(n, jnp.int32)
+            self.m = int(max(1, m))
+            self.dynamic = True
         sizes = [self.m]
-        while sizes[-1] * ladder_base <= self.n:
+        while (not self.dynamic and sizes[-1] * ladder_base <= self.n) or \
+                (self.dynamic and len(sizes) < max_ladder):
             sizes.append(sizes[-1] * ladder_base)
         self.sizes = sizes
         self.fn = fn  # idx -> per-item values
@@ -158,8 +168,10 @@ class StreamReader:
         in ``acc.nonfinite`` and left out of the moments. With ``stop_on_nonfinite`` the reader stops at
         the end of the chunk in which the first non-finite value was seen. ``acc`` is any accumulator
         with ``read``, ``nonfinite`` and ``merge(values, mask)``: :class:`Moments`, :class:`CompSum`,
-        :class:`MomentsSum`.
+        :class:`MomentsSum`. With a traced n, ``target`` is capped at n.
         """
+        if self.dynamic:
+            target = jnp.minimum(target, self.n)
         for size in reversed(self.sizes[1:]):
 
             def cond(a, size=size):
