@@ -47,9 +47,15 @@ def accurate(err, sd_lo, sd_hi, ess):
     return bool(err <= tol and 0.8 <= sd_lo and sd_hi <= 1.2)
 
 
-def datasets(smoke):
+def datasets(smoke, only=""):
     import tallmh as tm
 
+    want = set(filter(None, only.split(",")))
+    if want and not smoke:
+        keep = [d for d in datasets(smoke) if d[0] in want]
+        if not keep:
+            raise SystemExit(f"no data set among {sorted(want)}; choose from flights, synthetic-1e6, lognormal")
+        return keep
     out = []
     if smoke:
         data, _ = tm.models.LogisticRegression.simulate(5000, d=3, seed=0)
@@ -111,7 +117,7 @@ def run(args):
 
     warnings.simplefilter("ignore")
     rows = []
-    for dname, model, data, ref, ref_how in datasets(args.smoke):
+    for dname, model, data, ref, ref_how in datasets(args.smoke, args.datasets):
         n = len(next(iter(data.values())))
         for mname, test, cv in methods(args.smoke):
             if args.only and mname not in args.only.split(","):
@@ -181,6 +187,7 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--budget", type=float, default=60.0, help="cap on each run's sampling seconds")
     p.add_argument("--only", default="", help="comma-separated method names")
+    p.add_argument("--datasets", default="", help="comma-separated data set names (default: all)")
     p.add_argument("--out", default=os.path.join(RESULTS, "trust.json"))
     args = p.parse_args(argv)
     if args.smoke:

@@ -74,6 +74,7 @@ def test_control_variate_gradient_is_exact_with_the_full_batch(linreg):
         assert np.all(np.abs(est - want) < 4 * sd)
 
 
+@pytest.mark.slow
 def test_mh_corrected_langevin_matches_posterior_and_sgld_does_not(linreg):
     model, data, mean, cov = linreg
     h = 2.0 * float(np.min(np.diag(cov)))  # large enough that uncorrected SGLD is visibly biased

@@ -10,6 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+# Posterior- and decision-level statistical checks, ~10 s each: run with the slow tests (CI runs both).
+pytestmark = pytest.mark.slow
+
 import tallmh as tm
 
 from .stats_helpers import posterior_check

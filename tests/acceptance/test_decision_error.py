@@ -13,6 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+# Posterior- and decision-level statistical checks, ~10 s each: run with the slow tests (CI runs both).
+pytestmark = pytest.mark.slow
+
 import tallmh as tm
 from tallmh.acceptance.base import Decision, Moments, StreamReader, draw_u
 from tallmh.data import make_permutation
