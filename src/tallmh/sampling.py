@@ -348,7 +348,7 @@ def sample(
             raise ConfigError("resume: sampling had started; the warmup cannot be extended")
         collected = {"warmup": [(resume.flat_warmup, resume.warmup_stats)] if resume.flat_warmup.shape[1] else [],
                      "sampling": [(resume.flat_samples, resume.stats)] if resume.flat_samples.shape[1] else []}
-        setup_items = resume.setup_items
+        setup_items = resume.setup_items + (n if stats is not None else 0)  # model.setup ran again
         timings = {k: float(v) for k, v in resume.timings.items() if k != "total_s"}
         timings["_before_s"] = float(resume.timings.get("total_s", 0.0))  # wall time of the earlier run(s)
         notes = list(resume.notes)
