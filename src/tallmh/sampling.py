@@ -91,7 +91,7 @@ def _shape_key(tree):
                            for a in leaves))
 
 
-def _wait(x, stop_check=None):
+def _wait(x):
     """Block until ``x`` is computed, sleeping in short steps so Ctrl-C is seen at once."""
     leaves = jax.tree_util.tree_leaves(x)
     for leaf in leaves:
@@ -169,13 +169,12 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
             center = cv0.center
     base = center if (init_given is None and center is not None) else flat0
     starts = jnp.broadcast_to(base, (num_chains,) + base.shape)
-    k_jit = key
     if init_jitter is not None:
         if init_jitter > 0:
-            starts = starts + init_jitter * jax.random.normal(k_jit, starts.shape, dtype)
+            starts = starts + init_jitter * jax.random.normal(key, starts.shape, dtype)
     elif init_given is None and out["cov"] is not None:
         chol = np.linalg.cholesky(np.asarray(out["cov"], float))
-        z = np.asarray(jax.random.normal(k_jit, starts.shape, dtype), float)
+        z = np.asarray(jax.random.normal(key, starts.shape, dtype), float)
         starts = jnp.asarray(np.asarray(base, float)[None, :] + INIT_SPREAD * z @ chol.T, dtype)
     if num_chains > 1 and bool(np.all(np.asarray(starts) == np.asarray(starts)[0])):
         notes.append("all chains started at the same point, so R-hat cannot detect chains that have not "
@@ -458,8 +457,6 @@ def sample(
     finally:
         if bar is not None:
             bar.close()
-    if states is None:  # interrupted during set-up: nothing to continue from
-        states = None
     result = make_result()
     if checkpoint is not None and states is not None:
         result.save(checkpoint)
