@@ -71,17 +71,59 @@ def _chunk_batch(data, start, size, n):
     return take(data, jnp.minimum(idx, n - 1))
 
 
-def proxy_sums(model, data, n, unravel, center, order=2):
-    """``G = sum_i grad ell_i(center)`` and ``H = sum_i hess ell_i(center)``: one full pass over the data.
+_BLOCK_CHUNKS = 128  # chunks per compiled block: 2**20 rows read per call
 
-    Each chunk's sums are made on the device in the working precision; the chunks are accumulated in
-    float64 on the host, so the result has the precision of a float32 sum of 8192 items, not of N items
-    (``G`` is a sum of N terms that nearly cancel at the mode).
+
+def _full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
+    """Apply ``chunk_fn(*args, batch, mask)`` to every chunk of ``_CHUNK`` rows; yields its per-chunk
+    results (NumPy, in row order) so that the caller accumulates them in float64 on the host.
+
+    The rows are read in blocks of up to ``_BLOCK_CHUNKS`` chunks (2**20 rows) by one compiled call
+    that takes the data as an argument (``take`` inside it: a gather for in-memory and zero-copy data, a
+    host read for :class:`~tallmh.datasource.HostArray` leaves) and maps ``chunk_fn`` over the block's
+    chunks one after the other (``lax.map``: memory of one chunk's derivatives, not of the block's). The
+    chunk boundaries and the order of accumulation do not depend on where the data lives, so in-memory
+    and on-disk data give the same sums, bit for bit. A pass over on-disk data of at least
+    ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar.
     """
-    d = center.shape[0]
+    from . import datasource as ds
 
-    @jax.jit
-    def chunk_sums(batch, mask):
+    size = _CHUNK if n > _CHUNK else n
+    nchunks = -(-n // size)
+    k = min(nchunks, _BLOCK_CHUNKS)
+    key = (chunk_fn, n, size, k)
+    fn = _PASS_FNS.get(key)
+    if fn is None:
+        def block(args, data, start):
+            idx = start + jnp.arange(k * size, dtype=jnp.int32)
+            batch = take(data, jnp.minimum(idx, n - 1))
+            mask = (idx < n).reshape(k, size)
+            batch = jax.tree_util.tree_map(lambda a: a.reshape((k, size) + a.shape[1:]), batch)
+            return jax.lax.map(lambda bm: chunk_fn(*args, bm[0], bm[1]), (batch, mask))
+
+        fn = jax.jit(block)
+        if len(_PASS_FNS) >= 32:
+            _PASS_FNS.pop(next(iter(_PASS_FNS)))
+        _PASS_FNS[key] = fn
+    bar = ds.progress_bar(n, desc, ds.is_out_of_core(data))
+    try:
+        for start in range(0, n, k * size):
+            res = jax.tree_util.tree_map(np.asarray, fn(args, data, jnp.int32(start)))
+            rows = min(k * size, n - start)
+            for c in range(-(-rows // size)):
+                yield jax.tree_util.tree_map(lambda a: a[c], res)
+            if bar is not None:
+                bar.update(rows)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+_PASS_FNS: dict = {}
+
+
+def _proxy_chunk_fn(model, unravel, order, d):
+    def chunk_sums(center, batch, mask):
         def total(th):
             return jnp.sum(jnp.where(mask, model.log_lik(unravel(th), batch), 0.0))
 
@@ -89,13 +131,22 @@ def proxy_sums(model, data, n, unravel, center, order=2):
         h = jax.hessian(total)(center) if order == 2 else jnp.zeros((d, d), center.dtype)
         return g, h
 
+    return chunk_sums
+
+
+def proxy_sums(model, data, n, unravel, center, order=2):
+    """``G = sum_i grad ell_i(center)`` and ``H = sum_i hess ell_i(center)``: one full pass over the data.
+
+    Each chunk's sums (8192 items) are made on the device in the working precision; the chunks are
+    accumulated in float64 on the host, so the result has the precision of a float32 sum of 8192 items,
+    not of N items (``G`` is a sum of N terms that nearly cancel at the mode). The pass reads the rows in
+    blocks of 2**20 (:func:`_full_pass`), so on-disk data is streamed, never loaded whole.
+    """
+    d = center.shape[0]
+    chunk_sums = _proxy_chunk_fn(model, unravel, order, d)
     G = np.zeros(d, np.float64)
     H = np.zeros((d, d), np.float64)
-    for s, size in _chunks(n):
-        size_pad = _CHUNK if n > _CHUNK else n
-        batch = _chunk_batch(data, s, size_pad, n)
-        mask = jnp.arange(size_pad) < size
-        g, h = chunk_sums(batch, mask)
+    for g, h in _full_pass(chunk_sums, data, n, (center,), "tallmh: control-variate sums"):
         G += np.asarray(g, np.float64)
         H += np.asarray(h, np.float64)
     H = 0.5 * (H + H.T)
@@ -110,13 +161,13 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
     (up to 30 times; each trial is a counted pass). The trial compares ``sum_i (ell_i(cand) - ell_i(theta))``
     made from per-item differences with a compensated sum (:func:`~tallmh.acceptance.base.df_sum`), not
     two full log-likelihoods near ``-N``, whose difference float32 cannot resolve. Stops when the Newton
-    decrement is below ``tol`` or after ``max_iter`` iterations.
+    decrement is below ``tol`` or after ``max_iter`` iterations. Every pass streams the rows in blocks of
+    2**20 (:func:`_full_pass`), so on-disk data is never loaded whole.
     """
     from .acceptance.base import df_sum
 
     d = flat0.shape[0]
 
-    @jax.jit
     def chunk_vgh(th, batch, mask):
         def total(t):
             return jnp.sum(jnp.where(mask, model.log_lik(unravel(t), batch), 0.0))
@@ -124,7 +175,6 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
         v, g = jax.value_and_grad(total)(th)
         return v, g, jax.hessian(total)(th)
 
-    @jax.jit
     def chunk_dv(th, cand, batch, mask):
         dl = model.log_lik(unravel(cand), batch) - model.log_lik(unravel(th), batch)
         hi, lo = df_sum(jnp.where(mask, dl, 0.0))
@@ -136,14 +186,9 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
         h = np.asarray(jax.hessian(lambda t: model.log_prior(unravel(t)))(th), np.float64)
         return lp, g, h
 
-    size_pad = _CHUNK if n > _CHUNK else n
-
     def full_derivs(th):
         v, g, h = prior_parts(th)
-        for s, size in _chunks(n):
-            batch = _chunk_batch(data, s, size_pad, n)
-            mask = jnp.arange(size_pad) < size
-            cv, cg, ch = chunk_vgh(th, batch, mask)
+        for cv, cg, ch in _full_pass(chunk_vgh, data, n, (th,), "tallmh: Newton pass"):
             v += float(cv)
             g = g + np.asarray(cg, np.float64)
             h = h + np.asarray(ch, np.float64)
@@ -151,10 +196,7 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
 
     def full_diff(th, cand):
         dv = float(model.log_prior(unravel(cand))) - float(model.log_prior(unravel(th)))
-        for s, size in _chunks(n):
-            batch = _chunk_batch(data, s, size_pad, n)
-            mask = jnp.arange(size_pad) < size
-            hi, lo = chunk_dv(th, cand, batch, mask)
+        for hi, lo in _full_pass(chunk_dv, data, n, (th, cand), "tallmh: Newton line search"):
             dv += float(hi) + float(lo)
         return dv
 

@@ -27,8 +27,10 @@ _FEISTEL_ROUNDS = 4
 
 
 def num_items(data) -> int:
-    """Number of data items N: the common leading length of the data's leaves."""
-    leaves = jax.tree_util.tree_leaves(data)
+    """Number of data items N: the common leading length of the data's leaves (on-disk leaves included)."""
+    from .datasource import leaves_of
+
+    leaves = leaves_of(data)
     return int(np.shape(leaves[0])[0])
 
 
@@ -38,14 +40,35 @@ def validate_data(data, check_finite: bool = True):
     Raises :class:`DataError` naming the problem when the pytree has no leaves, a leaf is a scalar, the
     leaves disagree on the leading length, N is 0, or (with ``check_finite``) a leaf holds NaN or inf.
     The finiteness check is a one-time pass over the data made before sampling starts.
+
+    Out-of-core leaves (:mod:`tallmh.datasource`: an ``np.memmap``, or what ``from_npy`` returns) are
+    never loaded whole: a memory map becomes a zero-copy ``jax.Array`` or a host-gathered
+    :class:`~tallmh.datasource.HostArray`, and its finiteness check streams over it in blocks (once:
+    skipped for leaves ``from_npy`` has checked already).
     """
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(data)
+    from . import datasource as ds
+
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(data, is_leaf=ds._is_leaf)
     if not leaves:
         raise DataError("data has no arrays: pass a pytree of arrays with a leading axis of length N")
     lengths = {}
     out = []
     for path, leaf in leaves:
         name = jax.tree_util.keystr(path) or "data"
+        if ds.is_host_leaf(leaf):
+            if isinstance(leaf, np.memmap):
+                ds._check_array(leaf, name)
+                if check_finite:
+                    ds.check_finite_streamed(leaf, name)
+                leaf = ds.host_leaf(leaf, "auto", name, checked=check_finite)
+            elif check_finite and not ds.finite_checked(leaf):
+                ds.check_finite_streamed(ds._memmap_of(leaf), name)
+                ds.mark_checked(leaf)
+            if len(leaf.shape) == 0:
+                raise DataError(f"data leaf {name} is a scalar; every leaf needs a leading axis of length N")
+            lengths[name] = leaf.shape[0]
+            out.append(leaf)
+            continue
         arr = np.asarray(leaf)
         if arr.ndim == 0:
             raise DataError(f"data leaf {name} is a scalar; every leaf needs a leading axis of length N")
@@ -64,12 +87,23 @@ def validate_data(data, check_finite: bool = True):
         raise DataError("data is empty (N = 0)")
     if n >= 2**31:
         raise DataError(f"N = {n} items is more than this version supports (2**31 - 1)")
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(data), out)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def take(data, idx):
-    """The items ``idx`` (int array, all in range) of every leaf of ``data``."""
-    return jax.tree_util.tree_map(lambda a: jnp.take(a, idx, axis=0, mode="clip"), data)
+    """The items ``idx`` (int array, all in range) of every leaf of ``data``.
+
+    An on-disk leaf read by host gathers (:class:`~tallmh.datasource.HostArray`) is read with one
+    ``jax.pure_callback`` per leaf; every other leaf (zero-copy memory maps included) with ``jnp.take``.
+    """
+    from .datasource import HostArray, host_take
+
+    def one(a):
+        if isinstance(a, HostArray):
+            return host_take(a, idx)
+        return jnp.take(a, idx, axis=0, mode="clip")
+
+    return jax.tree_util.tree_map(one, data, is_leaf=lambda a: isinstance(a, HostArray))
 
 
 class Permutation(NamedTuple):

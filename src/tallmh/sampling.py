@@ -35,6 +35,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from . import control_variates as cvm
+from . import datasource as ds
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, ModelError
@@ -61,8 +62,9 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None):
             raise ModelError("the model has no default init(data); pass init=... to sample()")
         init = model.init(data)
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
-    check_model(model, data, init, n)
-    stats = model.setup(data) if callable(getattr(model, "setup", None)) else None
+    # on-disk data (tallmh.datasource): the model is checked on its first rows, set-up streams in blocks
+    check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
+    stats = ds.setup_stats(model, data, n)
     setup_items = n if stats is not None else 0
     return data, n, init, stats, setup_items
 
@@ -551,7 +553,7 @@ def decision_fn(test, model, data, check: bool = True, control_variates=None):
     data = validate_data(data) if check else data
     n = num_items(data)
     test.check(n)
-    stats = model.setup(data) if callable(getattr(model, "setup", None)) else None
+    stats = ds.setup_stats(model, data, n)
 
     def f(theta, theta_prop, key, log_q_ratio=0.0):
         flat, unravel = ravel_pytree(theta)

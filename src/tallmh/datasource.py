@@ -1,0 +1,402 @@
+"""Out-of-core data: ``.npy`` files and ``np.memmap`` arrays read in place, never loaded whole (issue 12).
+
+``from_npy({"X": "X.npy", "y": "y.npy"})`` opens the files as read-only memory maps and returns a data
+pytree that :func:`tallmh.sample` accepts like any other; an ``np.memmap`` given as a leaf of the data is
+treated the same way. A subsampled step reads only the rows it uses; the set-up passes (finiteness check,
+the model's ``setup``, Newton's mode search and the control-variate sums) stream over the rows in blocks
+of :data:`BLOCK_ROWS` rows, with a progress bar on long passes.
+
+Two ways for the compiled chain to read rows that live in a file (``gather=``):
+
+``"zero_copy"``
+    the memory map is handed to JAX without a copy (``jax.device_put`` of an aligned, C-ordered array
+    on the CPU backend aliases NumPy memory; this is checked on a one-row probe before the whole array
+    is put, and again after). The leaf is then an ordinary ``jax.Array`` whose pages the operating
+    system reads from the file on demand, so the kernel's gathers (``jnp.take``) touch only the pages of
+    the rows they use, and clean pages can be evicted: data larger than RAM works, at the speed of the
+    page cache or the disk. Measured (``benchmarks/out_of_core.py``): about as fast as in-memory data
+    once the pages are cached.
+``"callback"``
+    each gather is a ``jax.pure_callback`` that indexes the memory map on the host (indices sorted
+    first, so that the reads go forward through the file; a contiguous range is one slice). Needed
+    where the data cannot be aliased: accelerator backends (a GPU cannot address a file-backed host
+    buffer; ``device_put`` would copy the whole file to the device), unaligned or non-native-dtype
+    files. About 10x slower per step than zero-copy on the CPU (one host round-trip per read).
+``"auto"`` (default)
+    zero-copy where the probe shows that it aliases, else callback.
+
+A callback-mode leaf is a :class:`HostArray`: a pytree whose only JAX leaf is an int32 token naming the
+memory map in a process-wide registry, so a compiled chain takes the data as an argument and serves any
+file of the same shape without recompiling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import weakref
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import DataError, ModelError
+
+__all__ = ["from_npy", "HostArray", "is_out_of_core", "host_leaf", "read_rows", "setup_stats", "block_bounds",
+           "BLOCK_ROWS", "progress_bar"]
+
+BLOCK_ROWS = 2**20  # rows per block of a streamed set-up pass over on-disk data
+PROGRESS: Optional[bool] = None  # progress bars on long passes: None = when stderr is a terminal
+PROGRESS_MIN_ROWS = 2**22  # passes over fewer rows than this never show a bar
+
+_MODES = ("auto", "zero_copy", "callback")
+_TOKENS = itertools.count(1)
+_HOST: dict = {}  # token -> np.memmap (callback leaves)
+_ALIASED: dict = {}  # id(jax array) -> (weakref to it, np.memmap it aliases, finiteness checked)
+
+
+class HostArray:
+    """A data leaf that stays in a file: rows are gathered on the host by ``jax.pure_callback``.
+
+    Has ``shape``, ``dtype``, ``ndim`` and ``nbytes`` like an array, and NumPy-style row slicing
+    (``h[a:b]`` reads those rows from the file). ``np.asarray(h)`` is refused (it would load the whole
+    file); use :func:`read_rows`. Inside compiled code, :func:`tallmh.data.take` gathers rows of it.
+    """
+
+    __slots__ = ("token", "shape", "dtype", "__weakref__")
+
+    def __init__(self, token, shape, dtype):
+        self.token = token
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def nbytes(self):
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @property
+    def array(self) -> np.ndarray:
+        """The underlying memory map (only outside compiled code)."""
+        return _HOST[int(np.asarray(self.token))]
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, item):
+        return np.asarray(self.array[item], self.dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        raise DataError(f"refusing to load an on-disk array of shape {self.shape} ({self.nbytes / 1e9:.2f} GB) "
+                        "whole into memory; read rows with tallmh.datasource.read_rows, or pass the data "
+                        "in memory")
+
+    def __repr__(self):
+        return f"HostArray(shape={self.shape}, dtype={self.dtype})"
+
+
+jax.tree_util.register_pytree_node(
+    HostArray,
+    lambda h: ((h.token,), (h.shape, h.dtype.str)),
+    lambda aux, children: HostArray(children[0], aux[0], np.dtype(aux[1])),
+)
+
+
+def _gather_host(token, idx, dtype):
+    """Rows ``idx`` of the memory map named by ``token`` (any index shape; indices clipped into range)."""
+    mm = _HOST[int(np.asarray(token).reshape(-1)[0])]
+    idx = np.asarray(idx)
+    flat = np.clip(idx.reshape(-1).astype(np.int64), 0, mm.shape[0] - 1)
+    row = mm.shape[1:]
+    if flat.size == 0:
+        return np.zeros(idx.shape + row, dtype)
+    lo, hi = int(flat.min()), int(flat.max())
+    if hi - lo + 1 <= 2 * flat.size:  # (nearly) a contiguous range: one forward read
+        out = np.asarray(mm[lo:hi + 1])[flat - lo]
+    else:  # scattered rows: read them in file order, then put them back in the asked order
+        order = np.argsort(flat, kind="stable")
+        out = np.empty((flat.size,) + row, mm.dtype)
+        out[order] = mm[flat[order]]
+    return np.ascontiguousarray(out, dtype).reshape(idx.shape + row)
+
+
+def host_take(h: HostArray, idx):
+    """``h[idx]`` inside or outside compiled code: one host gather (``jax.pure_callback``)."""
+    idx = jnp.asarray(idx)
+    out = jax.ShapeDtypeStruct(tuple(idx.shape) + h.shape[1:], h.dtype)
+    return jax.pure_callback(lambda t, i: _gather_host(t, i, h.dtype), out, h.token, idx,
+                             vmap_method="expand_dims")
+
+
+def _aliases(x, mm) -> bool:
+    try:
+        return int(x.unsafe_buffer_pointer()) == int(mm.ctypes.data)
+    except Exception:  # noqa: BLE001 - a backend without host pointers: not aliased
+        return False
+
+
+def _canonical(dtype) -> np.dtype:
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def _check_array(mm, name):
+    if mm.dtype == object or not (np.issubdtype(mm.dtype, np.number) or mm.dtype == np.bool_):
+        raise DataError(f"data leaf {name} is not numeric (dtype {mm.dtype})")
+    if mm.ndim == 0:
+        raise DataError(f"data leaf {name} is a scalar; every leaf needs a leading axis of length N")
+    if mm.ndim > 1 and not mm.flags.c_contiguous:
+        raise DataError(f"data leaf {name} is stored in Fortran (column) order, so a row is scattered over the "
+                        "file; rewrite it in C (row) order, e.g. np.save(path, np.ascontiguousarray(a)) in chunks")
+
+
+def host_leaf(mm: np.ndarray, gather: str = "auto", name: str = "data", checked: bool = False):
+    """Wrap a memory-mapped array as a data leaf without loading it: a zero-copy ``jax.Array`` or a
+    :class:`HostArray` (see the module docstring for ``gather``). ``checked``: its finiteness is known."""
+    if gather not in _MODES:
+        from .errors import ConfigError
+
+        raise ConfigError(f"gather must be one of {_MODES}; got {gather!r}")
+    _check_array(mm, name)
+    want = _canonical(mm.dtype)
+    if gather != "callback":
+        reason = None
+        if jax.default_backend() != "cpu":
+            reason = f"the default JAX backend is {jax.default_backend()}, which cannot address host memory"
+        elif want != mm.dtype:
+            reason = (f"its dtype {mm.dtype} is not one JAX uses in this mode ({want}; "
+                      "jax_enable_x64 is off), so it would be converted, that is copied whole")
+        elif not mm.flags.c_contiguous:
+            reason = "it is not C-contiguous"
+        else:
+            probe = jax.device_put(mm[:1])
+            if not _aliases(probe, mm):
+                reason = "this JAX build copies it instead of aliasing it (alignment or platform)"
+            del probe
+        if reason is None:
+            x = jax.device_put(mm)
+            if _aliases(x, mm):
+                _ALIASED[id(x)] = (weakref.ref(x), mm, bool(checked))
+                return x
+            reason = "JAX copied it despite the probe"
+            del x
+        if gather == "zero_copy":
+            raise DataError(f"data leaf {name} cannot be read zero-copy: {reason}; use gather='callback'")
+    token = next(_TOKENS)
+    _HOST[token] = mm
+    h = HostArray(np.int32(token), mm.shape, want)
+    if checked:
+        _CHECKED.add(token)
+    return h
+
+
+_CHECKED: set = set()  # callback tokens whose finiteness has been checked
+
+
+def _memmap_of(leaf):
+    """The memory map behind an out-of-core leaf, or None for an in-memory leaf."""
+    if isinstance(leaf, HostArray):
+        try:
+            return leaf.array
+        except (KeyError, TypeError, jax.errors.ConcretizationTypeError):
+            return None
+    if isinstance(leaf, jax.Array):
+        ent = _ALIASED.get(id(leaf))
+        if ent is not None and ent[0]() is leaf:
+            return ent[1]
+        return None
+    if isinstance(leaf, np.memmap):
+        return leaf
+    return None
+
+
+def is_host_leaf(leaf) -> bool:
+    return isinstance(leaf, HostArray) or _memmap_of(leaf) is not None
+
+
+def _is_leaf(x):
+    return isinstance(x, HostArray)
+
+
+def leaves_of(data):
+    """The data's leaves, a :class:`HostArray` counting as one leaf."""
+    return jax.tree_util.tree_leaves(data, is_leaf=_is_leaf)
+
+
+def is_out_of_core(data) -> bool:
+    """Whether any leaf of ``data`` lives in a file (memory map, zero-copy alias or :class:`HostArray`)."""
+    return any(is_host_leaf(a) for a in leaves_of(data))
+
+
+def finite_checked(leaf) -> bool:
+    if isinstance(leaf, HostArray):
+        try:
+            return int(np.asarray(leaf.token)) in _CHECKED
+        except TypeError:
+            return False
+    ent = _ALIASED.get(id(leaf)) if isinstance(leaf, jax.Array) else None
+    return bool(ent is not None and ent[0]() is leaf and ent[2])
+
+
+def mark_checked(leaf):
+    if isinstance(leaf, HostArray):
+        _CHECKED.add(int(np.asarray(leaf.token)))
+    elif isinstance(leaf, jax.Array) and id(leaf) in _ALIASED:
+        ref, mm, _ = _ALIASED[id(leaf)]
+        _ALIASED[id(leaf)] = (ref, mm, True)
+
+
+def block_bounds(n: int, rows: int = BLOCK_ROWS):
+    """``(start, stop)`` of nearly equal blocks of at most ``rows`` rows covering ``range(n)``."""
+    k = max(1, -(-n // rows))
+    edges = [(n * i) // k for i in range(k + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(k) if edges[i + 1] > edges[i]]
+
+
+def progress_bar(total_rows: int, desc: str, out_of_core: bool = True):
+    """A tqdm bar over rows for a long pass over on-disk data (None when the pass is short or bars are off)."""
+    show = PROGRESS if PROGRESS is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if not (show and out_of_core and total_rows >= PROGRESS_MIN_ROWS):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total_rows, desc=desc, unit="row", unit_scale=True, file=sys.stderr, mininterval=2.0,
+                dynamic_ncols=True, leave=False)
+
+
+def check_finite_streamed(mm: np.ndarray, name: str):
+    """Raise :class:`DataError` if the memory map holds NaN or inf; reads it in blocks, never whole."""
+    if not np.issubdtype(mm.dtype, np.inexact):
+        return
+    n = mm.shape[0]
+    row_items = int(np.prod(mm.shape[1:])) if mm.ndim > 1 else 1
+    rows = max(1, BLOCK_ROWS * 16 // max(1, row_items))  # about 16 M values per block
+    bad = 0
+    bar = progress_bar(n, f"tallmh: checking {name} is finite")
+    try:
+        for a, b in block_bounds(n, rows):
+            block = np.asarray(mm[a:b])
+            bad += int(block.size - np.count_nonzero(np.isfinite(block)))
+            if bar is not None:
+                bar.update(b - a)
+    finally:
+        if bar is not None:
+            bar.close()
+    if bad:
+        raise DataError(f"data leaf {name} holds {bad} NaN or infinite value(s)")
+
+
+def from_npy(paths, gather: str = "auto", check_finite: bool = True):
+    """Open ``.npy`` files as out-of-core data: a pytree of the same structure as ``paths``.
+
+    ``paths``: a path, or a dict / list / tuple of paths (``{"X": "X.npy", "y": "y.npy"}``). Each file is
+    opened read-only with ``np.load(path, mmap_mode="r")``; nothing is read but the header. ``gather``:
+    ``"auto"``, ``"zero_copy"`` or ``"callback"`` (module docstring). ``check_finite``: scan every file
+    once now, in blocks, for NaN or inf (a full read of the files, with a progress bar on long ones);
+    ``False`` skips that pass, and then a non-finite value surfaces only as a non-finite log-likelihood
+    (the step is rejected and counted in ``stats["nonfinite"]``).
+
+    Raises :class:`DataError` for a missing or unreadable file, a non-numeric or scalar array, Fortran
+    order, leading lengths that differ, ``gather="zero_copy"`` where aliasing is impossible, or (with
+    ``check_finite``) non-finite values.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(paths, is_leaf=lambda p: isinstance(p, (str, os.PathLike)))
+    if not leaves:
+        raise DataError("from_npy needs a path or a dict/list of paths to .npy files")
+    out, lengths = [], {}
+    for kp, path in leaves:
+        name = jax.tree_util.keystr(kp) or "data"
+        if not isinstance(path, (str, os.PathLike)):
+            raise DataError(f"from_npy: {name} is {type(path).__name__}, not a path to a .npy file")
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise DataError(f"from_npy: no such file {path!r} (data leaf {name})")
+        try:
+            mm = np.load(path, mmap_mode="r", allow_pickle=False)
+        except Exception as e:  # noqa: BLE001 - re-raised with the path
+            raise DataError(f"from_npy: cannot open {path!r} as a .npy array ({type(e).__name__}: {e})") from e
+        if not isinstance(mm, np.ndarray):
+            raise DataError(f"from_npy: {path!r} is not a single .npy array (an .npz archive? extract its arrays)")
+        if mm.ndim == 0:
+            raise DataError(f"from_npy: {path!r} holds a scalar; every leaf needs a leading axis of length N")
+        lengths[name] = mm.shape[0]
+        out.append((name, mm))
+    if len(set(lengths.values())) > 1:
+        desc = ", ".join(f"{k}: {v}" for k, v in lengths.items())
+        raise DataError(f"from_npy: the files have different numbers of rows ({desc}); all must share N")
+    res = []
+    for name, mm in out:
+        _check_array(mm, name)
+        if check_finite:
+            check_finite_streamed(mm, name)
+        res.append(host_leaf(mm, gather, name, checked=check_finite))
+    return jax.tree_util.tree_unflatten(treedef, res)
+
+
+def _rows_of(leaf, a: int, b: int):
+    if isinstance(leaf, HostArray):
+        return np.asarray(leaf.array[a:b], leaf.dtype)
+    mm = _memmap_of(leaf)
+    if mm is not None:
+        return np.asarray(mm[a:b], _canonical(mm.dtype))
+    return leaf[a:b]
+
+
+def read_rows(data, a: int, b: int):
+    """Rows ``[a, b)`` of every leaf, as in-memory arrays (outside compiled code)."""
+    return jax.tree_util.tree_map(lambda x: _rows_of(x, a, b), data, is_leaf=_is_leaf)
+
+
+def _combine_default(a, b, path=""):
+    if isinstance(a, dict):
+        return {k: _combine_default(a[k], b[k], f"{path}.{k}" if path else str(k)) for k in a}
+    if isinstance(a, (list, tuple)):
+        return type(a)(_combine_default(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    name = path.split(".")[-1].lower()
+    if "max" in name:
+        return jnp.maximum(a, b)
+    if "min" in name:
+        return jnp.minimum(a, b)
+    raise ModelError(f"the model's setup() statistic {path or 'stats'!r} cannot be streamed over on-disk data "
+                     "(tallmh combines statistics named *max* or *min* blockwise); give the model a method "
+                     "combine_setup(stats_a, stats_b) that merges two blocks' statistics, or pass the data in "
+                     "memory")
+
+
+def setup_stats(model, data, n: int):
+    """The model's ``setup(data)`` statistics; streamed in blocks (``model.setup`` on each block, merged
+    by ``model.combine_setup(a, b)`` or, by default, elementwise max/min for statistics so named) when the
+    data is out of core. Returns None for a model without ``setup``."""
+    setup = getattr(model, "setup", None)
+    if not callable(setup):
+        return None
+    if not is_out_of_core(data):
+        return setup(data)
+    combine = getattr(model, "combine_setup", None)
+    combine = combine if callable(combine) else _combine_default
+    stats = None
+    bar = progress_bar(n, "tallmh: model set-up pass")
+    try:
+        for a, b in block_bounds(n):
+            s = setup(read_rows(data, a, b))
+            stats = s if stats is None else combine(stats, s)
+            if bar is not None:
+                bar.update(b - a)
+    finally:
+        if bar is not None:
+            bar.close()
+    return stats
+
+
+def describe(data) -> Any:
+    """``{leaf: "zero_copy" | "callback" | "memory"}`` (for reports and tests)."""
+    def kind(x):
+        if isinstance(x, HostArray):
+            return "callback"
+        return "zero_copy" if _memmap_of(x) is not None else "memory"
+
+    return jax.tree_util.tree_map(kind, data, is_leaf=_is_leaf)
