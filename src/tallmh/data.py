@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import DataError
 
-__all__ = ["validate_data", "num_items", "take", "Permutation", "make_permutation", "permute"]
+__all__ = ["validate_data", "num_items", "take", "from_npy", "Permutation", "make_permutation", "permute"]
 
 _FEISTEL_ROUNDS = 4
 
@@ -175,3 +175,6 @@ def permute(perm: Permutation, positions, n: int):
 
     y = jax.lax.while_loop(cond, body, y)
     return y.astype(jnp.int32)
+
+
+from .datasource import from_npy  # noqa: E402  (re-exported: ``tm.data.from_npy``)

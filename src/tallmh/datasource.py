@@ -156,7 +156,8 @@ def _check_array(mm, name):
 
 def host_leaf(mm: np.ndarray, gather: str = "auto", name: str = "data", checked: bool = False):
     """Wrap a memory-mapped array as a data leaf without loading it: a zero-copy ``jax.Array`` or a
-    :class:`HostArray` (see the module docstring for ``gather``). ``checked``: its finiteness is known."""
+    :class:`HostArray` (see the module docstring for ``gather``). ``checked``: its finiteness is settled
+    (checked, or the check waived), so :func:`tallmh.data.validate_data` does not stream over it again."""
     if gather not in _MODES:
         from .errors import ConfigError
 
@@ -250,8 +251,10 @@ def mark_checked(leaf):
         _ALIASED[id(leaf)] = (ref, mm, True)
 
 
-def block_bounds(n: int, rows: int = BLOCK_ROWS):
-    """``(start, stop)`` of nearly equal blocks of at most ``rows`` rows covering ``range(n)``."""
+def block_bounds(n: int, rows: Optional[int] = None):
+    """``(start, stop)`` of nearly equal blocks of at most ``rows`` (default :data:`BLOCK_ROWS`) rows
+    covering ``range(n)``."""
+    rows = BLOCK_ROWS if rows is None else rows
     k = max(1, -(-n // rows))
     edges = [(n * i) // k for i in range(k + 1)]
     return [(edges[i], edges[i + 1]) for i in range(k) if edges[i + 1] > edges[i]]
@@ -297,8 +300,9 @@ def from_npy(paths, gather: str = "auto", check_finite: bool = True):
     opened read-only with ``np.load(path, mmap_mode="r")``; nothing is read but the header. ``gather``:
     ``"auto"``, ``"zero_copy"`` or ``"callback"`` (module docstring). ``check_finite``: scan every file
     once now, in blocks, for NaN or inf (a full read of the files, with a progress bar on long ones);
-    ``False`` skips that pass, and then a non-finite value surfaces only as a non-finite log-likelihood
-    (the step is rejected and counted in ``stats["nonfinite"]``).
+    ``False`` skips that pass (here and in :func:`tallmh.sample`, which otherwise checks every leaf it has
+    not seen checked), and then a non-finite value surfaces only as a non-finite log-likelihood (the step
+    is rejected and counted in ``stats["nonfinite"]``).
 
     Raises :class:`DataError` for a missing or unreadable file, a non-numeric or scalar array, Fortran
     order, leading lengths that differ, ``gather="zero_copy"`` where aliasing is impossible, or (with
@@ -333,7 +337,7 @@ def from_npy(paths, gather: str = "auto", check_finite: bool = True):
         _check_array(mm, name)
         if check_finite:
             check_finite_streamed(mm, name)
-        res.append(host_leaf(mm, gather, name, checked=check_finite))
+        res.append(host_leaf(mm, gather, name, checked=True))  # checked now, or waived by the caller
     return jax.tree_util.tree_unflatten(treedef, res)
 
 

@@ -1,0 +1,221 @@
+"""Out-of-core data (tallmh.datasource, issue 12 item 2): .npy files and memmaps read in place."""
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh import control_variates as cvm
+from tallmh import datasource as ds
+from tallmh.data import take, validate_data
+
+N = 5000
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    data, _ = tm.models.LogisticRegression.simulate(N, d=3, seed=1)
+    root = tmp_path_factory.mktemp("ooc")
+    np.save(root / "X.npy", data["X"])
+    np.save(root / "y.npy", data["y"])
+    return data, {"X": str(root / "X.npy"), "y": str(root / "y.npy")}, root
+
+
+def _run(data, test, cv, **kw):
+    args = dict(test=test, control_variates=cv, num_samples=60, num_warmup=60, num_chains=2, seed=5,
+                progress=False)
+    args.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # short runs are not trusted; that is not what is tested here
+        return tm.sample(tm.models.LogisticRegression(), data, **args)
+
+
+@pytest.mark.parametrize("gather", ["zero_copy", pytest.param("callback", marks=pytest.mark.slow)])
+def test_austerity_with_control_variates_same_draws_as_in_memory(files, gather):
+    data, paths, _ = files
+    test, cv = tm.acceptance.Austerity(error=0.05, batch_size=100), tm.ControlVariates()
+    ref = _run(data, test, cv)
+    disk = tm.data.from_npy(paths, gather=gather)
+    assert ds.describe(disk) == {"X": gather, "y": gather}
+    got = _run(disk, test, cv)
+    np.testing.assert_array_equal(got.flat_samples, ref.flat_samples)
+    np.testing.assert_array_equal(got.stats["n_data"], ref.stats["n_data"])
+    assert got.setup_items == ref.setup_items
+    # negative control: another seed gives other draws (the comparison can fail)
+    assert not np.array_equal(_run(disk, test, cv, seed=6).flat_samples, ref.flat_samples)
+
+
+@pytest.mark.parametrize("gather", ["zero_copy", pytest.param("callback", marks=pytest.mark.slow)])
+def test_exact_same_draws_as_in_memory(files, gather):
+    data, paths, _ = files
+    ref = _run(data, tm.acceptance.Exact(), None, num_samples=30, num_warmup=30)
+    got = _run(tm.data.from_npy(paths, gather=gather), tm.acceptance.Exact(), None, num_samples=30, num_warmup=30)
+    np.testing.assert_array_equal(got.flat_samples, ref.flat_samples)
+
+
+def test_memmap_leaves_are_accepted_without_a_copy(files):
+    data, paths, _ = files
+    mm = {k: np.load(p, mmap_mode="r") for k, p in paths.items()}
+    out = validate_data(mm)
+    assert ds.is_out_of_core(out)
+    kinds = ds.describe(out)
+    assert set(kinds.values()) <= {"zero_copy", "callback"}
+    if kinds["X"] == "zero_copy":  # the JAX array is the file's memory, not a copy of it
+        assert out["X"].unsafe_buffer_pointer() == mm["X"].ctypes.data
+    np.testing.assert_array_equal(np.asarray(take(out, jax.numpy.array([3, 0, 4999]))["X"]),
+                                  data["X"][[3, 0, 4999]])
+
+
+def test_host_gather_returns_the_asked_rows_in_order(files):
+    data, paths, _ = files
+    disk = tm.data.from_npy(paths, gather="callback")
+    idx = jax.numpy.array([[4999, 0, 17], [17, 17, 2500]])
+    rows = jax.jit(lambda d, i: take(d, i))(disk, idx)
+    np.testing.assert_array_equal(np.asarray(rows["X"]), data["X"][np.asarray(idx)])
+    np.testing.assert_array_equal(np.asarray(rows["y"]), data["y"][np.asarray(idx)])
+    # vmapped over chains, as in tm.sample
+    rows = jax.jit(jax.vmap(lambda i, d: take(d, i), in_axes=(0, None)))(idx, disk)
+    np.testing.assert_array_equal(np.asarray(rows["X"]), data["X"][np.asarray(idx)])
+
+
+class _Counting:
+    """A stand-in for the memory map that records how many rows each read returns."""
+
+    def __init__(self, mm):
+        self.mm, self.shape, self.dtype, self.reads = mm, mm.shape, mm.dtype, []
+
+    def __getitem__(self, item):
+        out = np.asarray(self.mm[item])
+        self.reads.append(out.shape[0])
+        return out
+
+
+def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypatch):
+    from tallmh import sampling
+
+    data, paths, _ = files
+    # small blocks, so that "never whole" is visible at N = 5000: set-up reads at most 1024 rows at a time
+    monkeypatch.setattr(ds, "BLOCK_ROWS", 1024)
+    monkeypatch.setattr(cvm, "_CHUNK", 512)
+    monkeypatch.setattr(cvm, "_BLOCK_CHUNKS", 2)
+    disk = tm.data.from_npy(paths, gather="callback", check_finite=False)
+    counters = {}
+    for k, leaf in disk.items():
+        tok = int(np.asarray(leaf.token))
+        counters[k] = ds._HOST[tok] = _Counting(ds._HOST[tok])
+    X = counters["X"]
+    phase = {"setup_end": None}
+    runner = sampling._runner
+
+    def runner_after_setup(*a, **k):  # the chain is built once set-up (mode, sums, model setup) is done
+        if phase["setup_end"] is None:
+            phase["setup_end"] = len(X.reads)
+        return runner(*a, **k)
+
+    monkeypatch.setattr(sampling, "_runner", runner_after_setup)
+    marks = []
+    res = _run(disk, tm.acceptance.Austerity(error=0.05, batch_size=50), tm.ControlVariates(), audit=0.0,
+               num_chains=1, num_samples=100, num_warmup=100, chunk_size=20,
+               callback=lambda info: marks.append(len(X.reads)))
+    k = phase["setup_end"]
+    setup, steps = X.reads[:k], X.reads[k:]
+    # no read, set-up included, ever returned more than a block: the array is never materialised
+    assert max(X.reads) <= 1024 < N
+    # set-up reads = the counted set-up passes (model setup, Newton, sums) + the 16-row model check
+    assert sum(setup) == res.setup_items + 16
+    assert res.setup_items >= 3 * N
+    # each compiled chunk of 20 steps read O(batch) rows per step, and at least the items the test used
+    per_chunk = [sum(X.reads[a:b]) for a, b in zip([k] + marks[:-1], marks)]
+    used = np.concatenate([res.warmup_stats["n_data"][0], res.stats["n_data"][0]])
+    used_chunk = used.reshape(-1, 20).sum(axis=1)
+    assert len(per_chunk) == len(used_chunk) == 10
+    for rows, u in zip(per_chunk, used_chunk):
+        assert u <= rows <= u + 20 * 50, (rows, u)  # read = used + at most one masked batch per step
+        assert rows / 20 < 0.1 * N
+    assert sum(steps) == sum(per_chunk)
+
+
+def test_bad_files_give_clear_data_errors(files, tmp_path):
+    data, paths, _ = files
+    with pytest.raises(tm.DataError, match="no such file"):
+        tm.data.from_npy({"X": str(tmp_path / "missing.npy"), "y": paths["y"]})
+    np.save(tmp_path / "short_y.npy", data["y"][:100])
+    with pytest.raises(tm.DataError, match="different numbers of rows"):
+        tm.data.from_npy({"X": paths["X"], "y": str(tmp_path / "short_y.npy")})
+    np.save(tmp_path / "words.npy", np.array(["a", "b"] * 10))
+    with pytest.raises(tm.DataError, match="not numeric"):
+        tm.data.from_npy(str(tmp_path / "words.npy"))
+    (tmp_path / "junk.npy").write_bytes(b"not an npy file at all")
+    with pytest.raises(tm.DataError, match="cannot open"):
+        tm.data.from_npy(str(tmp_path / "junk.npy"))
+    np.save(tmp_path / "scalar.npy", np.float32(1.0))
+    with pytest.raises(tm.DataError, match="scalar"):
+        tm.data.from_npy(str(tmp_path / "scalar.npy"))
+    np.save(tmp_path / "fortran.npy", np.asfortranarray(data["X"]))
+    with pytest.raises(tm.DataError, match="Fortran"):
+        tm.data.from_npy(str(tmp_path / "fortran.npy"))
+    if not jax.config.jax_enable_x64:  # float64 cannot be aliased by 32-bit JAX: zero-copy refused ...
+        np.save(tmp_path / "X64.npy", data["X"].astype(np.float64))
+        with pytest.raises(tm.DataError, match="zero-copy.*float64"):
+            tm.data.from_npy(str(tmp_path / "X64.npy"), gather="zero_copy")
+        # ... and "auto" reads it by host gathers, converting each gathered block
+        h = tm.data.from_npy(str(tmp_path / "X64.npy"))
+        assert isinstance(h, ds.HostArray) and h.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(take(h, jax.numpy.array([7, 1]))), data["X"][[7, 1]])
+    with pytest.raises(tm.DataError, match="whole into memory"):
+        np.asarray(tm.data.from_npy(paths["X"], gather="callback"))
+
+
+def test_non_finite_values_found_by_a_streamed_pass(files, tmp_path, monkeypatch):
+    data, paths, _ = files
+    monkeypatch.setattr(ds, "BLOCK_ROWS", 64)  # several blocks of 1024 rows (16 values per row block ...)
+    X = data["X"].copy()
+    X[4321, 2] = np.nan
+    np.save(tmp_path / "Xnan.npy", X)
+    with pytest.raises(tm.DataError, match="1 NaN or infinite"):
+        tm.data.from_npy({"X": str(tmp_path / "Xnan.npy"), "y": paths["y"]})
+    # a memmap leaf given straight to sample is checked the same way (streamed), before any compiling
+    mm = {"X": np.load(tmp_path / "Xnan.npy", mmap_mode="r"), "y": np.load(paths["y"], mmap_mode="r")}
+    with pytest.raises(tm.DataError, match="NaN or infinite"):
+        tm.sample(tm.models.LogisticRegression(), mm, num_samples=5, num_warmup=0, progress=False)
+    # waived: from_npy(check_finite=False) opens it; the check is the caller's
+    assert ds.is_out_of_core(tm.data.from_npy({"X": str(tmp_path / "Xnan.npy"), "y": paths["y"]},
+                                              check_finite=False))
+
+
+def test_wrong_shapes_for_the_model_give_data_errors(files, tmp_path):
+    data, paths, _ = files
+    np.save(tmp_path / "X1.npy", data["X"][:, 1].copy())
+    disk = tm.data.from_npy({"X": str(tmp_path / "X1.npy"), "y": paths["y"]})
+    with pytest.raises(tm.DataError, match="shape \\(N, d\\)"):
+        tm.sample(tm.models.LogisticRegression(), disk, num_samples=5, num_warmup=0, progress=False)
+    np.save(tmp_path / "y2.npy", data["y"][:, None].copy())
+    disk = tm.data.from_npy({"X": paths["X"], "y": str(tmp_path / "y2.npy")})
+    # the same error, word for word, as for the same arrays in memory
+    errs = []
+    for d in (disk, {"X": data["X"], "y": data["y"][:, None]}):
+        with pytest.raises(tm.TallmhError) as e:
+            tm.sample(tm.models.LogisticRegression(), d, num_samples=5, num_warmup=0, progress=False)
+        errs.append((type(e.value), str(e.value)))
+    assert errs[0] == errs[1]
+
+
+def test_setup_statistics_streamed_equal_the_whole_array_ones(files, monkeypatch):
+    data, paths, _ = files
+    monkeypatch.setattr(ds, "BLOCK_ROWS", 700)
+    model = tm.models.LogisticRegression()
+    whole = model.setup(validate_data(data))
+    streamed = ds.setup_stats(model, tm.data.from_npy(paths), N)
+    assert float(streamed["max_norm"]) == float(whole["max_norm"])
+
+    class Mean(tm.Model):  # a statistic that is neither a max nor a min cannot be merged blockwise
+        def __init__(self):
+            super().__init__(lambda t: 0.0, lambda t, b: b["y"] * 0.0)
+
+        def setup(self, d):
+            return {"mean": np.mean(d["y"])}
+
+    with pytest.raises(tm.ModelError, match="combine_setup"):
+        ds.setup_stats(Mean(), tm.data.from_npy(paths), N)
