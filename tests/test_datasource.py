@@ -219,3 +219,27 @@ def test_setup_statistics_streamed_equal_the_whole_array_ones(files, monkeypatch
 
     with pytest.raises(tm.ModelError, match="combine_setup"):
         ds.setup_stats(Mean(), tm.data.from_npy(paths), N)
+
+
+@pytest.mark.slow
+def test_out_of_core_benchmark_smoke(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "ooc.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "out_of_core.py"), "--smoke",
+                           "--data-dir", str(tmp_path / "data"), "--out", str(out)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    modes = {r["mode"]: r for r in res["runs"]}
+    assert set(modes) == {"disk", "memory"}
+    assert modes["disk"]["gather"]["X"] in ("zero_copy", "callback")
+    # the same program on the same data: the same draws, so the same ESS and items per step
+    assert modes["disk"]["ess_min"] == modes["memory"]["ess_min"]
+    assert modes["disk"]["items_per_step"] == modes["memory"]["items_per_step"]
+    assert (tmp_path / "data" / "N20000" / "meta.json").exists()  # --data-dir keeps the files for reuse
