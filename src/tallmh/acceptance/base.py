@@ -118,6 +118,13 @@ class Moments(NamedTuple):
         return jnp.where(self.t > 1, self.m2 / jnp.maximum(tf - 1.0, 1.0), 0.0)
 
 
+# The largest chunk a reader gathers at once (items): 2**24 rows of 11 float32 features are 0.74 GB. A ladder
+# is unchanged unless it would have had a rung above 2**24 (never for N < 2**24; the exact test's 4096-item
+# ladder only from N = 2**28). At N = 10**9 (out-of-core data, tallmh.datasource) an exact or audit pass would
+# otherwise gather 2**28-row chunks (12 GB of X, more than this machine's RAM with the intermediates).
+MAX_CHUNK = 2**24
+
+
 class StreamReader:
     """Reads the items at permuted positions ``[t, target)`` in chunks of static sizes.
 
@@ -143,7 +150,7 @@ class StreamReader:
             self.m = int(max(1, m))
             self.dynamic = True
         sizes = [self.m]
-        while (not self.dynamic and sizes[-1] * ladder_base <= self.n) or \
+        while (not self.dynamic and sizes[-1] * ladder_base <= min(self.n, MAX_CHUNK)) or \
                 (self.dynamic and len(sizes) < max_ladder):
             sizes.append(sizes[-1] * ladder_base)
         self.sizes = sizes
