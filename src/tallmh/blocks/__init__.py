@@ -521,6 +521,8 @@ class ParticleGibbs:
             lt, li = model.pg_weights(site, values, data, series, paths)
             now = jax.lax.dynamic_index_in_dim(lt, t, axis=2, keepdims=False)
             rest = jnp.sum(jnp.where(tt >= t, lt, 0.0), axis=2) + li
+            if self._ignore_future:  # negative control: the later times' dependence on the window dropped
+                rest = now + li
             return jnp.where(j == win - 1, rest, now)
 
         def body(c, j):

@@ -90,6 +90,7 @@ class NumPyroProgramModel:
     """
 
     wants_full_site = True  # grouped SubsampledMH passes the whole site with row k replaced
+    _gibbs_prior_only = False  # a deliberately wrong Gibbs conditional (tests' negative control)
 
     def __init__(self, np_model, data, record: Sequence[str] = (), init_globals: str = "prior"):
         if init_globals not in ("prior", "median"):
@@ -242,6 +243,10 @@ class NumPyroProgramModel:
         zvals = jnp.tile(sup, m).astype(values[site].dtype)
         zvals = jnp.broadcast_to(zvals.reshape((m * k,) + (1,) * len(self._item_shape[site])),
                                  (m * k,) + self._item_shape[site])
+        if self._gibbs_prior_only:  # negative control for the tests: the likelihood ignored
+            lps = self.np_model.item_log_probs(self._theta(values), self._rows(data, rows),
+                                               self._local(values, rows, {site: zvals}))
+            return lps[site].reshape(m * k, -1).sum(axis=1).reshape(m, k)
         ll = self.np_model._item_log_lik(self._theta(values), self._rows(data, rows),
                                          self._local(values, rows, {site: zvals}))
         return ll.reshape(m, k)
