@@ -17,8 +17,10 @@ step_z) (subsampled_mh w one Nbatch eps 'drift sigma 1)))``. This module is that
 Every block leaves the model's joint density invariant (for the subsampled block: up to the error of its
 acceptance test), so the cycle does too (Tierney 1994, composition of kernels).
 
-**The model** is described by a small protocol, written by hand (see :mod:`tallmh.blocks.models` for the
-JointDPM, stochastic volatility and test models): the state is a dict of named sites ``values`` plus the
+**The model** is a NumPyro model, ``model, data = tm.blocks.from_numpyro(numpyro_model, *args, state=("z",))``
+(:mod:`tallmh.blocks.numpyro`: the blocks address its sample sites by name; per-item latents are kept in
+the state by site name, item axis first), or a class written by hand to a small protocol (see
+:mod:`tallmh.blocks.models` for the JointDPM, stochastic volatility and test models): the state is a dict of named sites ``values`` plus the
 model's own ``aux`` pytree (e.g. per-cluster sufficient statistics, kept up to date in O(1) per move).
 Which methods a model needs depends on the blocks used:
 
