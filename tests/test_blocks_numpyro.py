@@ -176,3 +176,10 @@ def test_numpyro_blocks_causality_and_dependencies():
     # alpha only enters pi's prior: MH on it reads no data; pi, mu, w have local sections
     assert not dpm.has_local_sections("alpha")
     assert all(dpm.has_local_sections(s) for s in ("pi", "mu", "sd", "w"))
+
+
+def test_numpyro_gibbs_needs_a_discrete_state_site():
+    x, _ = StochasticVolatility.simulate(10, 4, seed=0)
+    model, data = tm.blocks.from_numpyro(npm.stochastic_volatility, x)
+    with pytest.raises(ModelError, match="discrete"):
+        tm.sample_program(tm.Cycle([tm.blocks.Gibbs("eps")]), model, data, num_samples=2)

@@ -88,6 +88,27 @@ def run(program, model, x, steps, chains, seed, thin=1, warmup_chunks=1, ref_see
     return out, timing, ref
 
 
+def nuts_reference(x, args, meta, num_warmup=500, num_samples=1000):
+    """NumPyro NUTS on the whole model (phi, sigma^2 and the 5 * S innovations), one chain."""
+    import arviz as az
+    import jax
+    from numpyro.infer import MCMC, NUTS
+
+    from tallmh.blocks.numpyro_models import stochastic_volatility
+
+    t0 = time.perf_counter()
+    mc = MCMC(NUTS(stochastic_volatility), num_warmup=num_warmup, num_samples=num_samples, num_chains=1,
+              progress_bar=False)
+    mc.run(jax.random.PRNGKey(args.seed), x)
+    s = mc.get_samples()
+    out = {"seconds": time.perf_counter() - t0, "num_warmup": num_warmup, "num_samples": num_samples}
+    for p, v in (("phi", np.asarray(s["phi"])), ("sigma", np.sqrt(np.asarray(s["sigma2"])))):
+        out[p] = {"mean": float(v.mean()), "sd": float(v.std()), "ess": float(az.ess(v[None]))}
+        print(f"NUTS {p}: {v.mean():.4f} +- {v.std():.4f} (ESS {out[p]['ess']:.0f})", flush=True)
+    print(f"NUTS took {out['seconds']:.0f}s", flush=True)
+    C.write_json(args.out, "pp_sv_nuts.json", {"meta": meta, "args": vars(args), "nuts": out})
+
+
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -109,6 +130,9 @@ def main(argv=None):
     ap.add_argument("--hand-written", action="store_true",
                     help="also run the centred hand-written program (exact test) as a cross-check")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--nuts", action="store_true",
+                    help="only run NumPyro's NUTS on the same NumPyro model and data (an independent ground truth "
+                         "for the long exact run) and write pp_sv_nuts.json")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
@@ -125,6 +149,8 @@ def main(argv=None):
     meta = C.machine_info(argv)
     C.header("probabilistic programs Sec. 4.3 / Fig. 9: stochastic volatility (NumPyro model, non-centred)", meta)
     x, h_true = StochasticVolatility.simulate(args.series, args.length, phi=0.95, sigma=0.1, seed=args.seed)
+    if args.nuts:
+        return nuts_reference(x, args, meta)
     model, data = tm.blocks.from_numpyro(stochastic_volatility, x)
     print(f"# {args.series} series of length {args.length} (phi = 0.95, sigma = 0.1); {model}; particles "
           f"{args.particles}, window {args.window}, {args.series_per_step} series per PG step, {args.repeats} MH "

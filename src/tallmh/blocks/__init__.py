@@ -377,7 +377,9 @@ class Gibbs:
 
     def validate(self, model, values, n):
         _check_site(values, self.site, self.label)
-        if not callable(getattr(model, "gibbs_logits_batch", None)):
+        if callable(getattr(model, "gibbs_logits_batch", None)):
+            model.gibbs_check(self.site)
+        else:
             _require(model, ["gibbs_remove", "gibbs_logits", "gibbs_add"], self.label)
         if self.items_per_step is not None and int(self.items_per_step) < 1:
             raise ConfigError(f"Gibbs items_per_step must be at least 1; got {self.items_per_step}")

@@ -233,6 +233,14 @@ class NumPyroProgramModel:
 
     # -- Gibbs on a discrete state latent ----------------------------------------------------------------
 
+    def gibbs_check(self, site):
+        """Gibbs on a NumPyro site needs a discrete per-item latent with one value per item, kept in the state."""
+        if site not in self._support:
+            raise ModelError(f"Gibbs({site!r}): not a discrete per-item latent kept in the state (pass "
+                             f"state=({site!r},) to from_numpyro); state sites: {self.state_sites}")
+        if self._item_shape[site] != ():
+            raise ModelError(f"Gibbs({site!r}): one value per item is needed; per-item shape {self._item_shape[site]}")
+
     def gibbs_logits_batch(self, site, values, data, items):
         """``(m, K)`` log full conditionals of ``site`` for the items ``items`` (one batched model run on
         ``m * K`` rows; z_i is conditionally independent of the other items' latents given the globals)."""
