@@ -34,7 +34,8 @@ Scaled for a loaded 2-core CPU: 2000 series (not 200: with 200 series an austeri
 
 Usage::
 
-    python benchmarks/papers/pp_sv.py      # the committed results (see the log for the time taken)
+    python benchmarks/papers/pp_sv.py --steps 2500 --hand-written   # the committed results, ~15 min at load ~13
+    python benchmarks/papers/pp_sv.py --nuts                           # NUTS ground truth, ~1 min
     python benchmarks/papers/pp_sv.py --smoke --out /tmp/x
 """
 
