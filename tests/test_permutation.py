@@ -59,13 +59,25 @@ def _mix32_ref(x):
 def _permute_ref(round_keys, x, n):
     hi, lo, fk = (np.asarray(round_keys[i], np.uint64).astype(object) for i in range(3))
     k = [int(h) * 2**32 + int(l) for h, l in zip(hi, lo)]
-    k = [v % n for v in k]
+    k = [v * n >> 64 for v in k]
     x = (k[0] - x) % n
     for r in range(1, len(k)):
         xp = (k[r] - x) % n
         if _mix32_ref(max(x, xp) ^ int(fk[r])) >> 31:
             x = xp
     return x
+
+
+def test_wide_products_and_round_offsets_are_exact():
+    rng = np.random.default_rng(1)
+    a = np.r_[0, 1, 2**16, 2**32 - 1, 2**31 - 1, rng.integers(0, 2**32, 200)].astype(np.uint32)
+    b = np.r_[2**32 - 1, 2**32 - 1, 2**16 - 1, 2**32 - 1, 2**31 - 1, rng.integers(0, 2**32, 200)].astype(np.uint32)
+    hi, lo = (np.asarray(v) for v in D._mul_wide(jnp.asarray(a), jnp.asarray(b)))
+    want = [int(x) * int(y) for x, y in zip(a, b)]
+    assert [int(h) * 2**32 + int(l) for h, l in zip(hi, lo)] == want
+    for n in [1, 2, 3, 1000, 2**31 - 1]:
+        k = np.asarray(D._scale64(jnp.asarray(a), jnp.asarray(b), jnp.uint32(n)))
+        assert [int(v) for v in k] == [(int(x) * 2**32 + int(y)) * n >> 64 for x, y in zip(a, b)]
 
 
 @pytest.mark.parametrize("n", [7, 4**10 + 1, 3 * 2**29, 2**31 - 2, 2**31 - 1])

@@ -107,22 +107,31 @@ def make_permutation(key) -> Permutation:
     return Permutation(jax.random.bits(key, (3, _SWAP_ROUNDS + 1), dtype=jnp.uint32))
 
 
-def _reduce64(hi, lo, n):
-    """``(hi * 2**32 + lo) mod n`` in uint32 arithmetic (``1 <= n < 2**31``): 32 shift-and-subtract steps.
+def _mul_wide(a, b):
+    """The 64-bit product of two uint32 arrays as ``(high word, low word)``, from 16-bit limbs."""
+    lo16 = jnp.uint32(0xFFFF)
+    a0, a1, b0, b1 = a & lo16, a >> 16, b & lo16, b >> 16
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1  # each < 2**32
+    mid = (p00 >> 16) + (p01 & lo16) + (p10 & lo16)  # < 3 * 2**16
+    return p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16), (p00 & lo16) | (mid << 16)
 
-    A 64-bit draw reduced mod n is uniform on ``range(n)`` up to a total variation of ``n / 2**64``; a single
-    32-bit word mod n would be off by up to 1/8 in total variation for n near 2**31.
+
+def _scale64(hi, lo, n):
+    """``floor(u * n / 2**64)`` for the 64-bit integer ``u = hi * 2**32 + lo``: a value in ``range(n)``.
+
+    With u uniform, each value in ``range(n)`` gets ``floor`` or ``ceil`` of ``2**64 / n`` of the u's, so
+    the result is uniform up to a total variation of ``n / 2**64`` (a single 32-bit word taken mod n
+    would be off by up to 1/8 for n near 2**31). Exact uint32 arithmetic.
     """
-    x = hi % n
-    for i in range(31, -1, -1):
-        x = (x << 1) | ((lo >> i) & jnp.uint32(1))  # < 2n <= 2**32 - 2: no overflow
-        x = jnp.where(x >= n, x - n, x)
-    return x
+    h1, l1 = _mul_wide(hi, n)
+    h2, _ = _mul_wide(lo, n)
+    s = l1 + h2
+    return h1 + (s < l1).astype(jnp.uint32)
 
 
 def _encrypt(perm: Permutation, x, n):
     """The swap-or-not shuffle of ``x`` (uint32 in ``range(n)``; ``n`` uint32, ``1 <= n < 2**31``)."""
-    k = _reduce64(perm.round_keys[0], perm.round_keys[1], n)
+    k = _scale64(perm.round_keys[0], perm.round_keys[1], n)
     fkey = perm.round_keys[2]
 
     def partner(kr, x):
