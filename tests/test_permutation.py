@@ -154,3 +154,28 @@ def test_negative_controls_fail_the_same_checks(monkeypatch):
     # four rounds: pairs (i, i + 1) survive together with probability ~ 2**-4, still visible at this size
     pre = _prefixes(rounds=4, monkeypatch=monkeypatch)
     assert _neighbour_z(pre, 1) > 3.9
+
+
+def _prefix_mean_variance_ratio(monkeypatch=None, rounds=None, n=10_007, m=100, draws=20_000):
+    # Data stored in sorted order (l_i = i), the worst case for a shuffle that keeps neighbours together:
+    # the variance of the mean of the first m items, over keys, against simple random sampling without
+    # replacement, sigma^2 / m * (N - m) / (N - 1). Returns (ratio, its Monte Carlo standard error).
+    if rounds is not None:
+        monkeypatch.setattr(D, "_SWAP_ROUNDS", rounds)
+    keys = jax.random.split(jax.random.PRNGKey(7), draws)
+    f = jax.jit(jax.vmap(lambda k: jnp.mean(D.permute(D.make_permutation(k), jnp.arange(m), n).astype(jnp.float32))))
+    means = np.asarray(f(keys), np.float64)
+    sigma2 = (n**2 - 1) / 12.0
+    want = sigma2 / m * (n - m) / (n - 1)
+    ratio = means.var(ddof=1) / want
+    # the mean of m items is close to normal, so var(sample variance) / variance^2 ~ 2 / (draws - 1)
+    return ratio, ratio * np.sqrt(2.0 / (draws - 1))
+
+
+def test_minibatch_mean_of_sorted_data_has_the_srswor_variance(monkeypatch):
+    ratio, se = _prefix_mean_variance_ratio()
+    assert abs(ratio - 1.0) < 4 * se, (ratio, se)
+    # negative control: 8 rounds keep each pair of positions together with probability ~ 2**-8, which
+    # inflates the variance by about (m - 1) / 256 ~ 40% on sorted data
+    ratio8, se8 = _prefix_mean_variance_ratio(monkeypatch, rounds=8)
+    assert ratio8 - 1.0 > 4 * se8, (ratio8, se8)

@@ -15,7 +15,10 @@ round bits, the pair is uniform over distinct pairs from the first round in whic
 moves (each round: probability 1/2 - 1/(2N)), so its total variation from uniform is at most
 ``(1/2 + 1/(2N))**32`` (2.3e-10 for large N; measured at N = 8 it decays as that bound says); the
 covariance of a minibatch of m items, which sets the variance of the tests' estimates, is then off by a
-relative amount of order ``m * 2**-32`` even for data stored in sorted order (1.5e-5 at m = 65,536). Statistical
+relative amount of about ``(m - 1) * 2**-32`` even for data stored in sorted order (1.5e-5 at
+m = 65,536). Measured on sorted data (N = 10,007, m = 100, 20,000 keys): with 8 rounds the variance of
+the minibatch mean is 1.38x that of simple random sampling (predicted 1 + 99/256), with 12 rounds
+1.019 (predicted 1.024), with 32 rounds 0.996 +- 0.010. Statistical
 quality, not cryptographic security (which needs more rounds), is what subsampling needs.
 """
 
