@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,6 +78,9 @@ def parse(argv):
     ap.add_argument("--hmc-steps", default=None, help="warmup,draws of HMCECS and NUTS (default 300,300)")
     ap.add_argument("--cell-cap-s", type=float, default=None, help="cap on one cell's sampling seconds (default 25)")
     ap.add_argument("--subsample", type=int, default=None, help="HMCECS subsample (default 1000)")
+    ap.add_argument("--hard-stop-s", type=float, default=None,
+                    help="interrupt a cell still running this long after start (default budget + 45 s); the "
+                         "rows so far are kept and the script ends normally")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -89,6 +92,8 @@ def parse(argv):
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.hard_stop_s is None:
+        a.hard_stop_s = a.budget_s + 45.0
     a.sizes = [int(float(s)) for s in str(a.sizes).split(",") if s]
     a.nuts_sizes = {int(float(s)) for s in str(a.nuts_sizes).split(",") if s}
     a.tallmh_steps = [int(v) for v in a.tallmh_steps.split(",")]
@@ -296,6 +301,21 @@ def main(argv=None):
             "hmc_steps": args.hmc_steps, "cell_cap_s": args.cell_cap_s, "subsample": args.subsample,
             **device_info()}
     say("gpu benchmark:", json.dumps(meta))
+
+    class HardStop(Exception):
+        pass
+
+    guard = {"in_cell": False, "stopped": False}
+
+    def on_alarm(signum, frame):
+        guard["stopped"] = True
+        if guard["in_cell"]:  # interrupt the running cell; between cells the loop sees the flag
+            guard["in_cell"] = False
+            raise HardStop(f"hard stop after {args.hard_stop_s:.0f}s")
+
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.alarm(max(1, int(args.hard_stop_s)))
     rows, data_rows = [], []
 
     def save():
@@ -310,19 +330,26 @@ def main(argv=None):
         # share the remaining budget between this N and the larger ones (the larger get as much)
         n_deadline = time.perf_counter() + left / (len(sizes) - si)
         say(f"\n=== N = {n:.0e}: {left:.0f}s of the budget left, {n_deadline - time.perf_counter():.0f}s for this N ===")
+        if guard["stopped"] or time.perf_counter() - t_start > args.hard_stop_s - 5:
+            data_rows.append({"n": n, "error": "hard stop reached before this N"})
+            continue
+        guard["in_cell"] = True
         try:
             t0 = time.perf_counter()
             data, theta_true = make_data(n, args.seed)
             gen_s = time.perf_counter() - t0
             theta_map, cov, passes, map_s = laplace(data["X"], data["y"])
-        except Exception as e:  # e.g. out of device memory at 1e8
+            guard["in_cell"] = False
+        except Exception as e:
+            guard["in_cell"] = False  # e.g. out of device memory at 1e8 (HardStop included: it is an Exception)
             say(f"data or MAP at N = {n:.0e} failed: {type(e).__name__}: {e}")
             data_rows.append({"n": n, "error": f"{type(e).__name__}: {e}"})
             save()
             continue
         ref = {"mean": theta_map, "sd": np.sqrt(np.diag(cov)), "mcse": np.zeros(len(theta_map))}
         data_rows.append({"n": n, "generate_s": gen_s, "map_s": map_s, "map_passes": passes,
-                          "bytes": int(data["X"].nbytes + data["y"].nbytes), "laplace_sd": ref["sd"].tolist()})
+                          "bytes": int(data["X"].nbytes + data["y"].nbytes), "laplace_sd": ref["sd"].tolist(),
+                          "theta_true": theta_true.tolist(), "map": theta_map.tolist()})
         say(f"data generated on the device in {gen_s:.1f}s ({data_rows[-1]['bytes'] / 1e9:.2f} GB); "
             f"MAP by Newton in {map_s:.1f}s ({passes} passes); Laplace sd {ref['sd'].min():.3g}-{ref['sd'].max():.3g}")
         cells = [("tallmh-austerity-cv", args.chains), ("hmcecs", 1), ("tallmh-austerity-cv", 1),
@@ -332,6 +359,8 @@ def main(argv=None):
         for method, chains in cells:
             row = {"method": method, "n": n, "chains": chains}
             left_n = n_deadline - time.perf_counter()
+            if guard["stopped"]:
+                left_n = 0.0
             if left_n < args.min_cell_s:
                 row["skipped"] = f"time budget: {left_n:.0f}s left for this N (< --min-cell-s {args.min_cell_s:.0f})"
                 rows.append(row)
@@ -340,6 +369,8 @@ def main(argv=None):
                 continue
             # sampling gets what is left after a rough allowance for compile, set-up and warmup
             cap = max(2.0, min(args.cell_cap_s, 0.5 * left_n))
+            say(f"-- {method}, {chains} chain(s): sampling capped at {cap:.0f}s ({left_n:.0f}s left for this N)")
+            guard["in_cell"] = True
             try:
                 if method.startswith("tallmh"):
                     out = run_tallmh("langevin" if "langevin" in method else "am", data, chains, args.tallmh_steps,
@@ -347,18 +378,29 @@ def main(argv=None):
                 else:
                     out = run_peer(method, data, chains, args.hmc_steps, cap, args.seed, theta_map, map_s,
                                    args.subsample)
+                guard["in_cell"] = False
                 row = summarise(row, out, ref)
-            except Exception as e:
+            except (Exception, HardStop) as e:
                 row["error"] = f"{type(e).__name__}: {e}"
-                traceback.print_exc()
+                if not isinstance(e, HardStop):
+                    traceback.print_exc()
+            guard["in_cell"] = False
             rows.append(row)
             say(fmt_row(row))
             save()
         del data
+    if hasattr(signal, "SIGALRM"):
+        signal.alarm(0)
     say("\n" + markdown(rows))
     meta["total_s"] = time.perf_counter() - t_start
     save()
     say(f"\ntotal {meta['total_s']:.0f}s; saved {args.out}")
+    if guard["stopped"]:
+        # an interrupted cell may leave a worker thread inside XLA (tallmh compiles in a thread), which
+        # would abort the interpreter's shutdown: everything is saved, so leave at once
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
