@@ -21,7 +21,13 @@ JSON, when the time left for that N is below ``--min-cell-s``):
 5. ``tallmh-langevin-cv`` with ``--chains`` chains: ``proposals.Langevin(step_size=h, batch_size=100)``
    with control variates, ``h = 1.2 * lambda_min`` of the Laplace covariance (the MALA scaling
    ``1.65^2 d^(-1/3) ~ 1.2`` for d = 11), when tallmh has a Langevin proposal;
-6. ``nuts``, 1 chain, only for N in ``--nuts-sizes`` (default 1e7): NumPyro NUTS on the full data.
+6. ``nuts``, 1 chain, only for N in ``--nuts-sizes`` (default 1e7): NumPyro NUTS on the full data. The
+   NUTS cells run last, after every N (their time per step is the least predictable), with
+   ``--nuts-reserve-s`` (70) of the budget kept for them plus whatever the other cells left.
+
+HMCECS and NUTS are set up exactly as in ``benchmarks/peers.py`` (``run_numpyro``) but driven in compiled
+chunks of 25 steps so that the caps act inside warmup too: a warmup that runs past twice the cell's
+sampling cap abandons the cell (with the reason), and sampling stops at the cap (``partial``).
 
 Reference: the Laplace approximation at the MAP (Newton on the device: float32 chunk sums of the gradient
 and Hessian, added in float64 on the host). At N >= 10^7 and d = 11 the posterior is Gaussian to within
@@ -73,6 +79,8 @@ def parse(argv):
     ap.add_argument("--nuts-sizes", default=None, help="N at which NUTS runs (default 1e7; smoke 1e4)")
     ap.add_argument("--chains", type=int, default=None, help="vectorised chains (default 16; smoke 4)")
     ap.add_argument("--budget-s", type=float, default=None, help="global wall budget (default 420; smoke 600)")
+    ap.add_argument("--nuts-reserve-s", type=float, default=None,
+                    help="budget kept for the NUTS cells, which run last (default 70; smoke 20)")
     ap.add_argument("--min-cell-s", type=float, default=None, help="skip a cell when less is left for its N (default 30)")
     ap.add_argument("--tallmh-steps", default=None, help="warmup,draws of tallmh (default 2000,20000)")
     ap.add_argument("--hmc-steps", default=None, help="warmup,draws of HMCECS and NUTS (default 300,300)")
@@ -86,7 +94,7 @@ def parse(argv):
     a = ap.parse_args(argv)
     sm = a.smoke
     dflt = dict(sizes="1e4" if sm else "1e7,1e8", nuts_sizes="1e4" if sm else "1e7", chains=4 if sm else 16,
-                budget_s=600.0 if sm else 420.0, min_cell_s=5.0 if sm else 30.0,
+                budget_s=600.0 if sm else 420.0, nuts_reserve_s=20.0 if sm else 70.0, min_cell_s=5.0 if sm else 30.0,
                 tallmh_steps="100,300" if sm else "2000,20000", hmc_steps="50,50" if sm else "300,300",
                 cell_cap_s=20.0 if sm else 25.0, subsample=200 if sm else 1000)
     for k, v in dflt.items():
@@ -229,15 +237,80 @@ def run_tallmh(kind, data, chains, steps, cap_s, seed, cov):
                 draws=int(theta.shape[1]))
 
 
-def run_peer(kind, data, chains, steps, cap_s, seed, theta_map, map_s, subsample):
+def run_peer(kind, data, chains, steps, cap_s, seed, theta_map, map_s, subsample, chunk=25):
+    """NumPyro NUTS or HMCECS set up as in ``benchmarks/peers.py`` (``run_numpyro``), driven in compiled
+    chunks of ``chunk`` steps so that the caps act inside warmup too: warmup may take at most ``2 cap_s``
+    (else the cell is abandoned, with what it did, since draws taken while the kernel still adapts would
+    not be samples) and sampling at most ``cap_s`` (then the draws so far are kept: ``partial``)."""
+    import jax
+    import jax.numpy as jnp
+    from numpyro.infer import HMCECS, NUTS
+
     import peers
 
+    X, y = data["X"], data["y"]
+    n, d = X.shape
     warm, draws = steps
-    out = peers.run_numpyro(kind, data["X"], data["y"], theta_map, warm, draws, chains, seed, subsample, cap_s)
-    out["setup_s"] += map_s  # the MAP this script found for it (HMCECS's proxy centre, NUTS's start)
-    out["wall_s"] += map_s
-    out["warmup"], out["draws"] = warm, int(out["theta"].shape[1])
-    return out
+    t0 = time.perf_counter()
+    if kind == "nuts":
+        kernel = NUTS(peers.numpyro_model(d))
+    else:
+        kernel = HMCECS(NUTS(peers.numpyro_model(d, subsample)),
+                        proxy=HMCECS.taylor_proxy({"theta": jnp.asarray(theta_map, X.dtype)}))
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * chains)
+    state0 = kernel.init(keys[0], warm, {"theta": jnp.asarray(theta_map, X.dtype)}, (X, y), {})
+    states = []
+    for c in range(chains):  # same start, step size and subsample; own random keys (as peers.py)
+        if kind == "nuts":
+            states.append(state0._replace(rng_key=keys[2 * c]))
+        else:
+            states.append(state0._replace(rng_key=keys[2 * c],
+                                          hmc_state=state0.hmc_state._replace(rng_key=keys[2 * c + 1])))
+    states = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *states)
+    jax.block_until_ready(states)
+    setup_s = time.perf_counter() - t0 + map_s  # the MAP this script found (proxy centre, start)
+
+    def extract(s):
+        h = s if kind == "nuts" else s.hmc_state
+        return h.z["theta"], h.num_steps, h.accept_prob, h.diverging
+
+    def one_chain(state, args):
+        def body(s, _):
+            s = kernel.sample(s, args, {})
+            return s, extract(s)
+        return jax.lax.scan(body, state, None, length=chunk)
+
+    t = time.perf_counter()
+    compiled = jax.jit(jax.vmap(one_chain, in_axes=(0, None))).lower(states, (X, y)).compile()
+    tim = {"compile_s": time.perf_counter() - t, "warmup_s": 0.0, "sampling_s": 0.0}
+    outs, partial = [], False
+    for phase, total, cap in (("warmup", warm, 2 * cap_s), ("sampling", draws, cap_s)):
+        t = time.perf_counter()
+        done = 0
+        while done < total:
+            states, out = compiled(states, (X, y))
+            jax.block_until_ready(states)
+            done += chunk
+            tim[f"{phase}_s"] = time.perf_counter() - t
+            if phase == "sampling":
+                outs.append(jax.tree_util.tree_map(np.asarray, out))
+            if tim[f"{phase}_s"] > cap and done < total:
+                if phase == "warmup":
+                    raise RuntimeError(f"warmup took more than its cap {cap:.0f}s ({done} of {warm} steps in "
+                                       f"{tim['warmup_s']:.1f}s after {tim['compile_s']:.1f}s compiling)")
+                partial = True
+                break
+    theta = np.concatenate([o[0] for o in outs], axis=1)
+    nsteps = np.concatenate([o[1] for o in outs], axis=1)
+    acc = np.concatenate([o[2] for o in outs], axis=1)
+    div = np.concatenate([o[3] for o in outs], axis=1)
+    wall = time.perf_counter() - t0 + map_s
+    lf = float(np.mean(nsteps))
+    per_step = n * lf if kind == "nuts" else subsample * (lf + 3)
+    return dict(theta=theta, wall_s=wall, setup_s=setup_s, timings=tim, partial=partial, data_per_step=per_step,
+                setup_items=n if kind == "nuts" else 3 * n, acceptance_rate=float(np.mean(acc)),
+                leapfrog_steps=lf, divergences=int(np.sum(div)), warmup=warm, draws=int(theta.shape[1]),
+                note=f"mean leapfrog steps {lf:.1f}" + (f", subsample {subsample}" if kind != "nuts" else ""))
 
 
 def summarise(row, out, ref):
@@ -324,10 +397,46 @@ def main(argv=None):
             json.dump({"meta": meta, "datasets": data_rows, "rows": rows,
                        "total_s": time.perf_counter() - t_start}, f, indent=1, default=float)
 
+    def run_cells(n, cells, deadline, ctx):
+        data, theta_map, map_s, cov, ref = ctx
+        for method, chains in cells:
+            row = {"method": method, "n": n, "chains": chains}
+            left_n = 0.0 if guard["stopped"] else deadline - time.perf_counter()
+            if left_n < args.min_cell_s:
+                row["skipped"] = f"time budget: {left_n:.0f}s left for it (< --min-cell-s {args.min_cell_s:.0f})"
+                rows.append(row)
+                say(fmt_row(row))
+                save()
+                continue
+            # sampling gets what is left after a rough allowance for compile, set-up and warmup
+            cap = max(2.0, min(args.cell_cap_s, 0.5 * left_n))
+            say(f"-- {method}, N = {n:.0e}, {chains} chain(s): sampling capped at {cap:.0f}s ({left_n:.0f}s left)")
+            guard["in_cell"] = True
+            try:
+                if method.startswith("tallmh"):
+                    out = run_tallmh("langevin" if "langevin" in method else "am", data, chains, args.tallmh_steps,
+                                     cap, args.seed, cov)
+                else:
+                    out = run_peer(method, data, chains, args.hmc_steps, cap, args.seed, theta_map, map_s,
+                                   args.subsample)
+                guard["in_cell"] = False
+                row = summarise(row, out, ref)
+            except (Exception, HardStop) as e:
+                row["error"] = f"{type(e).__name__}: {e}"
+                if not isinstance(e, HardStop):
+                    traceback.print_exc()
+            guard["in_cell"] = False
+            rows.append(row)
+            say(fmt_row(row))
+            save()
+
     sizes = sorted(args.sizes)
+    nuts_later = {}  # NUTS runs last (its time per step is the least predictable), on data kept for it
+    reserve = args.nuts_reserve_s if set(sizes) & args.nuts_sizes else 0.0
     for si, n in enumerate(sizes):
-        left = args.budget_s - (time.perf_counter() - t_start)
-        # share the remaining budget between this N and the larger ones (the larger get as much)
+        left = args.budget_s - reserve - (time.perf_counter() - t_start)
+        # share the remaining budget (less the NUTS reserve) between this N and the larger ones; the NUTS
+        # cells at the end get the reserve and whatever the others leave
         n_deadline = time.perf_counter() + left / (len(sizes) - si)
         say(f"\n=== N = {n:.0e}: {left:.0f}s of the budget left, {n_deadline - time.perf_counter():.0f}s for this N ===")
         if guard["stopped"] or time.perf_counter() - t_start > args.hard_stop_s - 5:
@@ -352,43 +461,17 @@ def main(argv=None):
                           "theta_true": theta_true.tolist(), "map": theta_map.tolist()})
         say(f"data generated on the device in {gen_s:.1f}s ({data_rows[-1]['bytes'] / 1e9:.2f} GB); "
             f"MAP by Newton in {map_s:.1f}s ({passes} passes); Laplace sd {ref['sd'].min():.3g}-{ref['sd'].max():.3g}")
-        cells = [("tallmh-austerity-cv", args.chains), ("hmcecs", 1), ("tallmh-austerity-cv", 1),
-                 ("hmcecs", args.chains), ("tallmh-langevin-cv", args.chains)]
+        ctx = (data, theta_map, map_s, cov, ref)
         if n in args.nuts_sizes:
-            cells.append(("nuts", 1))
-        for method, chains in cells:
-            row = {"method": method, "n": n, "chains": chains}
-            left_n = n_deadline - time.perf_counter()
-            if guard["stopped"]:
-                left_n = 0.0
-            if left_n < args.min_cell_s:
-                row["skipped"] = f"time budget: {left_n:.0f}s left for this N (< --min-cell-s {args.min_cell_s:.0f})"
-                rows.append(row)
-                say(fmt_row(row))
-                save()
-                continue
-            # sampling gets what is left after a rough allowance for compile, set-up and warmup
-            cap = max(2.0, min(args.cell_cap_s, 0.5 * left_n))
-            say(f"-- {method}, {chains} chain(s): sampling capped at {cap:.0f}s ({left_n:.0f}s left for this N)")
-            guard["in_cell"] = True
-            try:
-                if method.startswith("tallmh"):
-                    out = run_tallmh("langevin" if "langevin" in method else "am", data, chains, args.tallmh_steps,
-                                     cap, args.seed, cov)
-                else:
-                    out = run_peer(method, data, chains, args.hmc_steps, cap, args.seed, theta_map, map_s,
-                                   args.subsample)
-                guard["in_cell"] = False
-                row = summarise(row, out, ref)
-            except (Exception, HardStop) as e:
-                row["error"] = f"{type(e).__name__}: {e}"
-                if not isinstance(e, HardStop):
-                    traceback.print_exc()
-            guard["in_cell"] = False
-            rows.append(row)
-            say(fmt_row(row))
-            save()
-        del data
+            nuts_later[n] = ctx
+        run_cells(n, [("tallmh-austerity-cv", args.chains), ("hmcecs", 1), ("tallmh-austerity-cv", 1),
+                      ("hmcecs", args.chains), ("tallmh-langevin-cv", args.chains)],
+                  n_deadline, ctx)
+        del data, ctx
+    for n, ctx in sorted(nuts_later.items()):
+        say(f"\n=== NUTS at N = {n:.0e} ===")
+        run_cells(n, [("nuts", 1)], t_start + args.budget_s, ctx)
+    nuts_later.clear()
     if hasattr(signal, "SIGALRM"):
         signal.alarm(0)
     say("\n" + markdown(rows))
