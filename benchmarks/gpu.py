@@ -6,7 +6,11 @@ on a machine with one GPU. Posterior: Bayesian logistic regression, ``theta ~ N(
 ``tm.models.LogisticRegression.simulate``), float32, **data generated on the device** with ``jax.random``
 (no host copy of the data is made by this script; ``tm.sample``'s one-time finiteness check reads it once).
 
-Per N (``--sizes``, default 1e7,1e8), in this order of priority (a cell is skipped, with the reason in the
+First (``--perm-sizes``, ~30 s): the per-item cost of the subsampling permutation on the device, the old
+Feistel with cycle-walking against swap-or-not and one log-likelihood item (``benchmarks/permutation.py``'s
+``bench_size`` at N = 4^10, 4^10 + 1 and 10^7, chunks of 100 and 65,536; in the JSON's ``meta.permutation``).
+
+Then per N (``--sizes``, default 1e7,1e8), in this order of priority (a cell is skipped, with the reason in the
 JSON, when the time left for that N is below ``--min-cell-s``):
 
 1. ``tallmh-austerity-cv`` with ``--chains`` (default 16) vectorised chains: ``tm.sample(model, data,
@@ -89,6 +93,9 @@ def parse(argv):
     ap.add_argument("--hard-stop-s", type=float, default=None,
                     help="interrupt a cell still running this long after start (default budget + 45 s); the "
                          "rows so far are kept and the script ends normally")
+    ap.add_argument("--perm-sizes", default=None,
+                    help="N for the permutation timing made first (old Feistel vs swap-or-not vs a log-likelihood "
+                         "item, benchmarks/permutation.py; default 4^10,4^10+1,1e7; '' skips it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -96,13 +103,15 @@ def parse(argv):
     dflt = dict(sizes="1e4" if sm else "1e7,1e8", nuts_sizes="1e4" if sm else "1e7", chains=4 if sm else 16,
                 budget_s=600.0 if sm else 420.0, nuts_reserve_s=20.0 if sm else 70.0, min_cell_s=5.0 if sm else 30.0,
                 tallmh_steps="100,300" if sm else "2000,20000", hmc_steps="50,50" if sm else "300,300",
-                cell_cap_s=20.0 if sm else 25.0, subsample=200 if sm else 1000)
+                cell_cap_s=20.0 if sm else 25.0, subsample=200 if sm else 1000,
+                perm_sizes="1024,1025" if sm else f"{4**10},{4**10 + 1},10000000")
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.hard_stop_s is None:
         a.hard_stop_s = a.budget_s + 45.0
     a.sizes = [int(float(s)) for s in str(a.sizes).split(",") if s]
+    a.perm_sizes = [int(float(s)) for s in str(a.perm_sizes).split(",") if s]
     a.nuts_sizes = {int(float(s)) for s in str(a.nuts_sizes).split(",") if s}
     a.tallmh_steps = [int(v) for v in a.tallmh_steps.split(",")]
     a.hmc_steps = [int(v) for v in a.hmc_steps.split(",")]
@@ -429,6 +438,35 @@ def main(argv=None):
             rows.append(row)
             say(fmt_row(row))
             save()
+
+    perm_rows = []
+    if args.perm_sizes:
+        # the subsampling permutation on this device: per-item cost of the old Feistel (cycle-walking) and of
+        # swap-or-not, against one log-likelihood item (gather + likelihood), chunks of 100 and 65,536
+        import jax
+        import jax.numpy as jnp
+        import permutation as pb
+
+        say("\n=== permutation cost per item (ns) ===")
+        guard["in_cell"] = True
+        try:
+            for n in args.perm_sizes:
+                kx, ky = jax.random.split(jax.random.PRNGKey(1))
+                X = jnp.concatenate([jnp.ones((n, 1), jnp.float32), jax.random.normal(kx, (n, D_FEATURES))], axis=1)
+                y = (jax.random.uniform(ky, (n,)) < 0.5).astype(jnp.float32)
+                for m in (100, 65536):
+                    r = pb.bench_size(n, min(m, n), 4096 if args.smoke else 2**20, 3, X, y)
+                    perm_rows.append(r)
+                    say(f"N {n:>9} chunk {r['chunk']:>6}: feistel {r['feistel_ns_per_item']:8.3f} (walks max "
+                        f"{r['feistel_walk_rounds_max_per_chunk']}), swap-or-not {r['swap_or_not_ns_per_item']:8.3f}, "
+                        f"loglik {r['loglik_ns_per_item']:8.3f}")
+                del X, y
+        except (Exception, HardStop) as e:
+            perm_rows.append({"error": f"{type(e).__name__}: {e}"})
+            say(f"permutation timing failed: {type(e).__name__}: {e}")
+        guard["in_cell"] = False
+        meta["permutation"] = perm_rows
+        save()
 
     sizes = sorted(args.sizes)
     nuts_later = {}  # NUTS runs last (its time per step is the least predictable), on data kept for it
