@@ -1,7 +1,7 @@
 """Cost per item of the subsampling permutation: the old Feistel with cycle-walking against swap-or-not.
 
 For each N in ``--sizes`` (default 4^10, 4^10 + 1, 10^6, 10^7) and chunk size m in ``--chunks`` (100 and
-65,536 positions), one jitted program reads ``--items`` positions (default 2^21) as consecutive chunks
+65,536 positions), one jitted program reads ``--items`` positions (default 2^18) as consecutive chunks
 ``[t, t + m)``, ``t = 0, m, 2m, ...`` (wrapping at N), and the time is divided by the number of items:
 
 * ``feistel``: the permutation tallmh used before (kept here only for this comparison): a balanced
@@ -12,8 +12,9 @@ For each N in ``--sizes`` (default 4^10, 4^10 + 1, 10^6, 10^7) and chunk size m 
   random row of X (N x 11) and y, and ``y * eta - softplus(eta)``, at the same N and chunk size (indices
   from the new permutation, computed outside the timed program).
 
-Every timing is the fastest of ``--reps`` (7) runs after a warm-up run (the median is saved too): on a
-shared machine the fastest run is the one least disturbed by other processes. Results are printed and saved to
+Every timing is the fastest of ``--reps`` (21) runs after a warm-up run (the median is saved too), the three
+programs timed in turn within each repetition: on a shared machine the fastest run is the one least
+disturbed by other processes. Results are printed and saved to
 ``benchmarks/results/permutation.json`` (``--out``). Timings are wall-clock on whatever machine runs this,
 with whatever else runs on it (the load average is recorded).
 
@@ -77,16 +78,17 @@ def feistel_permute(keys, positions, n: int):
 
 # --- timing ----------------------------------------------------------------------------------------------
 
-def _times(f, *args, reps):
-    """(fastest, median) seconds of ``reps`` runs after a warm-up run; on a shared machine the fastest is
-    the least disturbed by other processes."""
-    jax.block_until_ready(f(*args))
-    ts = []
+def _times_interleaved(calls, reps):
+    """[(fastest, median) seconds] per ``(f, args)`` in ``calls``, the calls timed in turn in each repetition."""
+    for f, a in calls:
+        jax.block_until_ready(f(*a))
+    ts = [[] for _ in calls]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t0)
-    return float(np.min(ts)), float(np.median(ts))
+        for j, (f, a) in enumerate(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*a))
+            ts[j].append(time.perf_counter() - t0)
+    return [(float(np.min(t)), float(np.median(t))) for t in ts]
 
 
 def bench_size(n, m, items, reps, X, y):
@@ -127,10 +129,11 @@ def bench_size(n, m, items, reps, X, y):
             return s + jnp.sum(yy * eta - jax.nn.softplus(eta))
         return jax.lax.fori_loop(0, chunks, body, jnp.float32(0))
 
-    t_old = _times(run_feistel, fkeys, reps=reps)
+    # the three programs are timed in turn within each repetition, so that a burst of load on a shared
+    # machine hits them alike
+    t_old, t_new, t_ll = _times_interleaved([(run_feistel, (fkeys,)), (run_new, (perm,)),
+                                             (run_loglik, (X, y, idx_all, theta))], reps)
     _, walks, wmax = run_feistel(fkeys)
-    t_new = _times(run_new, perm, reps=reps)
-    t_ll = _times(run_loglik, X, y, idx_all, theta, reps=reps)
     h = _feistel_half_bits(n)
     return {
         "n": n, "chunk": m, "items": total,
@@ -150,8 +153,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default=f"{4**10},{4**10 + 1},1000000,10000000")
     ap.add_argument("--chunks", default="100,65536")
-    ap.add_argument("--items", type=int, default=2**21)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--items", type=int, default=2**18)
+    ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "permutation.json"))
     a = ap.parse_args(argv)
     sizes = [int(float(s)) for s in a.sizes.split(",")]
