@@ -22,11 +22,22 @@ control-variate sums, the exact test's first pass) run on each process's own dev
 chain states and the data are laid out over the global mesh (:func:`put`) and the results gathered back
 to every process (:func:`to_host`).
 
+Layout of the compiled program: an outer ``shard_map`` is manual over ``"chains"`` (``check_vma=False``:
+the tests' loops start their running sums as unvarying constants that become chain-varying, and nothing
+is summed across chains, so the compiled program has no collective at all when ``rows == 1``); with
+``rows > 1`` an inner ``shard_map`` over ``"rows"`` (``check_vma=True``) runs the chains' loops, so the
+gradient of a psum of local terms is the psum of the local gradients and the Langevin proposal's
+minibatch gradient is right (its draws then match the single-device ones to float rounding: the
+gradient's sum is split across devices in another order). The compiled program's collectives are one
+``all-reduce`` of ``f32[chains per device, m]`` per chunk size of the test's reader, over the row
+groups (:func:`collectives` counts them).
+
 What is *not* done here (issue 12, item 3): per-shard keyed permutations with stratified draws weighted
 by shard sizes (which would let each device evaluate only its own ``m / rows`` items instead of masking
 ``m``); with ``rows > 1`` every device still evaluates the model on the whole chunk (its own rows
-un-masked), so row sharding saves memory per device, not likelihood evaluations. The set-up passes read
-the whole data on every process.
+un-masked), so row sharding saves memory per device, not likelihood evaluations. The set-up passes
+(posterior mode, control-variate sums, the exact test's first pass) read the whole data on every
+process, and a test that brings its own kernel (informed sub-sampling) cannot be row-sharded.
 """
 
 from __future__ import annotations
@@ -246,28 +257,34 @@ def sharded_runner(chain_run_of, plan: Plan, model, n: int):
     """``jit(shard_map(vmap(chain_run)))`` over ``plan.mesh``.
 
     ``chain_run_of(model)`` returns the one-chain function ``chain_run(state, ckey, akey, start, count,
-    phase, audit_rate, data, stats)`` built on ``model``; with row sharding it is given a
-    :class:`RowView` of the model and ``arange(N)`` as data.
+    phase, audit_rate, data, stats)`` built on ``model``. With row sharding, an inner ``shard_map`` over
+    ``"rows"`` (the chains' loops run inside it) gives it a :class:`RowView` of the model and
+    ``arange(N)`` as data.
     """
     c_spec, r_spec = plan.chain_spec, plan.row_spec
     n_local = plan.n_pad // plan.rows
+    vm = (0, 0, None, None, None, None, None, None, None)
+
+    def rows_body(state, ckey, akey, start, count, phase, rate, data, stats):
+        run = chain_run_of(RowView(model, data, n_local))
+        kdata = jnp.arange(n, dtype=jnp.int32)
+        return jax.vmap(run, in_axes=vm)(state, ckey, akey, start, count, phase, rate, kdata, stats)
 
     def body(state, ckey, akey, start, count, phase, rate, data, stats):
         if plan.rows > 1:
-            run = chain_run_of(RowView(model, data, n_local))
-            kdata = jnp.arange(n, dtype=jnp.int32)
-        else:
-            run = chain_run_of(model)
-            kdata = data
-        return jax.vmap(run, in_axes=(0, 0, None, None, None, None, None, None, None))(
-            state, ckey, akey, start, count, phase, rate, kdata, stats)
+            # the rows axis is type-checked (check_vma): psum's transpose is then right for gradient
+            # proposals (the gradient of a psum over rows of local terms is the psum of local gradients)
+            inner = jax.shard_map(rows_body, in_specs=(P(), P(), P(), P(), P(), P(), P(), P(ROWS), P()),
+                                  out_specs=P(), axis_names=frozenset({ROWS}), check_vma=True)
+            return inner(state, ckey, akey, start, count, phase, rate, data, stats)
+        run = chain_run_of(model)
+        return jax.vmap(run, in_axes=vm)(state, ckey, akey, start, count, phase, rate, data, stats)
 
-    # check_vma=False: the tests' while loops start their running sums as unvarying constants, which
-    # become varying along "chains"; no value here is reverse-differentiated through a psum (sample()
-    # refuses gradient proposals with rows > 1), so psum's transpose under this mode never matters.
+    # check_vma=False on the chains axis: see the module's docstring
     fn = jax.shard_map(body, mesh=plan.mesh,
-                       in_specs=(c_spec, c_spec, P(), P(), P(), P(), P(), r_spec, P()),
-                       out_specs=c_spec, check_vma=False)
+                       in_specs=(c_spec, c_spec, P(), P(), P(), P(), P(), P(), P()),
+                       out_specs=c_spec, check_vma=False, axis_names=frozenset(plan.mesh.axis_names) - {ROWS}
+                       if plan.rows > 1 else frozenset(plan.mesh.axis_names))
     return jax.jit(fn)
 
 

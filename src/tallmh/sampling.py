@@ -350,9 +350,6 @@ def sample(
     if plan is not None and plan.rows > 1 and callable(getattr(test, "build_kernel", None)):
         raise ConfigError(f"the {getattr(test, 'name', type(test).__name__)} test brings its own kernel, which "
                           "reads the data directly: row sharding (a mesh with rows > 1) is not supported for it")
-    if plan is not None and plan.rows > 1 and getattr(proposal, "needs_data", False):
-        raise ConfigError("gradient proposals (which read data to propose) are not supported with row sharding "
-                          "(a mesh with rows > 1) yet; split the chains only (rows=1)")
     timings = {"setup_s": 0.0, "compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
     collected = {"warmup": [], "sampling": []}
     done = {"warmup": 0, "sampling": 0}
