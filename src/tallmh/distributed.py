@@ -56,7 +56,7 @@ from .data import take
 from .errors import ConfigError
 
 __all__ = ["CHAINS", "ROWS", "make_mesh", "default_mesh", "initialize", "Plan", "plan_for", "put", "to_host",
-           "collectives", "RowView"]
+           "agree", "collectives", "RowView"]
 
 CHAINS = "chains"
 ROWS = "rows"
@@ -205,6 +205,20 @@ def to_host(x):
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+def agree(*values):
+    """The integers ``values`` as process 0 has them (a broadcast when several processes run).
+
+    The runner sizes its chunks by wall time and stops on a time budget; every process must make the
+    same compiled calls (each holds a part of the same global program), so they follow process 0.
+    """
+    if jax.process_count() == 1:
+        return tuple(int(v) for v in values)
+    from jax.experimental import multihost_utils
+
+    got = multihost_utils.broadcast_one_to_all(np.asarray([int(v) for v in values], np.int32))
+    return tuple(int(v) for v in np.asarray(got))
 
 
 def collectives(compiled) -> dict:

@@ -471,7 +471,10 @@ def sample(
             base_s = timings[f"{pname}_s"]
             count = min(length, total - done[pname], 4 if chunk_size is None else length)
             while done[pname] < total:
-                if pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s:
+                stop = pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s
+                if plan is not None:  # several processes: all make the chunks and stop that process 0 chose
+                    count, stop = distributed.agree(count, stop)
+                if stop:
                     break
                 tcall = time.perf_counter()
                 new_states, out = compiled(states, run_keys, run_akey, arg(done[pname], jnp.int32),
@@ -489,7 +492,10 @@ def sample(
                 if callback is not None:
                     callback({"phase": pname, "done": done[pname], "total": total,
                               "seconds": timings[f"{pname}_s"]})
-                if checkpoint is not None and time.perf_counter() - last_ckpt >= checkpoint_every_s:
+                due = checkpoint is not None and time.perf_counter() - last_ckpt >= checkpoint_every_s
+                if plan is not None and checkpoint is not None:  # gathering the states is collective
+                    (due,) = distributed.agree(due)
+                if due:
                     make_result().save(checkpoint)
                     last_ckpt = time.perf_counter()
                 if chunk_size is None:  # next chunk: about chunk_seconds long
