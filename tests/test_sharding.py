@@ -87,6 +87,7 @@ def test_collectives_counts_hlo_ops():
     assert dist.collectives("%a = f32[2] add(%x, %y)") == {}
 
 
+@pytest.mark.slow
 def test_one_device_mesh_takes_the_sharded_path_and_matches():
     """A 1 x 1 mesh runs the shard_map program; its draws are those of the plain program."""
     data, _ = tm.models.LogisticRegression.simulate(300, d=2, seed=0)
