@@ -15,6 +15,10 @@ How a run is organised (issues 8, 9 and 12):
 - **Resume**: ``sample(..., resume=result)`` continues every chain from where ``result`` stopped; each
   step's key depends only on (seed, chain, phase, step), so a resumed run gives the same draws, bit for
   bit, as one long run.
+- **Many devices, many hosts** (``mesh=``, :mod:`tallmh.distributed`): the compiled chunk is a
+  ``shard_map`` over a ``(chains, rows)`` mesh; chains split over devices, the data's rows too (one
+  ``psum`` per chunk read), with the single-device draws; several processes (``jax.distributed``) follow
+  process 0's chunk sizes.
 - **Self-audit**: at random steps (the same steps for all chains) the exact test also decides with the
   same u; the disagreements estimate the approximate test's wrong-decision rate (``Result.audit``).
 """
