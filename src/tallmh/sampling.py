@@ -403,7 +403,8 @@ def sample(
             cv0 = st["cv"]
             if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
                 cv0 = st.get("sums")
-            hint = st["cov"] if isinstance(proposal, AdaptiveMetropolis) else None
+            hint = st["cov"] if (isinstance(proposal, AdaptiveMetropolis) or getattr(proposal, "uses_cov_hint", False)) \
+                else None
             start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                           "newton_passes": int(st["passes"])}
             init_v = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None, None)))
