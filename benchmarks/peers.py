@@ -15,6 +15,10 @@ Methods (each a separate row; single chain, plus 2 chains vectorised for the met
   posterior mode that tallmh finds by Newton from the start we give it; its full passes are in
   ``setup_items`` and its time in ``setup_s``. With control variates AM starts from the Laplace covariance
   (tallmh's default); without, from an isotropic ``1/sqrt(N)`` scale.
+* ``tallmh-mala-<test>-cv`` (austerity, barker): the same tests with control variates, proposing with
+  ``tm.proposals.Langevin(batch_size=B)``: MALA preconditioned by the Laplace covariance, its step adapted
+  in warmup to 57% acceptance, its gradient the control-variate minibatch estimate on B items (2B items per
+  step, counted in ``data_per_step``).
 * ``nuts``: NumPyro NUTS on the full data (default settings: diagonal mass matrix adapted in warmup,
   target acceptance 0.8, max tree depth 10).
 * ``hmcecs``: NumPyro ``HMCECS(NUTS(model), proxy=HMCECS.taylor_proxy({"theta": MAP}))`` with a
@@ -97,8 +101,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PRIOR_SCALE = 10.0
 TALLMH_TESTS = ["exact", "austerity", "confidence", "barker"]
+# tallmh-mala-*-cv: the preconditioned adaptive Langevin proposal with the control-variate gradient
+# (``tm.proposals.Langevin()``; issue 12, item 5) instead of adaptive Metropolis
 ALL_METHODS = ([f"tallmh-{t}" for t in TALLMH_TESTS] + [f"tallmh-{t}-cv" for t in TALLMH_TESTS[1:]]
-               + ["nuts", "hmcecs", "sgld"])
+               + ["tallmh-mala-austerity-cv", "tallmh-mala-barker-cv"] + ["nuts", "hmcecs", "sgld"])
 ON_METHODS = {"tallmh-exact", "tallmh-austerity", "tallmh-confidence", "tallmh-barker", "nuts"}
 
 
@@ -460,7 +466,7 @@ def run_sgld(X, y, theta0, H, num_warmup, num_samples, chains, seed, batch, grid
 
 def tallmh_config(tm, method, batch):
     cv = tm.ControlVariates(order=2) if method.endswith("-cv") else None
-    name = method[len("tallmh-"):].replace("-cv", "")
+    name = method[len("tallmh-"):].replace("-cv", "").replace("mala-", "")
     test = {
         "exact": lambda: tm.acceptance.Exact(),
         "austerity": lambda: tm.acceptance.Austerity(epsilon=0.05, batch_size=batch),
@@ -475,6 +481,7 @@ def run_tallmh(tm, method, data, theta0, num_warmup, num_samples, chains, seed, 
 
     test, cv = tallmh_config(tm, method, batch)
     model = tm.models.LogisticRegression(prior_scale=PRIOR_SCALE)
+    proposal = tm.proposals.Langevin(batch_size=batch) if "-mala-" in method else tm.proposals.AdaptiveMetropolis()
 
     def callback(info):
         if cap_s is not None and info["phase"] == "sampling" and info["seconds"] > cap_s and info["done"] < info["total"]:
@@ -482,7 +489,7 @@ def run_tallmh(tm, method, data, theta0, num_warmup, num_samples, chains, seed, 
 
     chunk = max(1, min(5000, math.ceil(max(num_warmup, num_samples) / 10)))
     t0 = time.perf_counter()
-    r = tm.sample(model, data, test=test, proposal=tm.proposals.AdaptiveMetropolis(), num_samples=num_samples,
+    r = tm.sample(model, data, test=test, proposal=proposal, num_samples=num_samples,
                   num_warmup=num_warmup, num_chains=chains, seed=seed, init=jnp.asarray(theta0, jnp.float32),
                   progress=False, control_variates=cv, chunk_size=chunk, callback=callback)
     wall = time.perf_counter() - t0

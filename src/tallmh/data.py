@@ -5,10 +5,21 @@ Data is any pytree of arrays whose leading axis indexes the N data items (``{"X"
 Within one MH step the approximate tests read the items in the order of a keyed pseudo-random
 permutation ``pi`` of ``range(N)``: the k-th item read is ``pi(k)``. Because ``pi`` is a bijection, a step
 never reads an item twice, and reading the positions ``[t, t + m)`` costs O(m): no O(N) shuffle is ever
-made. ``pi`` is a balanced Feistel network on ``2 * h`` bits (``4**h >= N``) with cycle-walking: values
-that land outside ``range(N)`` are encrypted again until they fall inside, which keeps the map a
-bijection of ``range(N)`` (Black & Rogaway, "Ciphers with arbitrary finite domains", 2002). Since
-``4**h < 4 N``, fewer than four rounds of walking are needed on average.
+made. ``pi`` is the swap-or-not shuffle (Hoang, Morris & Rogaway, "An enciphering scheme based on a card
+shuffle", CRYPTO 2012) on ``Z_N`` itself: round r draws ``K_r`` uniform on ``range(N)`` and moves
+``x`` to its partner ``x' = (K_r - x) mod N`` iff the keyed bit ``F_r(max(x, x'))`` is 1. Each round is an
+involution, so the composition is a bijection of ``range(N)`` for every N; there is no cycle-walking, so the
+cost per item is the same for every N (and for a traced N). A round 0 that always swaps makes every
+position's item exactly uniform; then ``_SWAP_ROUNDS`` = 32 rounds. Why 32: for two positions, with random
+round bits, the pair is uniform over distinct pairs from the first round in which exactly one of the two
+moves (each round: probability 1/2 - 1/(2N)), so its total variation from uniform is at most
+``(1/2 + 1/(2N))**32`` (2.3e-10 for large N; measured at N = 8 it decays as that bound says); the
+covariance of a minibatch of m items, which sets the variance of the tests' estimates, is then off by a
+relative amount of about ``(m - 1) * 2**-32`` even for data stored in sorted order (1.5e-5 at
+m = 65,536). Measured on sorted data (N = 10,007, m = 100, 20,000 keys): with 8 rounds the variance of
+the minibatch mean is 1.38x that of simple random sampling (predicted 1 + 99/256), with 12 rounds
+1.019 (predicted 1.024), with 32 rounds 0.996 +- 0.010. Statistical
+quality, not cryptographic security (which needs more rounds), is what subsampling needs.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from .errors import DataError
 
 __all__ = ["validate_data", "num_items", "take", "from_npy", "Permutation", "make_permutation", "permute"]
 
-_FEISTEL_ROUNDS = 4
+_SWAP_ROUNDS = 32
 
 
 def num_items(data) -> int:
@@ -107,18 +118,19 @@ def take(data, idx):
 
 
 class Permutation(NamedTuple):
-    """A keyed bijection of ``range(n)``: the round keys of a Feistel network."""
+    """A keyed bijection of ``range(n)`` for any ``n``: the round keys of a swap-or-not shuffle.
 
-    round_keys: jax.Array  # (_FEISTEL_ROUNDS,) uint32
+    ``round_keys[0], round_keys[1]`` (high and low 32-bit words) give the round offsets ``K_r``, reduced
+    into ``range(n)`` when ``n`` is known (so one key serves every n, traced ones included);
+    ``round_keys[2]`` keys the rounds' swap bits. Round 0 is an unconditional reflection.
+    """
 
-
-def _half_bits(n: int) -> int:
-    bits = max(2, int(np.ceil(np.log2(max(n, 2)))))
-    return (bits + 1) // 2
+    round_keys: jax.Array  # (3, _SWAP_ROUNDS + 1) uint32
 
 
 def _mix32(x):
-    # A 32-bit integer finaliser (xor-shift-multiply), used as the Feistel round function.
+    # A 32-bit integer finaliser (xor-shift-multiply; a bijection of uint32 with full avalanche), used as
+    # the swap-or-not round function F_r(z) = top bit of _mix32(z ^ key_r).
     x = x ^ (x >> 16)
     x = x * jnp.uint32(0x7FEB352D)
     x = x ^ (x >> 15)
@@ -128,53 +140,63 @@ def _mix32(x):
 
 
 def make_permutation(key) -> Permutation:
-    """Draw a permutation of ``range(n)`` from a key: O(1) work, whatever n."""
-    return Permutation(jax.random.bits(key, (_FEISTEL_ROUNDS,), dtype=jnp.uint32))
+    """Draw a permutation of ``range(n)`` from a key: O(1) work, whatever n (n is given to :func:`permute`)."""
+    return Permutation(jax.random.bits(key, (3, _SWAP_ROUNDS + 1), dtype=jnp.uint32))
 
 
-def _encrypt(perm: Permutation, x, h):
-    if isinstance(h, int):
-        mask = jnp.uint32((1 << h) - 1)
-    else:  # a traced h (a population whose size is only known at run time)
-        h = h.astype(jnp.uint32)
-        mask = (jnp.uint32(1) << h) - jnp.uint32(1)
-    left = (x >> h) & mask
-    right = x & mask
-    for r in range(_FEISTEL_ROUNDS):
-        f = _mix32(right ^ perm.round_keys[r] ^ jnp.uint32(r * 0x9E3779B9 & 0xFFFFFFFF)) & mask
-        left, right = right, left ^ f
-    return (left << h) | right
+def _mul_wide(a, b):
+    """The 64-bit product of two uint32 arrays as ``(high word, low word)``, from 16-bit limbs."""
+    lo16 = jnp.uint32(0xFFFF)
+    a0, a1, b0, b1 = a & lo16, a >> 16, b & lo16, b >> 16
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1  # each < 2**32
+    mid = (p00 >> 16) + (p01 & lo16) + (p10 & lo16)  # < 3 * 2**16
+    return p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16), (p00 & lo16) | (mid << 16)
+
+
+def _scale64(hi, lo, n):
+    """``floor(u * n / 2**64)`` for the 64-bit integer ``u = hi * 2**32 + lo``: a value in ``range(n)``.
+
+    With u uniform, each value in ``range(n)`` gets ``floor`` or ``ceil`` of ``2**64 / n`` of the u's, so
+    the result is uniform up to a total variation of ``n / 2**64`` (a single 32-bit word taken mod n
+    would be off by up to 1/8 for n near 2**31). Exact uint32 arithmetic.
+    """
+    h1, l1 = _mul_wide(hi, n)
+    h2, _ = _mul_wide(lo, n)
+    s = l1 + h2
+    return h1 + (s < l1).astype(jnp.uint32)
+
+
+def _encrypt(perm: Permutation, x, n):
+    """The swap-or-not shuffle of ``x`` (uint32 in ``range(n)``; ``n`` uint32, ``1 <= n < 2**31``)."""
+    k = _scale64(perm.round_keys[0], perm.round_keys[1], n)
+    fkey = perm.round_keys[2]
+
+    def partner(kr, x):
+        # (K_r - x) mod n without leaving uint32: K_r + n < 2**32
+        return jnp.where(kr >= x, kr - x, (kr + n) - x)
+
+    x = partner(k[0], x)  # round 0: always swap, so every position's item is exactly uniform
+    for r in range(1, _SWAP_ROUNDS + 1):
+        xp = partner(k[r], x)
+        bit = _mix32(jnp.maximum(x, xp) ^ fkey[r]) >> 31
+        x = jnp.where(bit == 1, xp, x)
+    return x
 
 
 def permute(perm: Permutation, positions, n: int):
     """The items at ``positions`` (ints in ``range(n)``) of the permuted order: ``pi(positions)``.
 
-    Cost O(len(positions)). Positions outside ``range(n)`` are clipped into it; callers mask them.
+    Cost O(len(positions)), the same per item for every n (``_SWAP_ROUNDS`` rounds, no loop whose length
+    depends on the data or the key). Positions outside ``range(n)`` are clipped into it; callers mask them.
     ``n`` may also be a traced integer scalar (a population whose size changes from step to step, such as
-    a mixture component's current members): the network's width then follows n at run time, so
-    cycle-walking still needs fewer than four rounds on average.
+    a mixture component's current members); n = 0 (an empty population) gives item 0.
     """
     if isinstance(n, (int, np.integer)):
-        h = _half_bits(int(n))
+        nn = jnp.uint32(max(int(n), 1))
     else:
-        nm1 = jnp.maximum(jnp.asarray(n, jnp.int32), 2).astype(jnp.uint32) - jnp.uint32(1)
-        bits = jnp.maximum(jnp.int32(32) - jax.lax.clz(nm1).astype(jnp.int32), 2)
-        h = (bits + 1) // 2
-    x = jnp.clip(positions, 0, jnp.maximum(n - 1, 0)).astype(jnp.uint32)
-    if not isinstance(n, (int, np.integer)):
-        # n = 0 (an empty population) must still terminate: vmapped while loops run this for every lane
-        n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
-    nn = jnp.uint32(n)
-    y = _encrypt(perm, x, h)
-
-    def cond(y):
-        return jnp.any(y >= nn)
-
-    def body(y):
-        return jnp.where(y >= nn, _encrypt(perm, y, h), y)
-
-    y = jax.lax.while_loop(cond, body, y)
-    return y.astype(jnp.int32)
+        nn = jnp.maximum(jnp.asarray(n, jnp.int32), 1).astype(jnp.uint32)
+    x = jnp.clip(jnp.asarray(positions).astype(jnp.int32), 0, jnp.maximum(n - 1, 0)).astype(jnp.uint32)
+    return _encrypt(perm, x, nn).astype(jnp.int32)
 
 
 from .datasource import from_npy  # noqa: E402  (re-exported: ``tm.data.from_npy``)

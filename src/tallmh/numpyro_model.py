@@ -245,7 +245,7 @@ class NumPyroModel(Model):
         # several data keys may live in one argument: re-flatten each time from the updated value
         return self._rebuild(named)
 
-    def _run(self, theta, batch, fixed=None, with_logdet=False):
+    def _run(self, theta, batch, fixed=None, with_logdet=False, rng_key=None):
         """Run the model on ``batch`` with the globals from unconstrained ``theta`` and ``fixed`` values.
 
         Returns ``(trace, log_det)``; ``log_det`` sums the log-Jacobians of the globals' transforms.
@@ -284,7 +284,8 @@ class NumPyroModel(Model):
             return None
 
         args, kwargs = self._args_for(batch)
-        m = handlers.seed(handlers.substitute(Sub(self.model_fn, self.data_plate, b), substitute_fn=subst), 0)
+        m = handlers.seed(handlers.substitute(Sub(self.model_fn, self.data_plate, b), substitute_fn=subst),
+                          0 if rng_key is None else rng_key)
         tr = handlers.trace(m).get_trace(*args, **kwargs)
         ld = sum(logdets) if logdets else jnp.zeros(())
         return tr, ld
@@ -374,6 +375,34 @@ class NumPyroModel(Model):
         lps = jax.vmap(one)(sup)  # (C, b)
         return jax.scipy.special.logsumexp(lps, axis=0)
 
+    def item_log_probs(self, theta, batch, local: Optional[Dict[str, Any]] = None):
+        """``{site: log density}`` of every sample site inside the data plate for ``batch``, the plate's axis
+        first and the site's other batch axes kept (e.g. ``(b, T)`` for a site inside a time plate too);
+        per-item latents in ``local`` are fixed, the rest (globals) from unconstrained ``theta``. No
+        enumeration: every discrete per-item latent must be in ``local``. Used by the blocks' particle
+        Gibbs on NumPyro models (per-time weights; paper Sec. 4.3)."""
+        local = dict(local or {})
+        missing = [s for s in self.local_latent_sites + self.enumerated_sites if s not in local]
+        if missing:
+            raise ModelError(f"item_log_probs needs the values of the per-item latents {missing}")
+        b = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
+        tr, _ = self._run(theta, batch, local)
+        factor = self._plate_factor(tr, b)
+        out = {}
+        for name, site in tr.items():
+            if site["type"] != "sample" or not self._in_plate(site):
+                continue
+            fn = site["fn"]
+            lp = fn.log_prob(site["value"])
+            scale = site["scale"]
+            if scale is not None:
+                lp = lp * (scale / factor)
+            bshape = tuple(fn.batch_shape)
+            lp = jnp.broadcast_to(lp, bshape) if jnp.shape(lp) != bshape else lp
+            dim = [f.dim for f in site["cond_indep_stack"] if f.name == self.data_plate][0]
+            out[name] = jnp.moveaxis(lp, len(bshape) + dim, 0)
+        return out
+
     def init(self, data=None):
         """The starting point found at construction: the prior median of each global site (unconstrained)."""
         return jax.tree_util.tree_map(jnp.asarray, self._init)
@@ -428,16 +457,21 @@ def _take(data, idx):
 
 
 def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "enumerate",
-             check: bool = True, check_full_max: int = 20_000, **kwargs):
+             check: bool = True, check_full_max: int = 20_000, state_sites=(), **kwargs):
     """Analyse a NumPyro model and return ``(NumPyroModel, data)`` (see the module docstring).
 
     ``local``: ``"enumerate"`` (sum out discrete per-item latents; refuse continuous ones) or ``"state"``
     (discrete finite latents still summed out; continuous per-item latents allowed and left to the caller,
     who passes their values to :meth:`NumPyroModel.item_log_lik`). ``check``: run the construction checks.
+    ``state_sites``: with ``local="state"``, discrete per-item latents that are *kept in the state* (e.g. a
+    mixture's assignments ``z`` updated by a Gibbs block) instead of being summed out.
     """
     _numpyro()
     if local not in ("enumerate", "state"):
         raise ConfigError(f"local must be 'enumerate' or 'state'; got {local!r}")
+    state_sites = tuple(state_sites or ())
+    if state_sites and local != "state":
+        raise ConfigError("state_sites needs local='state'")
     if not callable(model_fn):
         raise ConfigError("from_numpyro needs a NumPyro model (a Python callable)")
     named, rebuild = _bind(model_fn, args, kwargs)
@@ -505,7 +539,7 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
                                  "subsampled MH moves continuous global parameters; marginalise it in the model")
         elif s["observed"]:
             kind = "local_observed"
-        elif s["discrete"] and s["enumerable"]:
+        elif s["discrete"] and s["enumerable"] and s["name"] not in state_sites:
             kind = "local_enumerated"
         elif local == "state":
             kind = "local_latent"
@@ -516,6 +550,9 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
                 "summed out (discrete, finite support) or kept in the chain's state and updated by their own "
                 "block (tm.Cycle); marginalise it in the model, or use describe(..., local='state')")
         info[s["name"]] = SiteInfo(s["name"], kind, tuple(s["shape"]), int(s["event_dim"]), bool(s["discrete"]))
+    bad = [s for s in state_sites if s not in info or info[s].kind != "local_latent"]
+    if bad:
+        raise ModelError(f"state_sites {bad} are not latent sample sites inside the data plate {pname!r}")
     if not any(i.kind == "global" for i in info.values()):
         raise ModelError("the model has no latent site outside the data plate: nothing for MH to sample")
 

@@ -15,6 +15,10 @@ How a run is organised (issues 8, 9 and 12):
 - **Resume**: ``sample(..., resume=result)`` continues every chain from where ``result`` stopped; each
   step's key depends only on (seed, chain, phase, step), so a resumed run gives the same draws, bit for
   bit, as one long run.
+- **Many devices, many hosts** (``mesh=``, :mod:`tallmh.distributed`): the compiled chunk is a
+  ``shard_map`` over a ``(chains, rows)`` mesh; chains split over devices, the data's rows too (one
+  ``psum`` per chunk read), with the single-device draws; several processes (``jax.distributed``) follow
+  process 0's chunk sizes.
 - **Self-audit**: at random steps (the same steps for all chains) the exact test also decides with the
   same u; the disagreements estimate the approximate test's wrong-decision rate (``Result.audit``).
 """
@@ -36,6 +40,7 @@ from jax.flatten_util import ravel_pytree
 
 from . import control_variates as cvm
 from . import datasource as ds
+from . import distributed
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, ModelError
@@ -185,15 +190,30 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
     return out
 
 
-def _runner(kernel, key, num_chains, length, audit_on):
+def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None, model=None, n=None):
     """The compiled chunk: ``length`` scan steps of which the first ``count`` are made.
 
     Cached by ``key`` (model, proposal and test by value where they are tallmh's own, shapes, options):
     a second call with data of the same shape reuses the compiled program. Returns the cache entry, a
-    dict with ``fn`` (the jitted function) and ``compiled`` (filled on first use).
+    dict with ``fn`` (the jitted function) and ``compiled`` (filled on first use). With a ``plan``
+    (:mod:`tallmh.distributed`) the chains (and the data's rows) are split over the plan's mesh;
+    ``kernel_of(model)`` then builds the kernel on the (row-sharded view of the) model.
     """
     if key in _RUNNERS:
         return _RUNNERS[key]
+    if plan is not None:
+        fn = distributed.sharded_runner(lambda m: _chain_run(kernel_of(m), length, audit_on), plan, model, n)
+    else:
+        fn = jax.jit(jax.vmap(_chain_run(kernel, length, audit_on),
+                              in_axes=(0, 0, None, None, None, None, None, None, None)))
+    if len(_RUNNERS) >= 16:
+        _RUNNERS.pop(next(iter(_RUNNERS)))
+    _RUNNERS[key] = {"fn": fn, "compiled": None, "kernel": kernel}
+    return _RUNNERS[key]
+
+
+def _chain_run(kernel, length, audit_on):
+    """One chain's chunk: ``length`` scan steps of ``kernel``, of which the first ``count`` are made."""
 
     def chain_run(state, ckey, akey, start, count, phase, audit_rate, data, stats):
         pkey = jax.random.fold_in(ckey, phase)
@@ -218,11 +238,7 @@ def _runner(kernel, key, num_chains, length, audit_on):
 
         return jax.lax.scan(body, state, jnp.arange(length, dtype=jnp.int32))
 
-    fn = jax.jit(jax.vmap(chain_run, in_axes=(0, 0, None, None, None, None, None, None, None)))
-    if len(_RUNNERS) >= 16:
-        _RUNNERS.pop(next(iter(_RUNNERS)))
-    _RUNNERS[key] = {"fn": fn, "compiled": None, "kernel": kernel}
-    return _RUNNERS[key]
+    return chain_run
 
 
 def sample(
@@ -246,6 +262,7 @@ def sample(
     checkpoint: Optional[str] = None,
     checkpoint_every_s: float = 300.0,
     chunk_seconds: float = 1.0,
+    mesh=None,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -285,6 +302,13 @@ def sample(
         ``checkpoint_every_s`` seconds and at the end
     callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
         ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
+    mesh : how the chains and the data are laid out over devices (:mod:`tallmh.distributed`): a
+        :class:`jax.sharding.Mesh` with axes ``"chains"`` and/or ``"rows"``, e.g.
+        ``tallmh.distributed.make_mesh(chains=2, rows=2)``: the chains are split over the ``"chains"``
+        devices and the data's N items over the ``"rows"`` devices (one ``psum`` per chunk read). Same
+        draws as on one device. Default (None): when several devices are visible (all processes' after
+        ``tallmh.distributed.initialize``), the chains are split over as many of them as evenly divide
+        ``num_chains``, data replicated; ``False``: one device, as without JAX devices to spare
 
     Returns a :class:`tallmh.results.Result`. Ctrl-C (at any time, compile and set-up included) returns
     every completed step within about a second, with ``result.partial = True``; such a result can be
@@ -326,6 +350,12 @@ def sample(
     chain_keys = jax.random.split(k_chains, num_chains)
     cv_order = control_variates.order if control_variates is not None else None
     kernel = build_kernel(model, proposal, test, n, unravel, None, cv_order)
+    if mesh is None:
+        mesh = distributed.default_mesh(num_chains)
+    plan = distributed.plan_for(mesh, num_chains, n)
+    if plan is not None and plan.rows > 1 and callable(getattr(test, "build_kernel", None)):
+        raise ConfigError(f"the {getattr(test, 'name', type(test).__name__)} test brings its own kernel, which "
+                          "reads the data directly: row sharding (a mesh with rows > 1) is not supported for it")
     timings = {"setup_s": 0.0, "compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
     collected = {"warmup": [], "sampling": []}
     done = {"warmup": 0, "sampling": 0}
@@ -356,8 +386,10 @@ def sample(
         start_info = dict(info.get("start_info", {}))
 
     def make_result():
+        host_states = states if plan is None or states is None else \
+            jax.tree_util.tree_map(distributed.to_host, states)
         return _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items,
-                         partial, states, notes, dict(seed=seed, warmup_done=done["warmup"],
+                         partial, host_states, notes, dict(seed=seed, warmup_done=done["warmup"],
                                                       sampling_done=done["sampling"], num_warmup=num_warmup,
                                                       num_samples=num_samples, control_variates=control_variates,
                                                       start_info=start_info), t0, control_variates,
@@ -373,7 +405,8 @@ def sample(
             cv0 = st["cv"]
             if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
                 cv0 = st.get("sums")
-            hint = st["cov"] if isinstance(proposal, AdaptiveMetropolis) else None
+            hint = st["cov"] if (isinstance(proposal, AdaptiveMetropolis) or getattr(proposal, "uses_cov_hint", False)) \
+                else None
             start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                           "newton_passes": int(st["passes"])}
             init_v = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None, None)))
@@ -396,9 +429,26 @@ def sample(
 
         length = int(chunk_size) if chunk_size else int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
         rkey = (_value_key(model), _value_key(proposal), _value_key(test), n, _shape_key(data), _shape_key(stats),
-                cv_order, num_chains, length, audit_on, d, str(dtype), _shape_key(states), _shape_key(init))
-        entry = _runner(kernel, rkey, num_chains, length, audit_on)
-        args0 = (states, chain_keys, k_audit, jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.float32(0.0), data, stats)
+                cv_order, num_chains, length, audit_on, d, str(dtype), _shape_key(states), _shape_key(init),
+                plan.key() if plan is not None else None)
+        entry = _runner(kernel, rkey, num_chains, length, audit_on, plan,
+                        lambda m: build_kernel(m, proposal, test, n, unravel, None, cv_order), model, n)
+        if plan is None:
+            def arg(v, dt):
+                return jnp.asarray(v, dt)
+
+            run_data, run_stats, run_keys, run_akey = data, stats, chain_keys, k_audit
+        else:  # lay the chains, keys and data out over the mesh (the set-up above ran on local devices)
+            def arg(v, dt):
+                return distributed.scalar(plan, v, dt)
+
+            states, run_keys, run_akey, run_data, run_stats = distributed.place_inputs(
+                plan, states, chain_keys, k_audit, data, stats)
+            layout = f"layout: {distributed.describe(plan)}"
+            if layout not in notes:
+                notes.append(layout)
+        args0 = (states, run_keys, run_akey, arg(0, jnp.int32), arg(0, jnp.int32), arg(0, jnp.int32),
+                 arg(0.0, jnp.float32), run_data, run_stats)
         if entry["compiled"] is None:
             tc = time.perf_counter()
             entry["compiled"] = _in_thread(lambda: entry["fn"].lower(*args0).compile())
@@ -422,18 +472,24 @@ def sample(
                 setup_items += n
                 states = states._replace(cv=jax.tree_util.tree_map(
                     lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), cv_new))
+                if plan is not None:
+                    states = distributed.place_inputs(plan, states, chain_keys, k_audit, None, None)[0]
             tp = time.perf_counter()
             base_s = timings[f"{pname}_s"]
             count = min(length, total - done[pname], 4 if chunk_size is None else length)
             while done[pname] < total:
-                if pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s:
+                stop = pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s
+                if plan is not None:  # several processes: all make the chunks and stop that process 0 chose
+                    count, stop = distributed.agree(count, stop)
+                if stop:
                     break
                 tcall = time.perf_counter()
-                new_states, out = compiled(states, chain_keys, k_audit, jnp.int32(done[pname]), jnp.int32(count),
-                                           jnp.int32(phase), jnp.float32(rates[phase]), data, stats)
+                new_states, out = compiled(states, run_keys, run_akey, arg(done[pname], jnp.int32),
+                                           arg(count, jnp.int32), arg(phase, jnp.int32),
+                                           arg(rates[phase], jnp.float32), run_data, run_stats)
                 _wait(new_states)
                 dt = time.perf_counter() - tcall
-                out = jax.tree_util.tree_map(lambda a: np.asarray(a)[:, :count], out)
+                out = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
                 states = new_states
                 collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
                 done[pname] += count
@@ -443,7 +499,10 @@ def sample(
                 if callback is not None:
                     callback({"phase": pname, "done": done[pname], "total": total,
                               "seconds": timings[f"{pname}_s"]})
-                if checkpoint is not None and time.perf_counter() - last_ckpt >= checkpoint_every_s:
+                due = checkpoint is not None and time.perf_counter() - last_ckpt >= checkpoint_every_s
+                if plan is not None and checkpoint is not None:  # gathering the states is collective
+                    (due,) = distributed.agree(due)
+                if due:
                     make_result().save(checkpoint)
                     last_ckpt = time.perf_counter()
                 if chunk_size is None:  # next chunk: about chunk_seconds long

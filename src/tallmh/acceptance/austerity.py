@@ -165,7 +165,8 @@ class Austerity:
             s = jnp.sqrt(var / tf) * jnp.sqrt(jnp.maximum(1.0 - tf / nf, 0.0))
             tstat = (acc.mean - mu0) / jnp.where(s > 0, s, 1.0)
             pval = student_t_sf(tstat, tf - 1.0)
-            confident = (var > 0) & (s > 0) & (pval < eps) & (acc.nonfinite == 0)
+            # (all N read: the exact decision, not a t-test one, even where rounding leaves s a hair above 0)
+            confident = (var > 0) & (s > 0) & (pval < eps) & (acc.nonfinite == 0) & (acc.read < n)
             done = confident | (acc.nonfinite > 0) | (acc.read >= n)
             return acc, done, confident, rounds + 1
 

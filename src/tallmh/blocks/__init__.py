@@ -17,8 +17,10 @@ step_z) (subsampled_mh w one Nbatch eps 'drift sigma 1)))``. This module is that
 Every block leaves the model's joint density invariant (for the subsampled block: up to the error of its
 acceptance test), so the cycle does too (Tierney 1994, composition of kernels).
 
-**The model** is described by a small protocol, written by hand (see :mod:`tallmh.blocks.models` for the
-JointDPM, stochastic volatility and test models): the state is a dict of named sites ``values`` plus the
+**The model** is a NumPyro model, ``model, data = tm.blocks.from_numpyro(numpyro_model, *args, state=("z",))``
+(:mod:`tallmh.blocks.numpyro`: the blocks address its sample sites by name; per-item latents are kept in
+the state by site name, item axis first), or a class written by hand to a small protocol (see
+:mod:`tallmh.blocks.models` for the JointDPM, stochastic volatility and test models): the state is a dict of named sites ``values`` plus the
 model's own ``aux`` pytree (e.g. per-cluster sufficient statistics, kept up to date in O(1) per move).
 Which methods a model needs depends on the blocks used:
 
@@ -63,7 +65,7 @@ from ..errors import ConfigError, ModelError
 
 __all__ = [
     "Members", "ProgramState", "BlockInfo", "SubsampledMH", "MH", "Gibbs", "ParticleGibbs", "Repeat",
-    "Cycle", "Runner", "ProgramResult", "sample_program", "build_members",
+    "Cycle", "Runner", "ProgramResult", "sample_program", "build_members", "from_numpyro", "NumPyroProgramModel",
 ]
 
 
@@ -220,25 +222,27 @@ class SubsampledMH:
         flat, _ = ravel_pytree(row)
         return _random_walk_state(self.proposal, flat, n)
 
-    def _one(self, key, model, value, values, aux, data, n, idx_map, pstate):
+    def _one(self, key, model, value, values, aux, data, n, idx_map, pstate, embed=None):
         site = self.site
         flat, unravel = ravel_pytree(value)
         dtype = flat.dtype
         k_prop, k_test = jax.random.split(key)
         flat_p, log_q = self.proposal.propose(k_prop, flat, pstate)
         value_p = unravel(flat_p)
-        lp = jnp.asarray(model.site_log_prior(site, value, values, aux), dtype)
-        lp_p = jnp.asarray(model.site_log_prior(site, value_p, values, aux), dtype)
+        # a model with wants_full_site (NumPyro models) sees the whole grouped site with row k replaced
+        full = embed if embed is not None else (lambda v: v)
+        lp = jnp.asarray(model.site_log_prior(site, full(value), values, aux), dtype)
+        lp_p = jnp.asarray(model.site_log_prior(site, full(value_p), values, aux), dtype)
         log_base = lp_p - lp + log_q
         log_base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
 
         def lik_ratio(pos):
             idx = idx_map(pos)
-            return (model.local_log_density(site, value_p, values, aux, data, idx)
-                    - model.local_log_density(site, value, values, aux, data, idx))
+            return (model.local_log_density(site, full(value_p), values, aux, data, idx)
+                    - model.local_log_density(site, full(value), values, aux, data, idx))
 
         def log_lik_prop(pos):
-            return model.local_log_density(site, value_p, values, aux, data, idx_map(pos))
+            return model.local_log_density(site, full(value_p), values, aux, data, idx_map(pos))
 
         problem = Problem(n, log_base, lik_ratio, log_lik_prop, None, None)
         in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(flat_p).all()
@@ -272,7 +276,14 @@ class SubsampledMH:
             def idx_map(pos, k=k):
                 return mem.lists[k, pos]
 
-            new, inf = self._one(key_k, model, row, vals, aux, data, mem.counts[k], idx_map, bstate)
+            embed = None
+            if getattr(model, "wants_full_site", False):
+                site_v = vals[self.site]
+
+                def embed(r, k=k, site_v=site_v):
+                    return site_v.at[k].set(r)
+
+            new, inf = self._one(key_k, model, row, vals, aux, data, mem.counts[k], idx_map, bstate, embed)
             vals = {**vals, self.site: vals[self.site].at[k].set(new)}
             return (vals, info + inf), None
 
@@ -325,6 +336,9 @@ class MH:
         own = getattr(model, "log_conditional", None)
         if callable(own):
             return own(self.site, value, values, aux, data), 0
+        has_local = getattr(model, "has_local_sections", None)
+        if callable(has_local) and not has_local(self.site):  # e.g. a DP's alpha: no item depends on it
+            return model.site_log_prior(self.site, value, values, aux), 0
         idx = jnp.arange(n, dtype=jnp.int32)
         lp = model.site_log_prior(self.site, value, values, aux)
         return lp + jnp.sum(model.local_log_density(self.site, value, values, aux, data, idx)), n
@@ -363,7 +377,10 @@ class Gibbs:
 
     def validate(self, model, values, n):
         _check_site(values, self.site, self.label)
-        _require(model, ["gibbs_remove", "gibbs_logits", "gibbs_add"], self.label)
+        if callable(getattr(model, "gibbs_logits_batch", None)):
+            model.gibbs_check(self.site)
+        else:
+            _require(model, ["gibbs_remove", "gibbs_logits", "gibbs_add"], self.label)
         if self.items_per_step is not None and int(self.items_per_step) < 1:
             raise ConfigError(f"Gibbs items_per_step must be at least 1; got {self.items_per_step}")
 
@@ -377,6 +394,8 @@ class Gibbs:
         refresh = getattr(model, "gibbs_refresh", None)
         k_items, k_loop = jax.random.split(key)
         items = jax.random.randint(k_items, (m,), 0, n, dtype=jnp.int32)
+        if callable(getattr(model, "gibbs_logits_batch", None)):
+            return self._step_batched(k_loop, model, values, aux, members, bstate, data, items)
 
         def body(j, c):
             vals, ax, mem = c
@@ -395,6 +414,34 @@ class Gibbs:
             return vals, ax, mem
 
         values, aux, mem = jax.lax.fori_loop(0, m, body, (values, aux, mem0))
+        if mem0 is not None:
+            members = {**members, site: mem}
+        return values, aux, members, bstate, BlockInfo(jnp.int32(m), jnp.int32(m), jnp.int32(m))
+
+
+    def _step_batched(self, key, model, values, aux, members, bstate, data, items):
+        """Models whose per-item latents are conditionally independent given the globals (NumPyro models,
+        :mod:`tallmh.blocks.numpyro`): the m items' K log weights in one batched evaluation (O(m K)), then
+        the m draws applied in order (a repeated item is drawn twice from the same full conditional; the
+        later draw stands, which is again a draw from it)."""
+        site = self.site
+        m = items.shape[0]
+        logits = model.gibbs_logits_batch(site, values, data, items)  # (m, K)
+        ks = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+        newv = model.gibbs_value(site, ks).astype(values[site].dtype)
+        mem0 = members.get(site)
+
+        def body(j, c):
+            z, mem = c
+            i = items[j]
+            old = z[i]
+            z = jax.lax.dynamic_update_slice(z, newv[j][None], (i,))
+            if mem is not None:
+                mem = mem.move(i, old.astype(jnp.int32), ks[j])
+            return z, mem
+
+        z, mem = jax.lax.fori_loop(0, m, body, (values[site], mem0))
+        values = {**values, site: z}
         if mem0 is not None:
             members = {**members, site: mem}
         return values, aux, members, bstate, BlockInfo(jnp.int32(m), jnp.int32(m), jnp.int32(m))
@@ -425,7 +472,10 @@ class ParticleGibbs:
 
     def validate(self, model, values, n):
         _check_site(values, self.site, self.label)
-        _require(model, ["ssm_transition_sample", "ssm_transition_logpdf", "ssm_obs_logpdf"], self.label)
+        if callable(getattr(model, "pg_weights", None)):
+            model.pg_check(self.site)
+        else:
+            _require(model, ["ssm_transition_sample", "ssm_transition_logpdf", "ssm_obs_logpdf"], self.label)
         h = values[self.site]
         if h.ndim != 2:
             raise ConfigError(f"{self.label}: the path must have shape (series, time); got {h.shape}")
@@ -440,7 +490,68 @@ class ParticleGibbs:
     def init(self, model, values, aux, data, n):
         return ()
 
+    def _window(self, key, h_all):
+        s_all, t_len = h_all.shape
+        win = int(self.window or t_len)
+        m = int(self.series_per_step or s_all)
+        k_a, k_s, k_run = jax.random.split(key, 3)
+        a = jax.random.randint(k_a, (), 0, t_len - win + 1)
+        if m < s_all:
+            series = permute(make_permutation(k_s), jnp.arange(m, dtype=jnp.int32), s_all)
+        else:
+            series = jnp.arange(s_all, dtype=jnp.int32)
+        return win, m, a, series, k_run
+
+    def _step_paths(self, key, model, values, aux, members, bstate, data, n):
+        """Conditional SMC carrying whole paths (models with ``pg_weights``/``pg_propose``, e.g. NumPyro
+        models: :mod:`tallmh.blocks.numpyro`). Particles are full paths (m, P, T) that differ from the current
+        path only inside the window; proposals come from the latent's own per-time law (so its density
+        cancels in the weights), the weight at window step j is the other sites' log density at time a + j,
+        and at the last window step every later time and the per-item terms are added (their dependence on
+        the window). Resampling is multinomial; particle 0 is the reference and keeps ancestor 0."""
+        site = self.site
+        h_all = values[site]
+        t_len = h_all.shape[1]
+        p = int(self.particles)
+        win, m, a, series, k_run = self._window(key, h_all)
+        ref = h_all[series]  # (m, T)
+        k_prop, k_res, k_pick = jax.random.split(k_run, 3)
+        paths0 = jnp.broadcast_to(ref[:, None, :], (m, p, t_len))
+        draws = model.pg_propose(site, k_prop, values, data, series, paths0)  # (m, P, T)
+        tt = jnp.arange(t_len)
+
+        def weights(paths, j):
+            t = a + j
+            lt, li = model.pg_weights(site, values, data, series, paths)
+            now = jax.lax.dynamic_index_in_dim(lt, t, axis=2, keepdims=False)
+            rest = jnp.sum(jnp.where(tt >= t, lt, 0.0), axis=2) + li
+            if self._ignore_future:  # negative control: the later times' dependence on the window dropped
+                rest = now + li
+            return jnp.where(j == win - 1, rest, now)
+
+        def body(c, j):
+            paths, lw = c
+            t = a + j
+            anc = jax.random.categorical(jax.random.fold_in(k_res, j), lw[:, None, :], axis=-1, shape=(m, p - 1))
+            anc = jnp.concatenate([jnp.zeros((m, 1), jnp.int32), anc.astype(jnp.int32)], axis=1)
+            anc = jnp.where(j == 0, jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (m, p)), anc)
+            paths = jnp.take_along_axis(paths, anc[:, :, None], axis=1)
+            col = jax.lax.dynamic_index_in_dim(draws, t, axis=2, keepdims=False)  # (m, P)
+            col = col.at[:, 0].set(jax.lax.dynamic_index_in_dim(ref, t, axis=1, keepdims=False))
+            paths = jax.lax.dynamic_update_index_in_dim(paths, col[:, :, None].astype(paths.dtype), t, axis=2)
+            return (paths, weights(paths, j)), None
+
+        lw0 = jnp.zeros((m, p), h_all.dtype)
+        (paths, lw), _ = jax.lax.scan(body, (paths0, lw0), jnp.arange(win))
+        b = jax.random.categorical(k_pick, lw, axis=-1).astype(jnp.int32)  # (m,)
+        new = jnp.take_along_axis(paths, b[:, None, None], axis=1)[:, 0]
+        h_all = h_all.at[series].set(new.astype(h_all.dtype))
+        info = BlockInfo(jnp.int32(m * win), jnp.int32(m), jnp.sum(b != 0).astype(jnp.int32))
+        return {**values, site: h_all}, aux, members, bstate, info
+
     def step(self, key, model, values, aux, members, bstate, data, n):
+        if callable(getattr(model, "pg_weights", None)):
+            return self._step_paths(key, model, values, aux, members, bstate, data, n)
         site = self.site
         h_all = values[site]
         s_all, t_len = h_all.shape
@@ -746,3 +857,4 @@ def sample_program(program, model, data, num_samples: int = 1000, num_warmup: in
 
 
 from . import models  # noqa: E402  (the built-in models use the blocks' protocol)
+from .numpyro import NumPyroProgramModel, from_numpyro  # noqa: E402,F401
