@@ -65,6 +65,7 @@ def test_members_move_and_build():
         np.testing.assert_array_equal(pos[members], np.arange(counts[k]))
 
 
+@pytest.mark.slow
 def test_cycle_mixture_matches_enumeration():
     """MH on pi + Gibbs on z + per-cluster MH on mu (exact test over each cluster's members): the
     marginals of pi, mu and every z_i match the exact posterior computed by enumerating 2^6 assignments."""
@@ -75,6 +76,7 @@ def test_cycle_mixture_matches_enumeration():
     assert res.items_per_step()["subsampled_mh(mu, exact)"] == pytest.approx(len(X_MIX))
 
 
+@pytest.mark.slow
 def test_cycle_mixture_negative_control():
     """The same check must fail for a Gibbs block that ignores the likelihood (a wrong conditional)."""
     model = TwoComponentMixture(wrong_gibbs=True)
@@ -108,6 +110,7 @@ def _pg_check(block, num_samples, seed=0):
     return np.array(zs)
 
 
+@pytest.mark.slow
 def test_particle_gibbs_matches_kalman_smoother():
     """Conditional SMC on random windows of length 3 (8 particles) leaves the smoothing law invariant: the
     posterior means of all 24 h[s, t] match the Kalman-RTS smoother within MCSE."""
@@ -115,12 +118,14 @@ def test_particle_gibbs_matches_kalman_smoother():
     assert zs.max() < Z_CRIT, zs
 
 
+@pytest.mark.slow
 def test_particle_gibbs_negative_control():
     """Dropping the next state's transition density from the window's last weight breaks invariance."""
     zs = _pg_check(tm.blocks.ParticleGibbs("h", particles=8, window=3, _ignore_future=True), 2500)
     assert zs.max() > 2 * Z_CRIT, zs
 
 
+@pytest.mark.slow
 def test_sv_program_runs_and_reads_a_subsample():
     x, _ = StochasticVolatility.simulate(400, 5, seed=0)
     prog = tm.Cycle([

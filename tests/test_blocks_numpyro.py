@@ -79,6 +79,7 @@ def test_numpyro_mixture_matches_enumeration_and_hand_written():
     assert items["mh(pi)"] == 2 * len(X_MIX)  # pi has local sections (z_i ~ Bernoulli(pi)): O(N), counted
 
 
+@pytest.mark.slow
 def test_numpyro_mixture_negative_control():
     """A Gibbs conditional that ignores the likelihood must fail the same check."""
     model, data = _np_mixture(prior_only=True)
@@ -111,6 +112,7 @@ def _pg_numpyro(block, num_samples, seed=0):
     return np.array(zs)
 
 
+@pytest.mark.slow
 def test_numpyro_particle_gibbs_matches_kalman_smoother():
     """Conditional SMC over windows of the non-centred innovations eps (paths carried whole) leaves the
     smoothing law invariant: the posterior means of h = AR(eps) match the Kalman-RTS smoother."""
@@ -118,6 +120,7 @@ def test_numpyro_particle_gibbs_matches_kalman_smoother():
     assert zs.max() < Z_CRIT, zs
 
 
+@pytest.mark.slow
 def test_numpyro_particle_gibbs_negative_control():
     """Dropping the later times' dependence on the window from its last weight breaks invariance."""
     zs = _pg_numpyro(tm.blocks.ParticleGibbs("eps", particles=8, window=3, _ignore_future=True), 2500)
@@ -157,6 +160,7 @@ def _anticausal(x):
             numpyro.sample("x", dist.Normal(h, 1.0), obs=x)
 
 
+@pytest.mark.slow
 def test_numpyro_blocks_config_errors():
     with pytest.raises(ConfigError):
         tm.blocks.from_numpyro(npm.mixture, X_MIX, state=("z",), record=("pi",))
@@ -178,6 +182,7 @@ def test_numpyro_blocks_causality_and_dependencies():
     assert all(dpm.has_local_sections(s) for s in ("pi", "mu", "sd", "w"))
 
 
+@pytest.mark.slow
 def test_numpyro_gibbs_needs_a_discrete_state_site():
     x, _ = StochasticVolatility.simulate(10, 4, seed=0)
     model, data = tm.blocks.from_numpyro(npm.stochastic_volatility, x)

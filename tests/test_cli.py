@@ -198,6 +198,7 @@ def test_demo_quick_with_two_methods(tmp_path, capsys):
                                                     if line.split()[:1] and line.split()[0] in rows]
 
 
+@pytest.mark.slow
 def test_reference_is_reused_from_the_cache(tmp_path):
     import tallmh as tm
 
@@ -248,6 +249,7 @@ def tables(tmp_path_factory):
     return root, paths, df
 
 
+@pytest.mark.slow
 def test_run_end_to_end(tables, tmp_path, capsys):
     import arviz as az
 
@@ -374,6 +376,7 @@ def test_a_failed_run_leaves_no_folder(tables, tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_real_process_prints_no_traceback(tables, tmp_path):
     root, paths, _ = tables
     proc = _cli("run", paths["csv"], "--target", "month", "--out", tmp_path / "o")
@@ -383,6 +386,7 @@ def test_bad_input_in_a_real_process_prints_no_traceback(tables, tmp_path):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_help_lists_every_option_with_its_default():
     proc = _cli("demo", "--help")
     assert proc.returncode == 0

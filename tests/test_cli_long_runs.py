@@ -45,6 +45,7 @@ def _draws(folder):
     return idata.posterior["theta"].values
 
 
+@pytest.mark.slow
 def test_sigint_mid_sampling_keeps_the_draws_and_resume_continues(linear_csv, tmp_path, capsys):
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -106,6 +107,7 @@ def test_resume_gives_the_draws_of_one_long_run(linear_csv, tmp_path, capsys):
     assert rc == 2 and "complete run of 90 draws" in err
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_out_fails_without_touching_the_first(linear_csv, tmp_path, capsys):
     data = str(linear_csv / "small.csv")
     out = tmp_path / "out"
@@ -134,6 +136,7 @@ def _closed_form(csv, **model_kw):
     return model.posterior({"X": X, "y": y})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed_sd", [None, 1.0], ids=["sampled", "fixed-at-1 (negative control)"])
 def test_linear_model_on_noise_sd_2_matches_the_closed_form(linear_csv, tmp_path, capsys, fixed_sd):
     """Posterior sd of every coefficient within Monte Carlo error of the exact posterior (noise sd sampled,
@@ -175,6 +178,7 @@ def test_linear_model_on_noise_sd_2_matches_the_closed_form(linear_csv, tmp_path
         assert min(z_sd) > 6, z_sd  # far beyond the 4 the right model passes
 
 
+@pytest.mark.slow
 def test_interrupt_during_warmup_writes_the_outputs_and_resume_goes_on(linear_csv, tmp_path, capsys, monkeypatch):
     """Ctrl-C before the first sampling draw (simulated: tm.sample's callback raises KeyboardInterrupt, as
     Ctrl-C does): every output is written for 0 draws, the status is 130, and --resume finishes the run."""

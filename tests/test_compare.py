@@ -81,6 +81,7 @@ def comparison(tmp_path_factory):
         cache_dir=str(cache), names=["mu"])
 
 
+@pytest.mark.slow
 def test_compare_flags_a_wrong_sampler_and_lists_it_last(comparison):
     rows = comparison.rows
     assert [r["method"] for r in rows] == ["exact", "always-accept"]
@@ -100,6 +101,7 @@ def test_compare_flags_a_wrong_sampler_and_lists_it_last(comparison):
         assert r.result.stats["accepted"].shape[1] == ks and r.result.warmup_stats["accepted"].shape[1] == kb
 
 
+@pytest.mark.slow
 def test_comparison_writes_a_report(comparison, tmp_path):
     files = comparison.write_report(str(tmp_path / "rep"), title="my comparison")
     names = sorted(p.split("/")[-1] for p in files)

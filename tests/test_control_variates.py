@@ -75,7 +75,7 @@ def test_logistic_remainder_bound_holds(order):
 @pytest.mark.parametrize("make_test", [
     lambda n: tm.acceptance.Austerity(epsilon=0.05, batch_size=n),
     lambda n: tm.acceptance.Confidence(delta=0.05, initial_batch=n),
-    lambda n: tm.acceptance.Barker(batch_size=n),
+    pytest.param(lambda n: tm.acceptance.Barker(batch_size=n), marks=pytest.mark.slow),
 ], ids=["austerity", "confidence", "barker"])
 def test_control_variates_keep_the_exact_limit(make_test):
     with enable_x64(True):
@@ -134,6 +134,7 @@ def test_control_variates_with_exact_is_an_error(linreg):
                   control_variates=tm.ControlVariates(), progress=False)
 
 
+@pytest.mark.slow
 def test_recenter_after_warmup_makes_one_more_counted_pass(linreg):
     model, data, mean, sd, cov = linreg
     kw = dict(test=tm.acceptance.Austerity(epsilon=0.05, batch_size=100), proposal=tm.proposals.RandomWalk(cov * 2.38**2 / 3),

@@ -33,6 +33,7 @@ def _stop_after(k):
     return cb
 
 
+@pytest.mark.slow
 def test_resume_equals_one_long_run_bit_for_bit(problem, tmp_path):
     model, data = problem
     full = tm.sample(model, data, num_warmup=60, num_samples=90, chunk_size=25, **BASE)
@@ -56,6 +57,7 @@ def test_resume_equals_one_long_run_bit_for_bit(problem, tmp_path):
     assert longer.flat_samples.shape == (2, 120, 3)
 
 
+@pytest.mark.slow
 def test_resume_rejects_other_data(problem):
     model, data = problem
     r = tm.sample(model, data, num_warmup=10, num_samples=10, **BASE)
@@ -83,6 +85,7 @@ def test_budget_stops_sampling(problem):
     assert r.timings["sampling_s"] < 4.0
 
 
+@pytest.mark.slow
 def test_starts_at_the_mode_dispersed(problem):
     model, data = problem
     r = tm.sample(model, data, num_warmup=0, num_samples=1, audit=0.0, **BASE)
@@ -116,6 +119,7 @@ class _Biased:
         return Decision(dec.accept, dec.n_data, dec.rounds)
 
 
+@pytest.mark.slow
 def test_audit_counts_and_agrees_with_an_exact_limit(problem):
     model, data = problem
     # austerity with a batch of N decides exactly: every audited step agrees
@@ -129,6 +133,7 @@ def test_audit_counts_and_agrees_with_an_exact_limit(problem):
     assert not any("audited" in w for w in r.warnings)
 
 
+@pytest.mark.slow
 def test_audit_catches_a_wrong_test(problem):
     model, data = problem
     # the default rate: about 40 audited chain-steps over the warmup (at most 5% of the steps)
@@ -161,6 +166,7 @@ def test_out_of_support_proposals_read_no_data():
     assert np.any(r.stats["n_data"][rejected] == 0)
 
 
+@pytest.mark.slow
 def test_partial_run_is_not_trusted(problem):
     model, data = problem
     r = tm.sample(model, data, num_warmup=20, num_samples=100, chunk_size=10, callback=_stop_after(4), **BASE)

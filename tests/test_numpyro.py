@@ -105,6 +105,7 @@ def unconstrained_points(model, k=3, seed=0):
 # log density
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["regression", "subsample", "scaled_simplex"])
 def test_log_density_equals_numpyro_potential_energy(name):
     X, y = regression_data()
@@ -139,6 +140,7 @@ def test_log_lik_is_per_item_and_unscaled():
     np.testing.assert_allclose(ll, expect, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_enumerated_mixture_log_lik():
     rng = np.random.default_rng(1)
     y = np.concatenate([rng.normal(-2, 1, 30), rng.normal(2, 1, 20)]).astype(np.float32)
@@ -166,6 +168,7 @@ def _short_run(model, data, test, **kw):
                      num_warmup=10, num_chains=2, seed=0, init=model.init(), init_jitter=0.01, progress=False, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")  # 30-draw runs: not meant to be trusted
 def test_sample_output_is_constrained_by_site_name():
     X, y = regression_data(300)

@@ -152,6 +152,7 @@ def test_demo_report_in_chromium(demo_report, tmp_path):
     _screenshot(demo_report, tmp_path)
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_run_report_in_chromium(run_report, tmp_path):
     text = _check(run_report, tmp_path, 3)

@@ -192,6 +192,7 @@ def test_masks_and_errors():
         ReversibleJump(birth_scale=[0.1, 0.2]).init(jnp.zeros(6), 10)
 
 
+@pytest.mark.slow
 def test_exact_rj_recovers_inclusion_probabilities(problem):
     data, truth = problem
     assert abs(truth[1] - 0.398) < 0.002 and abs(truth[2] - 0.104) < 0.002  # the case is not degenerate

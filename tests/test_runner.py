@@ -20,6 +20,7 @@ def _run(model, data, **kw):
     return tm.sample(model, data, **base)
 
 
+@pytest.mark.slow
 def test_same_seed_same_draws_and_chains_differ(problem):
     model, data = problem
     a = _run(model, data)
@@ -58,6 +59,7 @@ def test_to_arviz(problem):
     assert "warmup_posterior" in idata.groups()
 
 
+@pytest.mark.slow
 def test_pytree_parameters():
     rng = np.random.default_rng(0)
     data = {"x": 1.0 + 2.0 * rng.standard_normal(3000)}
@@ -91,6 +93,7 @@ def test_interrupt_returns_partial_draws(problem):
     assert r.summary().overall["partial"]
 
 
+@pytest.mark.slow
 def test_exact_counts_setup_pass(problem):
     model, data = problem
     r = _run(model, data, test=tm.acceptance.Exact(), num_samples=20, num_warmup=0)

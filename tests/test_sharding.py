@@ -104,6 +104,7 @@ def test_one_device_mesh_takes_the_sharded_path_and_matches():
 # --- 4 host devices in a subprocess --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_four_devices_same_draws_as_one(tmp_path):
     """Chains split over 2 devices and N = 2001 rows over 2 (unequal shards, padded): the same draws,
     decisions and items read as on one device; another seed differs (negative control)."""

@@ -4,6 +4,7 @@ model, the adaptive-subsampling paper's Fig. 4 case) and stays quiet on normal d
 import warnings
 
 import numpy as np
+import pytest
 
 import tallmh as tm
 
@@ -15,6 +16,7 @@ def _run(x, test):
                      num_samples=300, seed=0, progress=False, audit=0.0)
 
 
+@pytest.mark.slow
 def test_clt_check_fires_on_lognormal_not_on_normal():
     # (The minibatch Barker test reads most of the data on this posterior, where the bound is small and
     # its answer was accurate in benchmarks/trust.py: the check concerns the batch sizes a test stops at.)

@@ -57,6 +57,7 @@ def test_recursion_matches_simulation_of_every_look(n, m, c):
     assert abs(p - q) <= 3.29 * se + 0.002, (p, q, se)
 
 
+@pytest.mark.slow
 def test_per_look_level_gives_the_target():
     for target in (0.05, 0.01, 0.001):
         for n, m in ((5000, 500), (12214, 500), (10**6, 100)):
@@ -103,6 +104,7 @@ def worst_case():
     return values, keys, ref
 
 
+@pytest.mark.slow
 def test_error_form_meets_its_target_in_the_worst_case(worst_case):
     values, keys, ref = worst_case
     target = 0.05
@@ -116,6 +118,7 @@ def test_error_form_meets_its_target_in_the_worst_case(worst_case):
     assert np.asarray(dec.n_data).mean() < len(values)  # it still subsamples
 
 
+@pytest.mark.slow
 def test_negative_control_per_look_form_exceeds_the_target(worst_case):
     values, keys, ref = worst_case
     test = tm.acceptance.Austerity(epsilon=0.05, batch_size=500)
@@ -167,6 +170,7 @@ def logistic_pairs():
     return model, data, pairs, keys, ref
 
 
+@pytest.mark.slow
 def test_error_form_within_target_on_pairs_near_the_posterior(logistic_pairs):
     model, data, pairs, keys, ref = logistic_pairs
     target = 0.05
@@ -176,6 +180,7 @@ def test_error_form_within_target_on_pairs_near_the_posterior(logistic_pairs):
     assert nd.mean() < N
 
 
+@pytest.mark.slow
 def test_negative_control_per_look_form_exceeds_target_on_the_same_pairs(logistic_pairs):
     model, data, pairs, keys, ref = logistic_pairs
     acc, _ = decisions(tm.acceptance.Austerity(epsilon=0.05, batch_size=500), model, data, pairs, keys)
@@ -187,6 +192,7 @@ def test_negative_control_per_look_form_exceeds_target_on_the_same_pairs(logisti
 # ---------------------------------------------------------------- support and the CLT check
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", [dict(error=0.05), dict(epsilon=0.05)])
 def test_a_nonfinite_item_read_rejects_at_once(form):
     # strong evidence for accepting, one bad item among 2000: the test stops on the first batch of 100,
@@ -216,6 +222,7 @@ def test_impossible_proposal_rejected_without_reading_data(log_base):
     assert np.all(np.asarray(dec.n_data) == 0) and np.all(np.asarray(dec.rounds) == 0)
 
 
+@pytest.mark.slow
 def test_nan_support_through_a_model():
     # a model whose support depends on the data (log-lik NaN where x > theta): a proposal that puts some
     # items outside the support must never be accepted once such an item is read
@@ -233,6 +240,7 @@ def test_nan_support_through_a_model():
     assert not np.asarray(acc).any() and np.all(np.asarray(nd) == 100)
 
 
+@pytest.mark.slow
 def test_clt_error_in_the_decision():
     rng = np.random.default_rng(0)
     keys = jax.random.split(jax.random.PRNGKey(1), 100)

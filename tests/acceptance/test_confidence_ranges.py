@@ -148,6 +148,7 @@ def gauss_setting():
     return model, {"x": x}, pairs, keys, ref
 
 
+@pytest.mark.slow
 def test_confidence_on_gaussian_mean_reads_few_items_and_errs_at_most_delta(gauss_setting):
     model, data, pairs, keys, ref = gauss_setting
     delta = 0.05
@@ -165,6 +166,7 @@ class _ShrunkBound(tm.models.GaussianMean):
         return 0.002 * super().lik_ratio_bound(theta, theta_prop, stats)
 
 
+@pytest.mark.slow
 def test_negative_control_shrunk_gaussian_range_errs_more_than_delta(gauss_setting):
     _, data, pairs, keys, ref = gauss_setting
     delta = 0.05

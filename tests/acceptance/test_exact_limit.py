@@ -26,6 +26,7 @@ def _pairs(theta, d, count, scale, seed):
     ],
     ids=["austerity", "confidence-bs", "confidence-hoeffding-data", "barker"],
 )
+@pytest.mark.slow
 def test_batch_of_n_gives_the_exact_decision(make_test, oracle):
     with enable_x64(True):
         model, data, theta = logistic_problem(n=1500, d=3)
@@ -54,6 +55,7 @@ def test_same_key_same_u_for_exact_kinds():
         assert m.mean() >= b.mean()
 
 
+@pytest.mark.slow
 def test_tempered_barker_with_all_items_matches_tempered_exact():
     with enable_x64(True):
         model, data, theta = logistic_problem(n=400, d=2)

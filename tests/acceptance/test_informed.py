@@ -45,6 +45,7 @@ def _run(model, data, test, seed, init=None, warmup=1500, draws=2000):
 
 @pytest.mark.parametrize("statistic", [x_stat, pytest.param(None, marks=pytest.mark.slow)],
                          ids=["sufficient-x", "default-scores"])
+@pytest.mark.slow
 def test_exact_with_sufficient_statistic(gauss, statistic):
     """Gaussian mean, known variance: S = x is sufficient (and so are the scores (x - mu_hat)/sigma^2, the
     default). With eps = 1e3 the subset chain settles on subsets whose mean is the full data's, and ISS
@@ -61,6 +62,7 @@ def test_exact_with_sufficient_statistic(gauss, statistic):
     assert np.all(np.sqrt(np.asarray(ex.delta_sq)) < 0.05 * np.sqrt(N_GAUSS)), np.asarray(ex.delta_sq)
 
 
+@pytest.mark.slow
 def test_default_statistic_mode_found_in_init(gauss):
     """With init= given, tm.sample finds no mode; the kernel's init runs Newton itself (counted passes)."""
     model, data, mean, sd = gauss
@@ -75,6 +77,7 @@ def test_default_statistic_mode_found_in_init(gauss):
     assert r.setup_items >= int(np.sum(ex.chain_passes)) * N_GAUSS + N_GAUSS + 4 * 100
 
 
+@pytest.mark.slow
 def test_negative_control_eps_zero_is_wider(gauss):
     """eps = 0: uniform subsets; each subset posterior is centred on its own mean, so the theta-marginal
     is about sqrt(N/n) = 4.5 times wider than the posterior: the same check must fail."""
@@ -139,6 +142,7 @@ def test_subset_chain_has_nu_as_stationary_law():
     assert stats.chi2.sf(chi2_u, 14) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_items", [1_000, 100_003])
 def test_cost_per_step_does_not_grow_with_n(n_items):
     """n_data per step is n + k whatever N, and the step's program holds no array with an axis of N."""

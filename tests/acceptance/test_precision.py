@@ -98,6 +98,7 @@ def _deltas(model, data, theta, theta_p):
     return f(tracked), f(per_item), float(former)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gaussian-mean", "linear-regression"])
 def test_delta_matches_float64_at_1e7(which):
     model, data = _gauss_data() if which == "gaussian-mean" else _linear_data()

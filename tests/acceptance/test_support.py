@@ -118,6 +118,7 @@ def test_minus_inf_log_base_rejects_without_reading(name, x):
     assert not acc.any() and np.all(nd == 0) and np.all(bad == 0)
 
 
+@pytest.mark.slow
 def test_clt_error_reported_and_larger_for_heavy_tails():
     # Barker and Confidence return base.clt_error of the items read: larger on log-normal than on normal data
     rng = np.random.default_rng(4)
