@@ -33,7 +33,7 @@ JSON; see the README text).
 Usage::
 
     python benchmarks/out_of_core.py --n 1e6 1e7                 # writes benchmarks/results/out_of_core.json
-    python benchmarks/out_of_core.py --n 1e9 --data-dir /work/ooc_data --keep-files --no-memory --audit 0
+    python benchmarks/out_of_core.py --n 1e9 --data-dir DIR --keep-files --no-memory --audit 0
     python benchmarks/out_of_core.py --smoke --out /tmp/ooc.json # seconds: N = 2e4, few steps
 """
 
