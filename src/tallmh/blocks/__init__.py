@@ -555,15 +555,8 @@ class ParticleGibbs:
         site = self.site
         h_all = values[site]
         s_all, t_len = h_all.shape
-        win = int(self.window or t_len)
         p = int(self.particles)
-        m = int(self.series_per_step or s_all)
-        k_a, k_s, k_run = jax.random.split(key, 3)
-        a = jax.random.randint(k_a, (), 0, t_len - win + 1)
-        if m < s_all:
-            series = permute(make_permutation(k_s), jnp.arange(m, dtype=jnp.int32), s_all)
-        else:
-            series = jnp.arange(s_all, dtype=jnp.int32)
+        win, m, a, series, k_run = self._window(key, h_all)
         h = h_all[series]  # (m, T)
         dtype = h.dtype
 
