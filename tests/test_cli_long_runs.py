@@ -45,19 +45,29 @@ def _draws(folder):
     return idata.posterior["theta"].values
 
 
-@pytest.mark.slow
-def test_sigint_mid_sampling_keeps_the_draws_and_resume_continues(linear_csv, tmp_path, capsys):
-    out = tmp_path / "run"
+def _run_until_first_checkpoint(linear_csv, out):
+    """A CLI run of (practically) endless sampling, returned once its first checkpoint exists (draws made)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tallmh", "run", str(linear_csv / "small.csv"), "--target", "y", "--model", "linear",
          "--samples", "100000000", "--warmup", "0", "--checkpoint-every", "1", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.time() + 240
     try:
-        deadline = time.time() + 240
-        while not (out / "checkpoint.pkl").exists():  # the first checkpoint: sampling has made draws
+        while not (out / "checkpoint.pkl").exists():
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             assert time.time() < deadline, "no checkpoint within 240 s"
             time.sleep(0.2)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+@pytest.mark.slow
+def test_sigint_mid_sampling_keeps_the_draws_and_resume_continues(linear_csv, tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = _run_until_first_checkpoint(linear_csv, out)
+    try:
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)  # a hang would fail here
@@ -208,19 +218,11 @@ def test_interrupt_during_warmup_writes_the_outputs_and_resume_goes_on(linear_cs
     assert _draws(out).shape == (2, 30, 4)
 
 
-@pytest.mark.slow  # a second real process; the first Ctrl-C path is tested by default above
+@pytest.mark.slow  # a second real process; the first Ctrl-C path is tested above
 def test_a_second_ctrl_c_ends_the_process_at_once(linear_csv, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tallmh", "run", str(linear_csv / "small.csv"), "--target", "y", "--model", "linear",
-         "--samples", "100000000", "--warmup", "0", "--checkpoint-every", "1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = _run_until_first_checkpoint(linear_csv, out)
     try:
-        deadline = time.time() + 240
-        while not (out / "checkpoint.pkl").exists():
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.time() < deadline
-            time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)  # the first one is being handled: the run winds up and its files are written
         t0 = time.time()
