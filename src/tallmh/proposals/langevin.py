@@ -17,7 +17,6 @@ __all__ = ["Langevin"]
 class LangevinState(NamedTuple):
     step_size: jax.Array  # h
     chol: jax.Array  # L, with the preconditioner M = L L^T (the identity when not preconditioned)
-    log_step: jax.Array  # log h, adapted during warmup (Robbins-Monro on the acceptance rate)
 
 
 MALA_ACCEPT = 0.574  # optimal acceptance of MALA (Roberts & Rosenthal 1998)
@@ -41,7 +40,7 @@ class Langevin:
       the posterior mode (which ``tallmh.sample`` computes during set-up; the identity over N when it
       has none), the step starts at ``h = 1.65^2 d^(-1/3)`` (the optimal scaling of MALA for a target
       whose covariance is M: Roberts & Rosenthal 1998) and, during warmup only, ``log h`` follows
-      ``log h += (k+1)^(-0.6) (accepted - target_accept)`` (target 0.574), then stays fixed, so the
+      ``log h += (k+1)^(-0.6) (accepted - target_accept)`` (only h is kept; its log is taken at each update) (target 0.574), then stays fixed, so the
       sampling phase is a homogeneous Markov chain. With control variates the gradient is nearly exact
       near the mode, so this gives far more ESS per step than a random walk (issue 12, item 5).
 
@@ -95,7 +94,7 @@ class Langevin:
             chol = jnp.eye(d, dtype=dtype)
         h = self.step_size if self.step_size is not None else 1.65**2 * d ** (-1.0 / 3.0)
         h = jnp.asarray(h, dtype)
-        return LangevinState(h, chol, jnp.log(h))
+        return LangevinState(h, chol)
 
     def items_per_step(self) -> int:
         return 2 * self.batch_size if self.count_gradient_items else 0
@@ -125,7 +124,8 @@ class Langevin:
     def update(self, state, theta, accepted, step):
         if not self.adapt:
             return state
-        gamma = (jnp.asarray(step, state.log_step.dtype) + 1.0) ** (-self.kappa)
-        log_h = state.log_step + gamma * (accepted.astype(state.log_step.dtype) - self.target_accept)
-        log_h = jnp.clip(log_h, -30.0, 5.0)
-        return LangevinState(jnp.exp(log_h), state.chol, log_h)
+        # Robbins-Monro on log h towards the target acceptance rate
+        dtype = state.step_size.dtype
+        gamma = (jnp.asarray(step, dtype) + 1.0) ** (-self.kappa)
+        log_h = jnp.log(state.step_size) + gamma * (accepted.astype(dtype) - self.target_accept)
+        return LangevinState(jnp.exp(jnp.clip(log_h, -30.0, 5.0)), state.chol)
