@@ -183,6 +183,7 @@ def run_one(mode, folder, args):
         warnings.simplefilter("always")
         res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
                         control_variates=tm.ControlVariates(order=2), num_samples=args.samples,
+                        proposal=tm.proposals.Langevin() if args.proposal == "langevin" else None,
                         num_warmup=args.warmup, num_chains=args.chains, seed=0, audit=args.audit,
                         progress=args.progress)
     wall = time.perf_counter() - t0
@@ -278,6 +279,8 @@ def main(argv=None):
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--audit", type=float, default=None,
                    help="self-audit rate (default: tallmh's, ~40 exact full passes in warmup; 0 for N >= 1e9)")
+    p.add_argument("--proposal", default="default", choices=["default", "langevin"],
+                   help="tm.sample's default (adaptive random walk) or tm.proposals.Langevin() (preconditioned MALA)")
     p.add_argument("--gather", default="auto", choices=["auto", "zero_copy", "callback"])
     p.add_argument("--data-dir", default=None, help="folder for the .npy files (one sub-folder per N); reused")
     p.add_argument("--keep-files", action="store_true", help="keep the files (default when --data-dir is given)")
@@ -312,8 +315,8 @@ def main(argv=None):
                 modes.append("memory")
             for mode in modes:
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
-                       str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains), "--gather",
-                       args.gather] + (["--audit", str(args.audit)] if args.audit is not None else []) + \
+                       str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains), "--proposal", args.proposal,
+                       "--gather", args.gather] + (["--audit", str(args.audit)] if args.audit is not None else []) + \
                     (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else [])
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
                 line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -339,6 +342,7 @@ def main(argv=None):
     if est:
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": _meta(argv), "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
+                              "proposal": args.proposal,
                                            "audit": args.audit, "gather": args.gather, "test": "Austerity(0.05, 100)",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
