@@ -107,6 +107,7 @@ def _full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
             _PASS_FNS.pop(next(iter(_PASS_FNS)))
         _PASS_FNS[key] = fn
     bar = ds.progress_bar(n, desc, ds.is_out_of_core(data))
+    ds.advise(data, "sequential")
     try:
         for start in range(0, n, k * size):
             res = jax.tree_util.tree_map(np.asarray, fn(args, data, jnp.int32(start)))
@@ -116,6 +117,7 @@ def _full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
             if bar is not None:
                 bar.update(rows)
     finally:
+        ds.advise(data, "normal")
         if bar is not None:
             bar.close()
 
