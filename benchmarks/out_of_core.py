@@ -13,7 +13,7 @@ For each N, two runs, each in its own process (so that peak memory is measured a
 - ``disk``: ``data = tm.data.from_npy({"X": ..., "y": ...})`` (the finiteness check streams over the files
   once: ``open_s``) then the README's call, austerity with control variates::
 
-      tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
+      tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),  # --batch
                 control_variates=tm.ControlVariates(order=2), num_samples=..., num_warmup=...,
                 num_chains=2, seed=0)
 
@@ -181,7 +181,7 @@ def run_one(mode, folder, args):
     model = tm.models.LogisticRegression(prior_scale=10.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
+        res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch),
                         control_variates=tm.ControlVariates(order=2), num_samples=args.samples,
                         proposal=tm.proposals.Langevin() if args.proposal == "langevin"
                         else tm.proposals.AdaptiveMetropolis(),
@@ -280,6 +280,7 @@ def main(argv=None):
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--audit", type=float, default=None,
                    help="self-audit rate (default: tallmh's, ~40 exact full passes in warmup; 0 for N >= 1e9)")
+    p.add_argument("--batch", type=int, default=100, help="the austerity test's batch size")
     p.add_argument("--proposal", default="am", choices=["am", "langevin"],
                    help="tm.proposals.AdaptiveMetropolis() (the earlier runs) or tm.proposals.Langevin() "
                         "(preconditioned MALA: tm.sample's default with control variates)")
@@ -317,7 +318,8 @@ def main(argv=None):
                 modes.append("memory")
             for mode in modes:
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
-                       str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains), "--proposal", args.proposal,
+                       str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains),
+                       "--batch", str(args.batch), "--proposal", args.proposal,
                        "--gather", args.gather] + (["--audit", str(args.audit)] if args.audit is not None else []) + \
                     (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else [])
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -344,8 +346,8 @@ def main(argv=None):
     if est:
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": _meta(argv), "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
-                              "proposal": args.proposal,
-                                           "audit": args.audit, "gather": args.gather, "test": "Austerity(0.05, 100)",
+                              "proposal": args.proposal, "batch": args.batch,
+                                           "audit": args.audit, "gather": args.gather, "test": f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}

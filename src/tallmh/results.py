@@ -332,8 +332,8 @@ class Result:
                          f"{o['audit_bias_ci'][1]:+.3f}) beyond the test's bound {tgt:g}")
         if o["clt_error"] > CLT_DOUBT:
             w.append(f"CLT doubt: the per-item log-likelihood ratios are far from normal at the batch sizes used "
-                     f"(median Berry-Esseen bound {o['clt_error']:.2f} > {CLT_DOUBT}); use larger batches or "
-                     f"control variates")
+                     f"(median Berry-Esseen bound {o['clt_error']:.2f} > {CLT_DOUBT}); use larger batches"
+                     + ("" if self.control_variates is not None else " or control variates"))
         if o["nonfinite_items"] > 0:
             w.append(f"{o['nonfinite_items']} item(s) with a non-finite log-likelihood were read (those proposals "
                      f"were rejected; data-dependent support cannot be seen by a subsample: put such constraints "
