@@ -53,6 +53,7 @@ def main():
                                    control_variates=tm.ControlVariates(order=2), progress=False)
                     mode = r0.final_state.cv.center[0]
                 r = tm.sample(model, data, test=test, num_samples=args.samples, num_warmup=args.warmup,
+                              proposal=tm.proposals.AdaptiveMetropolis(),  # the same proposal with and without
                               num_chains=1, seed=0, progress=False, control_variates=cv,
                               init=None if use_cv else mode)
                 s = r.summary().overall

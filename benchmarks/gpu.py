@@ -15,7 +15,7 @@ JSON, when the time left for that N is below ``--min-cell-s``):
 
 1. ``tallmh-austerity-cv`` with ``--chains`` (default 16) vectorised chains: ``tm.sample(model, data,
    test=Austerity(epsilon=0.05, batch_size=100), control_variates=ControlVariates(order=2))`` with the
-   default proposal (``AdaptiveMetropolis``) and tallmh's default start (its own Newton mode and Laplace
+   proposal ``AdaptiveMetropolis()`` and tallmh's default start (its own Newton mode and Laplace
    dispersion, charged to the call);
 2. ``hmcecs``, 1 chain: ``HMCECS(NUTS(model), proxy=HMCECS.taylor_proxy({"theta": MAP}))``, subsample
    1000, driven as in ``benchmarks/peers.py`` (its ``run_numpyro``: a compiled ``jit(vmap(scan))`` loop);
@@ -230,8 +230,8 @@ def run_tallmh(kind, data, chains, steps, cap_s, seed, cov):
         proposal = tm.proposals.Langevin(step_size=h, batch_size=100)
         note = f"Langevin step {h:.3g} (1.2 x smallest Laplace variance), batch 100"
     else:
-        proposal = None
-        note = "AdaptiveMetropolis (default)"
+        proposal = tm.proposals.AdaptiveMetropolis()
+        note = "AdaptiveMetropolis"
     warm, draws = steps
     t0 = time.perf_counter()
     r = tm.sample(model, data, test=test, proposal=proposal, num_samples=draws, num_warmup=warm,

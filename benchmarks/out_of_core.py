@@ -183,7 +183,8 @@ def run_one(mode, folder, args):
         warnings.simplefilter("always")
         res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
                         control_variates=tm.ControlVariates(order=2), num_samples=args.samples,
-                        proposal=tm.proposals.Langevin() if args.proposal == "langevin" else None,
+                        proposal=tm.proposals.Langevin() if args.proposal == "langevin"
+                        else tm.proposals.AdaptiveMetropolis(),
                         num_warmup=args.warmup, num_chains=args.chains, seed=0, audit=args.audit,
                         progress=args.progress)
     wall = time.perf_counter() - t0
@@ -279,8 +280,9 @@ def main(argv=None):
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--audit", type=float, default=None,
                    help="self-audit rate (default: tallmh's, ~40 exact full passes in warmup; 0 for N >= 1e9)")
-    p.add_argument("--proposal", default="default", choices=["default", "langevin"],
-                   help="tm.sample's default (adaptive random walk) or tm.proposals.Langevin() (preconditioned MALA)")
+    p.add_argument("--proposal", default="am", choices=["am", "langevin"],
+                   help="tm.proposals.AdaptiveMetropolis() (the earlier runs) or tm.proposals.Langevin() "
+                        "(preconditioned MALA: tm.sample's default with control variates)")
     p.add_argument("--gather", default="auto", choices=["auto", "zero_copy", "callback"])
     p.add_argument("--data-dir", default=None, help="folder for the .npy files (one sub-folder per N); reused")
     p.add_argument("--keep-files", action="store_true", help="keep the files (default when --data-dir is given)")

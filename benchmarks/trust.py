@@ -17,8 +17,8 @@ Data sets and references:
   1/sqrt(2N)); at N = 1e5 its error is far below the MCSE of the runs compared.
 
 Each run: ``tm.sample(model, data, test=..., [control_variates=tm.ControlVariates()], num_chains=2,
-num_warmup=1000, num_samples=2000, seed=0)`` with everything else at its default (start at the mode,
-dispersed chains, adaptive Metropolis, self-audit during warmup), the sampling phase capped at
+num_warmup=1000, num_samples=2000, seed=0, proposal=tm.proposals.AdaptiveMetropolis())`` with everything else at its default (start at the mode,
+dispersed chains, self-audit during warmup), the sampling phase capped at
 ``--budget`` seconds. Reported: max over parameters of |mean - ref mean| / ref sd, the range of sd / ref sd,
 "accurate" (max error <= 0.1 sd... 0.25 sd for runs with few effective draws, see ACCURATE below), data
 fraction per step, min bulk ESS per second of the whole call, the audited wrong-decision rate with its 95%
@@ -125,6 +125,7 @@ def run(args):
             t0 = time.perf_counter()
             try:
                 r = tm.sample(model, data, test=test, control_variates=cv, num_chains=2,
+                              proposal=tm.proposals.AdaptiveMetropolis(),  # the proposal its tables used
                               num_warmup=args.warmup, num_samples=args.samples, seed=0, budget_s=args.budget,
                               progress=False)
             except Exception as e:  # noqa: BLE001 - a method that cannot run here is a row saying why

@@ -17,7 +17,8 @@ from .stats_helpers import posterior_check
 def _cv_state(model, data, order=2):
     n = data["y"].shape[0]
     flat0, unravel = ravel_pytree(model.init(data))
-    return cvm.prepare(tm.ControlVariates(order=order), model, jax.tree_util.tree_map(jnp.asarray, data), n, unravel, flat0)
+    state, passes, _ = cvm.prepare(tm.ControlVariates(order=order), model, jax.tree_util.tree_map(jnp.asarray, data), n, unravel, flat0)
+    return state, passes
 
 
 def test_proxy_sums_match_direct_full_data_sums():
@@ -145,3 +146,37 @@ def test_recenter_after_warmup_makes_one_more_counted_pass(linreg):
     warm = a.flat_warmup[:, 50:].reshape(-1, 3).mean(axis=0)
     np.testing.assert_allclose(np.asarray(b.final_state.cv.center[0]), warm, rtol=1e-5, atol=1e-7)
     assert not np.allclose(np.asarray(a.final_state.cv.center[0]), warm)
+
+
+def test_mode_search_warm_start_and_reused_sums():
+    """At N >= WARM_MIN_N the mode search starts Newton from a sub-sample's scaled mode and hands back the
+    control-variate sums of its last pass: the same mode (to float32 resolution, far inside one posterior
+    sd), fewer full passes, and sums equal to a separate proxy_sums pass. The data is sorted by y, so a
+    sub-sample of the first rows only would start Newton far off (the warm rows span the whole data)."""
+    n = cvm.WARM_MIN_N
+    rng = np.random.default_rng(3)
+    X = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, 3))], 1).astype(np.float32)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([0.3, 1.0, -0.5, 0.2]))))).astype(np.float32)
+    order = np.argsort(y, kind="stable")
+    data = {"X": jnp.asarray(X[order]), "y": jnp.asarray(y[order])}
+    model = tm.models.LogisticRegression(prior_scale=10.0)
+    flat0, unravel = ravel_pytree(model.init(data))
+    cold = cvm.mode_search(model, data, n, unravel, flat0, warm_start=False)
+    warm = cvm.mode_search(model, data, n, unravel, flat0)
+    assert cold.warm_items == 0 and warm.warm_items > 0
+    assert warm.passes < cold.passes
+    sd = np.sqrt(np.diag(np.asarray(cvm.laplace_cov(model, unravel, warm.sums), np.float64)))
+    assert np.max(np.abs(np.asarray(warm.center, np.float64) - np.asarray(cold.center, np.float64)) / sd) < 0.01
+    direct = cvm.proxy_sums(model, data, n, unravel, warm.center, 2)
+    np.testing.assert_array_equal(np.asarray(warm.sums.grad_sum), np.asarray(direct.grad_sum))
+    np.testing.assert_array_equal(np.asarray(warm.sums.hess_sum), np.asarray(direct.hess_sum))
+    rows = cvm.warm_rows(n)
+    assert rows.min() == 0 and rows.max() == n - 1 and len(np.unique(rows)) == cvm.WARM_ROWS
+    # every item the set-up read is counted: full passes times N plus the warm start's reads
+    res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
+                    control_variates=tm.ControlVariates(), num_samples=20, num_warmup=0, num_chains=1, seed=0,
+                    progress=False)
+    from tallmh import datasource
+
+    model_setup = n if datasource.setup_stats(model, data, n) is not None else 0  # the model's own set-up pass
+    assert res.setup_items == model_setup + warm.passes * n + warm.warm_items

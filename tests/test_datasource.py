@@ -68,6 +68,22 @@ def test_memmap_leaves_are_accepted_without_a_copy(files):
                                   data["X"][[3, 0, 4999]])
 
 
+def test_read_advice_reaches_the_files_and_not_memory(files, monkeypatch):
+    """advise() reaches the memory map behind every on-disk leaf (zero-copy or host-gathered), once per
+    map, and leaves in-memory data alone; tm.sample advises random reads while sampling and the default
+    afterwards."""
+    data, paths, _ = files
+    for gather in ("zero_copy", "callback"):
+        d = tm.data.from_npy(paths, gather=gather)
+        assert ds.advise(d, "random") == 2 and ds.advise(d, "normal") == 2
+    assert ds.advise(data, "random") == 0
+    calls = []
+    real = ds.advise
+    monkeypatch.setattr(ds, "advise", lambda d, p: calls.append(p) or real(d, p))
+    _run(tm.data.from_npy(paths), tm.acceptance.Austerity(batch_size=100), tm.ControlVariates(), audit=0)
+    assert "sequential" in calls and "random" in calls and calls[-1] == "normal"
+
+
 def test_host_gather_returns_the_asked_rows_in_order(files):
     data, paths, _ = files
     disk = tm.data.from_npy(paths, gather="callback")

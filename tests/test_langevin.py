@@ -62,7 +62,7 @@ def test_control_variate_gradient_is_exact_with_the_full_batch(linreg):
         n = data["y"].shape[0]
         jdata = jax.tree_util.tree_map(jnp.asarray, data)
         flat0, unravel = ravel_pytree(jnp.zeros(2))
-        cv, _ = cvm.prepare(tm.ControlVariates(order=2), model, jdata, n, unravel, flat0)
+        cv, _, _ = cvm.prepare(tm.ControlVariates(order=2), model, jdata, n, unravel, flat0)
         kernel = build_kernel(model, tm.proposals.Langevin(1e-4, 10), tm.acceptance.Austerity(), n, unravel,
                               cv_order=2)
         theta = jnp.asarray(mean) + jnp.array([0.03, -0.02])

@@ -151,6 +151,28 @@ def test_audit_catches_a_wrong_test(problem):
         tm.sample(model, data, test=_Biased(), num_warmup=400, num_samples=5, num_chains=2, seed=0, progress=False)
 
 
+@pytest.mark.slow
+def test_default_audit_reads_at_most_its_item_budget(problem, monkeypatch):
+    """The default self-audit reads at most DEFAULT_AUDIT_ITEMS items (each audit reads all N), says so
+    in the notes when that cuts it below 40, and an explicit rate is not cut."""
+    from tallmh import sampling
+
+    model, data = problem
+    n = 3000
+    kw = dict(test=tm.acceptance.Austerity(epsilon=0.05, batch_size=200), num_warmup=800, num_samples=10,
+              num_chains=1, seed=0, progress=False)
+    monkeypatch.setattr(sampling, "DEFAULT_AUDIT_ITEMS", 0)
+    r = tm.sample(model, data, **kw)
+    assert r.audit["audit_steps"] == 0 and r.audit["audit_items"] == 0
+    assert any(note.startswith("self-audit: 0 audited") for note in r.notes)
+    r = tm.sample(model, data, audit=0.2, **kw)  # an explicit rate is the user's choice
+    assert r.audit["audit_steps"] > 100 and not any(note.startswith("self-audit") for note in r.notes)
+    monkeypatch.setattr(sampling, "DEFAULT_AUDIT_ITEMS", 10**9)
+    r = tm.sample(model, data, **kw)
+    assert r.audit["audit_steps"] >= 25 and not any(note.startswith("self-audit") for note in r.notes)
+    assert r.audit["audit_items"] == n * r.audit["audit_steps"]
+
+
 def test_out_of_support_proposals_read_no_data():
     # prior support mu > 0; the chain starts near 0 so many proposals fall outside
     data = {"x": np.abs(np.random.default_rng(0).standard_normal(500)).astype(np.float32) * 0.1}

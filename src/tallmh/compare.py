@@ -177,9 +177,11 @@ def posterior_mode(model, data, init=None, max_iter: int = 50) -> Mode:
             init = model.init(data)
         init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
         flat0, unravel = ravel_pytree(init)
-        center, passes = cvm.find_center(model, data, n, unravel, flat0, max_iter)
-        sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
-        passes += 1
+        found = cvm.mode_search(model, data, n, unravel, flat0, max_iter)
+        center, passes, sums = found.center, found.passes, found.sums
+        if sums is None:
+            sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
+            passes += 1
         cov = cvm.laplace_cov(model, unravel, sums)
         if cov is None:
             raise ModelError("the negative Hessian of the log posterior at the mode is not positive definite: "

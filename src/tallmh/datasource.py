@@ -34,6 +34,7 @@ file of the same shape without recompiling.
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import sys
 import weakref
@@ -358,6 +359,35 @@ def _memmap_of(leaf):
     if isinstance(leaf, np.memmap):
         return leaf
     return None
+
+
+_ADVICE = {"normal": "MADV_NORMAL", "sequential": "MADV_SEQUENTIAL", "random": "MADV_RANDOM"}
+
+
+def advise(data, pattern: str):
+    """Tell the operating system how the files behind ``data``'s on-disk leaves will be read next:
+    ``"sequential"`` (a set-up pass: read ahead), ``"random"`` (sampling: a page fault reads its own page
+    only, not the 128 KiB around it, which for rows scattered over a file larger than RAM made each row
+    read ~10x slower: 5.2 ms against 0.45-0.9 ms per row from a 48 GB file here, with another job
+    reading the disk), or ``"normal"``. In-memory leaves, and platforms without ``madvise``, are left
+    alone; returns how many maps were advised."""
+    flag = getattr(mmap, _ADVICE[pattern], None)
+    if flag is None:
+        return 0
+    done = 0
+    seen = set()
+    for leaf in leaves_of(data):
+        mm = _memmap_of(leaf)
+        base = getattr(mm, "_mmap", None) if mm is not None else None
+        if base is None or id(base) in seen:
+            continue
+        seen.add(id(base))
+        try:
+            base.madvise(flag)
+            done += 1
+        except (OSError, ValueError, AttributeError):  # closed map, or no madvise here
+            pass
+    return done
 
 
 def is_host_leaf(leaf) -> bool:

@@ -212,9 +212,11 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         log_base = lp_p - state.log_prior + log_q
         problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
                                state.log_lik if tracks else None, cv, cv_order or 2)
-        # Support: a proposal with -inf (or NaN) prior or proposal ratio is rejected without reading data.
-        # (A real branch for one chain; under vmap over chains with different outcomes, JAX evaluates
-        # both branches and selects, so the items are computed but neither counted nor used.)
+        # Support: a proposal with -inf (or NaN) prior or proposal ratio is rejected, its reads not counted
+        # (the sequential tests read nothing when log_base is -inf). The test always runs and its outcome
+        # is selected, not branched on: under vmap over chains a lax.cond on this per-chain flag becomes a
+        # select whose operands, the data included, JAX broadcasts to one copy per chain at every step
+        # (an O(N) copy per step: 2 chains at N = 10^6 ran at 20-37 ms per step instead of 0.2 ms).
         in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(theta_p).all()
 
         def run_test():
@@ -229,7 +231,8 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
             z = jnp.zeros((), jnp.int32)
             return jnp.bool_(False), z, z, z, jnp.zeros((), dtype), state.log_lik
 
-        accept, n_data, rounds, nonfinite, clt, llp = jax.lax.cond(in_support, run_test, no_test)
+        accept, n_data, rounds, nonfinite, clt, llp = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(in_support, a, b), run_test(), no_test())
         acc = accept & in_support & (nonfinite == 0)
 
         def run_audit():

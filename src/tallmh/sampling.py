@@ -52,7 +52,8 @@ from .results import Result
 __all__ = ["sample", "decide", "decision_fn"]
 
 INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
-DEFAULT_AUDITS = 40  # audited steps per run (spread over the warmup), unless audit= says otherwise
+DEFAULT_AUDITS = 40  # audited chain-steps per run (spread over the warmup), unless audit= says otherwise
+DEFAULT_AUDIT_ITEMS = 4 * 10**8  # ... and no more than this many items read by them (each reads all N)
 _RUNNERS: dict = {}
 
 
@@ -134,17 +135,21 @@ def _in_thread(fn):
 def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
                   key, dtype, notes):
     """Mode, Laplace covariance, control-variate state and chain starts; returns a dict (passes counted)."""
-    out = {"center": None, "cov": None, "cv": None, "passes": 0, "starts": None}
+    out = {"center": None, "cov": None, "cv": None, "passes": 0, "extra_items": 0, "starts": None}
     want_mode = init_given is None
     center = None
     sums = None
     if want_mode:
         try:
-            center, passes = cvm.find_center(model, data, n, unravel, flat0,
-                                             control_variates.max_newton if control_variates is not None else 30)
-            out["passes"] += passes
-            sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
-            out["passes"] += 1
+            found = cvm.mode_search(model, data, n, unravel, flat0,
+                                    control_variates.max_newton if control_variates is not None else 30)
+            center = found.center
+            out["passes"] += found.passes
+            out["extra_items"] += found.warm_items
+            sums = found.sums  # the search's last pass made the sums at the mode, unless it ended on a step
+            if sums is None:
+                sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
+                out["passes"] += 1
             out["sums"] = sums
             out["cov"] = cvm.laplace_cov(model, unravel, sums)
             if out["cov"] is None:
@@ -167,8 +172,9 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
                 cv0 = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
                 out["passes"] += 1
         else:
-            cv0, passes = cvm.prepare(control_variates, model, data, n, unravel, flat0)
+            cv0, passes, extra = cvm.prepare(control_variates, model, data, n, unravel, flat0)
             out["passes"] += passes
+            out["extra_items"] += extra
         out["cv"] = cv0
         if out["cov"] is None and control_variates.order == 2:
             out["cov"] = cvm.laplace_cov(model, unravel, cv0)
@@ -271,7 +277,10 @@ def sample(
     model : :class:`tallmh.Model`
     data : pytree of arrays with leading axis N
     test : an acceptance test from :mod:`tallmh.acceptance` (default ``Exact()``)
-    proposal : a proposal from :mod:`tallmh.proposals` (default ``AdaptiveMetropolis()``)
+    proposal : a proposal from :mod:`tallmh.proposals`. Default: with ``control_variates``,
+        ``Langevin(batch_size=min(100, N))`` (preconditioned adaptive MALA with the control-variate
+        gradient; the model is differentiable, since the control variates need its gradient and
+        Hessian); without them, ``AdaptiveMetropolis()``
     num_samples, num_warmup : draws kept per chain, and warmup steps (adaptation happens in warmup only)
     num_chains : chains run side by side (``jax.vmap``)
     seed : integer seed; chain c at step k of phase p uses ``fold_in(fold_in(split(PRNGKey(seed))[c], p),
@@ -291,7 +300,9 @@ def sample(
         ``result.setup_items``
     audit : self-audit rate: the fraction of steps at which the exact test also decides with the same u
         (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default: about 40 audited
-        steps spread over the warmup (for approximate tests; none for ``Exact``). A float applies to warmup
+        chain-steps spread over the warmup (for approximate tests; none for ``Exact``), fewer when N is
+        above 10^7 so that the audits read at most ``DEFAULT_AUDIT_ITEMS`` = 4·10^8 items (4 at N = 10^8,
+        none at N >= 4·10^8: a note in ``result.notes`` says so). A float applies to warmup
         and sampling alike; 0 turns it off.
     budget_s : optional wall-clock budget (seconds) of the sampling phase: sampling stops when it is spent
         (``num_samples`` is then a cap; the run is not marked partial)
@@ -322,7 +333,6 @@ def sample(
         control_variates = resume.resume_info.get("control_variates") if control_variates is None \
             else control_variates
     test = Exact() if test is None else test
-    proposal = AdaptiveMetropolis() if proposal is None else proposal
     for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0), ("num_chains", num_chains, 1)):
         if int(v) != v or v < lo:
             raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
@@ -342,6 +352,13 @@ def sample(
     notes: list = []
     init_given = init
     data, n, init, stats, setup_items = _prepare(model, data, test, init)
+    if proposal is None:
+        # with control variates the model is differentiable (their Taylor terms need its gradient and
+        # Hessian) and the minibatch gradient is nearly exact near the mode: preconditioned adaptive MALA
+        # gives 14-38x the ESS per step of adaptive Metropolis there (README, "Which proposal")
+        from .proposals import Langevin
+
+        proposal = Langevin(batch_size=min(100, n)) if control_variates is not None else AdaptiveMetropolis()
     flat0, unravel = ravel_pytree(init)
     dtype = flat0.dtype
     d = flat0.shape[0]
@@ -401,7 +418,7 @@ def sample(
             ts = time.perf_counter()
             st = _in_thread(lambda: _start_points(model, data, n, unravel, flat0, control_variates, num_chains,
                                                   init_given, init_jitter, k_jit, dtype, notes))
-            setup_items += st["passes"] * n
+            setup_items += st["passes"] * n + st["extra_items"]
             cv0 = st["cv"]
             if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
                 cv0 = st.get("sums")
@@ -419,10 +436,17 @@ def sample(
 
         # audit rates per phase
         if audit is None:
-            rates = (0.0 if is_exact else min(0.05, DEFAULT_AUDITS / max(1, num_chains * num_warmup))
+            n_audits = min(DEFAULT_AUDITS, DEFAULT_AUDIT_ITEMS // max(1, n))
+            rates = (0.0 if is_exact else min(0.05, n_audits / max(1, num_chains * num_warmup))
                      if num_warmup > 0 else 0.0, 0.0)
             if not is_exact and num_warmup == 0:
-                rates = (0.0, min(0.05, DEFAULT_AUDITS / max(1, num_chains * num_samples)))
+                rates = (0.0, min(0.05, n_audits / max(1, num_chains * num_samples)))
+            msg = None
+            if not is_exact and n_audits < DEFAULT_AUDITS:
+                msg = (f"self-audit: {n_audits} audited chain-step(s) by default at N = {n:,} (each reads all N "
+                       f"items; the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}): pass audit=rate for more")
+            if msg is not None and msg not in notes:  # (a resumed run carries its notes already)
+                notes.append(msg)
         else:
             rates = (0.0 if is_exact else float(audit),) * 2
         audit_on = any(r > 0 for r in rates)
@@ -474,6 +498,8 @@ def sample(
                     lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), cv_new))
                 if plan is not None:
                     states = distributed.place_inputs(plan, states, chain_keys, k_audit, None, None)[0]
+            # on-disk data: rows are read at random, unless this phase's audits read all of them in order
+            ds.advise(data, "random" if rates[phase] == 0 else "normal")
             tp = time.perf_counter()
             base_s = timings[f"{pname}_s"]
             count = min(length, total - done[pname], 4 if chunk_size is None else length)
@@ -516,6 +542,7 @@ def sample(
         partial = True
         print("\ntallmh: interrupted; returning the draws made so far (result.partial = True)", file=sys.stderr)
     finally:
+        ds.advise(data, "normal")  # the files' default read-ahead again, for whatever reads them next
         if bar is not None:
             bar.close()
     result = make_result()

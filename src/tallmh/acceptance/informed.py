@@ -412,7 +412,9 @@ class Informed:
             def skip():
                 return ll, jnp.int32(0), jnp.int32(0)
 
-            ll_p, nonfinite, read_n = jax.lax.cond(in_support, read, skip)
+            # selected, not branched on: a lax.cond on this per-chain flag would, under vmap over chains,
+            # broadcast the data to one copy per chain at every step (see tallmh.kernel)
+            ll_p, nonfinite, read_n = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), read(), skip())
             log_a = lp_p - state.log_prior + log_q + scale * jnp.sum(jnp.where(jnp.isfinite(ll_p), ll_p - ll, 0.0))
             u2 = jax.random.uniform(k_u2, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
             acc = in_support & (nonfinite == 0) & (jnp.log(u2) < log_a)
