@@ -9,7 +9,10 @@ control_variates=ControlVariates(), num_chains=1, num_warmup=300, num_samples=30
 compile seconds, set-up seconds (mode search, control-variate sums: full passes), whole-call seconds, and
 the process's peak resident memory above what it held before the data existed, next to the data's size.
 The data is passed to the compiled chain as an argument, so compile time should not grow with N and
-the second call should not compile at all.
+the second call should not compile at all. ``tm.sample`` reads in-memory NumPy data in place (no copy:
+``tallmh.datasource.in_place_leaf``), so the peak above the data is the compile memory (about 0.7 GB)
+plus the set-up passes' fixed-size blocks, whatever N (issue 12, item 1: peak <= data + 1 GB). The
+machine's load average is saved with each N (the timings depend on it; the memory does not).
 """
 
 from __future__ import annotations
@@ -92,16 +95,20 @@ def main(argv=None):
           f"{'peak-base MB':>12s} {'peak-base-data MB':>17s}")
     for s in args.sizes.split(","):
         n = int(float(s))
+        load = os.getloadavg()
         res = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True)
         if res.returncode != 0:
             print(f"N = {n}: failed\n{res.stderr[-2000:]}")
             continue
         row = json.loads(res.stdout.strip().splitlines()[-1])
+        row["load_avg_before"] = load
+        row["load_avg_after"] = os.getloadavg()
         rows.append(row)
         for i, c in enumerate(row["calls"]):
             print(f"{n:10d} {row['data_mb']:8.0f} {i + 1:4d} {c['compile_s']:9.2f} {c['setup_s']:8.2f} "
                   f"{c['wall_s']:7.2f} {c['peak_above_base_mb']:12.0f} {c['peak_above_base_mb'] - row['data_mb']:17.0f}",
                   flush=True)
+        print(f"{'':10s} load average {load[0]:.1f} before, {row['load_avg_after'][0]:.1f} after", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg(), "rows": rows}, f, indent=1)

@@ -262,9 +262,9 @@ def test_out_of_core_benchmark_smoke(tmp_path):
 
 
 def test_full_passes_read_bounded_chunks_at_a_billion_rows():
-    # an exact or audit pass at N = 1e9 reads chunks of at most 2**24 rows (0.74 GB at d = 11), not 2**28
+    # an exact or audit pass at N = 1e9 reads chunks of at most 2**20 rows (46 MB at d = 11), not 2**28
     from tallmh.acceptance.base import MAX_CHUNK, StreamReader
 
-    assert StreamReader(10**9, 4096, None, permuted=False).sizes == [4096, 2**16, 2**20, 2**24]
-    assert max(StreamReader(10**9, 100, None).sizes) <= MAX_CHUNK == 2**24
+    assert StreamReader(10**9, 4096, None, permuted=False).sizes == [4096, 2**16, 2**20]
+    assert max(StreamReader(10**9, 100, None).sizes) <= MAX_CHUNK == 2**20
     assert StreamReader(10**6, 4096, None).sizes == [4096, 2**16]  # smaller N: the ladder as before

@@ -45,7 +45,7 @@ def num_items(data) -> int:
     return int(np.shape(leaves[0])[0])
 
 
-def validate_data(data, check_finite: bool = True):
+def validate_data(data, check_finite: bool = True, in_place: bool = False):
     """Check a data pytree and return it with its leaves as JAX arrays.
 
     Raises :class:`DataError` naming the problem when the pytree has no leaves, a leaf is a scalar, the
@@ -56,6 +56,14 @@ def validate_data(data, check_finite: bool = True):
     never loaded whole: a memory map becomes a zero-copy ``jax.Array`` or a host-gathered
     :class:`~tallmh.datasource.HostArray`, and its finiteness check streams over it in blocks (once:
     skipped for leaves ``from_npy`` has checked already).
+
+    ``in_place=True`` (what :func:`tallmh.sample` asks for): an in-memory NumPy leaf is not copied where
+    the CPU backend can read it in place (:func:`tallmh.datasource.in_place_leaf`: a ``jax.Array``
+    aliasing it when it is 64-byte aligned, else an :class:`~tallmh.datasource.InPlaceArray`); a copy of
+    the data (``jnp.asarray``) was the largest memory cost of a call (issue 12, item 1). Where that is
+    impossible (another backend, several devices, a dtype JAX converts, a non-contiguous array) the
+    leaf is copied, as without it. The finiteness check of an in-memory leaf reads it in blocks too (no
+    N-sized boolean temporary).
     """
     from . import datasource as ds
 
@@ -86,10 +94,13 @@ def validate_data(data, check_finite: bool = True):
         if arr.dtype == object:
             raise DataError(f"data leaf {name} is not numeric (dtype object)")
         lengths[name] = arr.shape[0]
-        if check_finite and np.issubdtype(arr.dtype, np.inexact) and not np.all(np.isfinite(arr)):
-            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-            raise DataError(f"data leaf {name} holds {bad} NaN or infinite value(s)")
-        out.append(leaf if isinstance(leaf, jax.Array) else jnp.asarray(arr))
+        if check_finite:
+            ds.check_finite_streamed(arr, name)
+        if isinstance(leaf, jax.Array):
+            out.append(leaf)
+            continue
+        placed = ds.in_place_leaf(arr, checked=check_finite) if in_place else None
+        out.append(placed if placed is not None else jnp.asarray(arr))
     if len(set(lengths.values())) > 1:
         desc = ", ".join(f"{k}: {v}" for k, v in lengths.items())
         raise DataError(f"data leaves have different leading lengths ({desc}); all must share N")
@@ -105,16 +116,20 @@ def take(data, idx):
     """The items ``idx`` (int array, all in range) of every leaf of ``data``.
 
     An on-disk leaf read by host gathers (:class:`~tallmh.datasource.HostArray`) is read with one
-    ``jax.pure_callback`` per leaf; every other leaf (zero-copy memory maps included) with ``jnp.take``.
+    ``jax.pure_callback`` per leaf; an in-memory array read in place
+    (:class:`~tallmh.datasource.InPlaceArray`) by a gather of row slices of its flat buffer; every other
+    leaf (zero-copy memory maps included) with ``jnp.take``. All give the same values.
     """
-    from .datasource import HostArray, host_take
+    from .datasource import HostArray, InPlaceArray, host_take, in_place_take
 
     def one(a):
         if isinstance(a, HostArray):
             return host_take(a, idx)
+        if isinstance(a, InPlaceArray):
+            return in_place_take(a, idx)
         return jnp.take(a, idx, axis=0, mode="clip")
 
-    return jax.tree_util.tree_map(one, data, is_leaf=lambda a: isinstance(a, HostArray))
+    return jax.tree_util.tree_map(one, data, is_leaf=lambda a: isinstance(a, (HostArray, InPlaceArray)))
 
 
 class Permutation(NamedTuple):

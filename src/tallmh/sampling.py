@@ -58,7 +58,7 @@ _RUNNERS: dict = {}
 
 
 def _prepare(model, data, test, init, check_finite=True, cv_center=None):
-    data = validate_data(data, check_finite=check_finite)
+    data = validate_data(data, check_finite=check_finite, in_place=True)  # no copy of in-memory data
     n = num_items(data)
     test.check(n)
     if init is None and cv_center is not None:

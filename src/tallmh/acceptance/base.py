@@ -118,11 +118,14 @@ class Moments(NamedTuple):
         return jnp.where(self.t > 1, self.m2 / jnp.maximum(tf - 1.0, 1.0), 0.0)
 
 
-# The largest chunk a reader gathers at once (items): 2**24 rows of 11 float32 features are 0.74 GB. A ladder
-# is unchanged unless it would have had a rung above 2**24 (never for N < 2**24; the exact test's 4096-item
-# ladder only from N = 2**28). At N = 10**9 (out-of-core data, tallmh.datasource) an exact or audit pass would
-# otherwise gather 2**28-row chunks (12 GB of X, more than this machine's RAM with the intermediates).
-MAX_CHUNK = 2**24
+# The largest chunk a reader gathers at once (items): 2**20 rows of 11 float32 features are 46 MB, plus the
+# chunk's per-item temporaries. A ladder is unchanged unless it would have had a rung above 2**20 (the exact
+# test's 4096-item ladder: never for N < 2**24; the austerity test's 100-item ladder: a rung of 6,553,600
+# items, used only by a step that reads that many). With 2**24 (before issue 12, item 1) an exact or audit
+# pass at N >= 2**24 gathered 0.74 GB chunks of X and about 0.9 GB in all per chunk (measured at N = 3e7),
+# the largest memory cost of a whole tm.sample call once the data is read in place (an exact pass at
+# N = 5e7 now makes 48 loop iterations instead of 3).
+MAX_CHUNK = 2**20
 
 
 class StreamReader:
