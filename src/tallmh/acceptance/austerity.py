@@ -148,7 +148,9 @@ class Austerity:
         dtype = problem.log_base.dtype
         mu0 = (jnp.log(u) - problem.log_base) / n
         perm = make_permutation(k_perm)
-        reader = StreamReader(n, m, problem.lik_ratio)
+        # every look asks for m more items, so only the ladder's first rung is ever used: the larger
+        # rungs' loops (each a compiled copy of the model) would only cost compile time
+        reader = StreamReader(n, m, problem.lik_ratio, ladder_base=None)
         eps = jnp.asarray(self.per_look_epsilon(n), dtype)
         nf = jnp.asarray(n, dtype)
         # zero prior or proposal density at theta' (or NaN): reject without reading data

@@ -72,7 +72,8 @@ class Barker:
         u, k_perm, k_extra = draw_u(key)
         dtype = problem.log_base.dtype
         perm = make_permutation(k_perm)
-        reader = StreamReader(n, self.batch_size, problem.lik_ratio, stop_on_nonfinite=True)
+        reader = StreamReader(n, self.batch_size, problem.lik_ratio, stop_on_nonfinite=True,
+                              ladder_base=None)  # each look reads batch_size more: one rung suffices
         scale = jnp.asarray(n / float(self.temperature), dtype)
         nf = jnp.asarray(n, dtype)
         impossible = problem.log_base == -jnp.inf  # rejected without reading data

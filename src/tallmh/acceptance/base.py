@@ -135,7 +135,8 @@ class StreamReader:
     the largest size as fit, then smaller ones, and finishes with masked chunks of size m. So moving from
     t to target costs O(target - t) item evaluations plus O(log(N/m)) loop iterations, with static
     shapes that ``jit`` needs. ``positions -> items`` goes through the keyed permutation (or the
-    identity, for the exact test, which reads everything anyway).
+    identity, for the exact test, which reads everything anyway). ``ladder_base=None``: chunks of size m
+    only (for a caller that never asks for more than m items at a time).
     """
 
     def __init__(self, n, m: int, fn: Callable, permuted: bool = True, ladder_base: int = 16,
@@ -153,8 +154,9 @@ class StreamReader:
             self.m = int(max(1, m))
             self.dynamic = True
         sizes = [self.m]
-        while (not self.dynamic and sizes[-1] * ladder_base <= min(self.n, MAX_CHUNK)) or \
-                (self.dynamic and len(sizes) < max_ladder):
+        while ladder_base is not None and (
+                (not self.dynamic and sizes[-1] * ladder_base <= min(self.n, MAX_CHUNK)) or
+                (self.dynamic and len(sizes) < max_ladder)):
             sizes.append(sizes[-1] * ladder_base)
         self.sizes = sizes
         self.fn = fn  # idx -> per-item values
