@@ -597,6 +597,16 @@ def make_reference(args):
           flush=True)
 
 
+def save_partial(out, meta, datasets_info, rows):
+    """Write the rows so far to ``<out>/peers.partial.json`` after every cell, so that a run killed part way
+    (a peer out of memory, Ctrl-C) keeps what it measured; the full ``peers.json`` is written at the end."""
+    path = os.path.join(out, "peers.partial.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"meta": meta, "datasets": datasets_info, "rows": rows, "partial": True}, f, indent=1,
+                  default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    os.replace(path + ".tmp", path)
+
+
 def laplace_reference(theta_map, H, name, N, d, args, say):
     """The reference above ``--laplace-ref-above``: the Laplace approximation N(MAP, H^-1) at the float64
     Newton MAP, with no Monte Carlo error. A NUTS reference at 10^8 rows would take hours here (10^7 took
@@ -1115,6 +1125,7 @@ def main(argv=None):
                     traceback.print_exc()
                     say(f"    FAILED: {type(e).__name__}: {e}")
                     rows.append({**base, "skipped": f"failed: {type(e).__name__}: {str(e)[:200]}"})
+                    save_partial(args.out, meta, datasets_info, rows)
                     continue
                 m = metrics(res["theta"], ref, (theta0, lap_sd))
                 tim = res["timings"]
@@ -1131,6 +1142,7 @@ def main(argv=None):
                         row[k] = res[k]
                 row["accurate"] = bool(accurate(row))
                 rows.append(row)
+                save_partial(args.out, meta, datasets_info, rows)
                 prev[(method, chains)] = prev[(method, chains, kind)] = (
                     N, (tim["warmup_s"] + tim["sampling_s"]) / max(W + draws, 1))
                 say(f"    {time.perf_counter() - tc:.1f}s: ESS min {row['ess_min']:.0f}, ESS/s {row['ess_per_s']:.3g} "
