@@ -413,8 +413,10 @@ class Informed:
                 return ll, jnp.int32(0), jnp.int32(0)
 
             # selected, not branched on: a lax.cond on this per-chain flag would, under vmap over chains,
-            # broadcast the data to one copy per chain at every step (see tallmh.kernel)
-            ll_p, nonfinite, read_n = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), read(), skip())
+            # broadcast the data to one copy per chain at every step (see tallmh.kernel). The m items are
+            # read either way, and counted.
+            ll_p, nonfinite, _ = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), read(), skip())
+            read_n = jnp.int32(m)
             log_a = lp_p - state.log_prior + log_q + scale * jnp.sum(jnp.where(jnp.isfinite(ll_p), ll_p - ll, 0.0))
             u2 = jax.random.uniform(k_u2, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
             acc = in_support & (nonfinite == 0) & (jnp.log(u2) < log_a)
