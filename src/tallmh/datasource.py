@@ -59,18 +59,13 @@ _HOST: dict = {}  # token -> np.memmap (callback leaves)
 _ALIASED: dict = {}  # id(jax array) -> (weakref to it, np.memmap it aliases, finiteness checked)
 
 
-class HostArray:
-    """A data leaf that stays in a file: rows are gathered on the host by ``jax.pure_callback``.
+class _RowArray:
+    """What :class:`HostArray` and :class:`InPlaceArray` share: an array's ``shape``, ``dtype``, ``ndim``,
+    ``size``, ``nbytes`` and ``len`` (rows), without the array itself."""
 
-    Has ``shape``, ``dtype``, ``ndim`` and ``nbytes`` like an array, and NumPy-style row slicing
-    (``h[a:b]`` reads those rows from the file). ``np.asarray(h)`` is refused (it would load the whole
-    file); use :func:`read_rows`. Inside compiled code, :func:`tallmh.data.take` gathers rows of it.
-    """
+    __slots__ = ("shape", "dtype", "__weakref__")
 
-    __slots__ = ("token", "shape", "dtype", "__weakref__")
-
-    def __init__(self, token, shape, dtype):
-        self.token = token
+    def __init__(self, shape, dtype):
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
 
@@ -79,16 +74,35 @@ class HostArray:
         return len(self.shape)
 
     @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+    @property
     def nbytes(self):
-        return int(np.prod(self.shape)) * self.dtype.itemsize
+        return self.size * self.dtype.itemsize
+
+    def __len__(self):
+        return self.shape[0]
+
+
+class HostArray(_RowArray):
+    """A data leaf that stays in a file: rows are gathered on the host by ``jax.pure_callback``.
+
+    Has ``shape``, ``dtype``, ``ndim`` and ``nbytes`` like an array, and NumPy-style row slicing
+    (``h[a:b]`` reads those rows from the file). ``np.asarray(h)`` is refused (it would load the whole
+    file); use :func:`read_rows`. Inside compiled code, :func:`tallmh.data.take` gathers rows of it.
+    """
+
+    __slots__ = ("token",)
+
+    def __init__(self, token, shape, dtype):
+        super().__init__(shape, dtype)
+        self.token = token
 
     @property
     def array(self) -> np.ndarray:
         """The underlying memory map (only outside compiled code)."""
         return _HOST[int(np.asarray(self.token))]
-
-    def __len__(self):
-        return self.shape[0]
 
     def __getitem__(self, item):
         return np.asarray(self.array[item], self.dtype)
@@ -200,6 +214,12 @@ def host_leaf(mm: np.ndarray, gather: str = "auto", name: str = "data", checked:
 _CHECKED: set = set()  # callback tokens whose finiteness has been checked
 
 
+def _aliased_host(x):
+    """The host array a ``jax.Array`` was registered as aliasing (:func:`_register_alias`), or None."""
+    ent = _ALIASED.get(id(x)) if isinstance(x, jax.Array) else None
+    return ent[1] if ent is not None and ent[0]() is x else None
+
+
 def _register_alias(x, arr, checked):
     """Record that the JAX array ``x`` reads ``arr``'s memory; the entry goes when ``x`` is freed."""
     key = id(x)
@@ -226,7 +246,7 @@ class _Span:
                                     "typestr": np.dtype(dtype).str, "version": 3}
 
 
-class InPlaceArray:
+class InPlaceArray(_RowArray):
     """An in-memory NumPy data leaf read by compiled code in place, without a copy (issue 12, item 1).
 
     The CPU backend aliases host memory only from a 64-byte-aligned address, and NumPy places a large
@@ -243,32 +263,15 @@ class InPlaceArray:
     view) outside compiled code; ``jnp.asarray`` (``__jax_array__``) materialises a copy.
     """
 
-    __slots__ = ("buf", "offset", "shape", "dtype", "__weakref__")
+    __slots__ = ("buf", "offset")
 
     def __init__(self, buf, offset, shape, dtype):
+        super().__init__(shape, dtype)
         self.buf = buf
         self.offset = int(offset)
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-
-    @property
-    def ndim(self):
-        return len(self.shape)
-
-    @property
-    def size(self):
-        return int(np.prod(self.shape))
-
-    @property
-    def nbytes(self):
-        return self.size * self.dtype.itemsize
-
-    def __len__(self):
-        return self.shape[0]
 
     def _host(self):
-        ent = _ALIASED.get(id(self.buf)) if isinstance(self.buf, jax.Array) else None
-        return ent[1] if ent is not None and ent[0]() is self.buf else None
+        return _aliased_host(self.buf)
 
     def __array__(self, dtype=None, copy=None):
         host = self._host()
@@ -352,10 +355,7 @@ def _memmap_of(leaf):
     if isinstance(leaf, InPlaceArray):
         return leaf._host()
     if isinstance(leaf, jax.Array):
-        ent = _ALIASED.get(id(leaf))
-        if ent is not None and ent[0]() is leaf:
-            return ent[1]
-        return None
+        return _aliased_host(leaf)
     if isinstance(leaf, np.memmap):
         return leaf
     return None
