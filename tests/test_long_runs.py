@@ -186,6 +186,13 @@ def test_out_of_support_proposals_read_no_data():
     assert np.all(r.flat_samples > 0)
     # steps whose proposal left the support read nothing
     assert np.any(r.stats["n_data"][rejected] == 0)
+    # ... nor do their audits: every audited step reads all 500 items, and the out-of-support ones none
+    ra = tm.sample(model, data, test=tm.acceptance.Austerity(epsilon=0.05, batch_size=100),
+                   proposal=tm.proposals.RandomWalk(0.5), init=jnp.array([0.01]), num_warmup=0, num_samples=200,
+                   num_chains=1, progress=False, audit=1.0)
+    out = ra.stats["n_data"] == 0  # the proposal left the support (in support, austerity reads >= 100)
+    assert out.sum() > 10
+    assert ra.audit["audit_steps"] == (~out).sum() and ra.audit["audit_items"] == 500 * (~out).sum()
 
 
 @pytest.mark.slow

@@ -238,7 +238,8 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         def run_audit():
             oprob = problem._replace(log_lik_current=None)
             ex = oracle.decide(k_test, oprob)
-            return ex.accept & in_support, jnp.int32(n)
+            # the items the exact decision read: all N, or none for a proposal out of the support
+            return ex.accept & in_support, ex.n_data.astype(jnp.int32)
 
         def no_audit():
             return jnp.bool_(False), jnp.int32(0)
