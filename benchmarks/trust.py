@@ -22,7 +22,7 @@ dispersed chains, self-audit during warmup), the sampling phase capped at
 ``--budget`` seconds. Reported: max over parameters of |mean - ref mean| / ref sd, the range of sd / ref sd,
 "accurate" (max error <= 0.1 sd... 0.25 sd for runs with few effective draws, see ACCURATE below), data
 fraction per step, min bulk ESS per second of the whole call, the audited wrong-decision rate with its 95%
-interval, the median CLT bound, and the verdict. The point is the last two columns: a run that is not
+interval, the estimated normal-approximation error inflation, and the verdict. The point is the last two columns: a run that is not
 accurate must not be "trusted".
 """
 
@@ -145,7 +145,7 @@ def run(args):
                 "data_fraction": float(o["data_fraction"]), "audit_steps": o["audit_steps"],
                 "audit_rate": o.get("audit_rate"), "audit_ci": list(o.get("audit_ci", (None, None))),
                 "audit_bias": o.get("audit_bias"), "audit_kind": o.get("audit_kind"),
-                "clt_error": o["clt_error"], "nonfinite": o["nonfinite_items"], "rhat_max": o["rhat_max"],
+                "excess_error": o["excess_error"], "nonfinite": o["nonfinite_items"], "rhat_max": o["rhat_max"],
                 "trusted": bool(o["trusted"]), "verdict": o["verdict"], "reference": ref_how,
             }
             row["accurate"] = accurate(err, ratio.min(), ratio.max(), o["ess_min"])
@@ -153,7 +153,7 @@ def run(args):
             rows.append(row)
             print(f"{dname:14s} {mname:14s} err {err:6.2f} sd {ratio.min():5.2f}-{ratio.max():5.2f} "
                   f"frac {o['data_fraction']:.4f} ESS/s {row['ess_per_s_call']:7.2f} audit "
-                  f"{_audit_str(row)} clt {o['clt_error']:.3f} -> {'accurate' if row['accurate'] else 'WRONG'}, "
+                  f"{_audit_str(row)} excess {o['excess_error']:.3f} -> {'accurate' if row['accurate'] else 'WRONG'}, "
                   f"{o['verdict']}", flush=True)
     return rows
 
@@ -169,14 +169,14 @@ def _audit_str(row):
 
 def markdown(rows):
     lines = ["| data | method | max err / sd | sd ratio | data/step | ESS/s (call) | audited wrong rate [95% CI] "
-             "| CLT bound | accurate | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| est. excess | accurate | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['data']} | {r['method']} | error: {r['error']} | | | | | | | |")
             continue
         lines.append(f"| {r['data']} | {r['method']} | {r['max_err_sd']:.2f} | {r['sd_ratio'][0]:.2f}-"
                      f"{r['sd_ratio'][1]:.2f} | {r['data_fraction']:.2%} | {r['ess_per_s_call']:.1f} | "
-                     f"{_audit_str(r)} | {r['clt_error']:.3f} | {'yes' if r['accurate'] else '**no**'} | "
+                     f"{_audit_str(r)} | {r['excess_error']:.3f} | {'yes' if r['accurate'] else '**no**'} | "
                      f"{r['verdict']} |")
     return "\n".join(lines)
 

@@ -831,6 +831,11 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     _print(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, N = {n:,}; "
            f"method {label}; {c} chain(s) x {k} draws ({kw} warmup)" + (" [PARTIAL]" if result.partial else ""))
     _print(f"verdict: {verdict}")
+    from .results import audit_line
+
+    audit_text = audit_line(result.summary().overall).strip()
+    if audit_text:
+        _print(audit_text)
     _print(text)
     _print(scale_note + ":")
     _print(coef_tab.to_string(float_format=lambda v: f"{v:.4g}"))
@@ -881,6 +886,7 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
         f"<code>{e(os.path.abspath(args.data))}</code> (N = {n:,}). Prior: {e(prior_text)}. Method: "
         f"<b>{e(label)}</b>; proposal: {e(args.proposal)}; start: {e(args.start)}; {c} chain(s) x {k} draws after "
         f"{kw} warmup steps.",
+        *([e(audit_text[0].upper() + audit_text[1:]) + "."] if audit_text else []),
         f"Timings: compile {float(t.get('compile_s', 0)):.1f} s, warmup {warm_s:.1f} s, sampling {samp_s:.1f} s."
         + (" <b>The run was interrupted: these are the draws made so far</b> (continue it with "
            f"<code>tallmh run --resume {e(folder)}</code>)." if result.partial else ""),

@@ -43,7 +43,7 @@ class StepInfo(NamedTuple):
     n_data: jax.Array  # int32: items read to decide (audit passes excluded)
     rounds: jax.Array  # int32: looks / minibatch rounds
     nonfinite: jax.Array  # int32: items read whose log-likelihood ratio was NaN or infinite
-    clt_error: jax.Array  # float: the test's Berry-Esseen-type CLT doubt (0 for tests without a CLT)
+    excess_error: jax.Array  # float: the test's estimated error inflation at its stopping look (0: none)
     audited: jax.Array  # bool: the exact decision was also taken at this step
     audit_exact: jax.Array  # bool: the exact oracle's decision with the same key (False if not audited)
     audit_items: jax.Array  # int32: items the audit read (N when audited)
@@ -223,7 +223,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         def run_test():
             dec = test.decide(k_test, problem)
             nf = dec.n_nonfinite if dec.n_nonfinite is not None else jnp.zeros((), jnp.int32)
-            ce = dec.clt_error if dec.clt_error is not None else jnp.zeros((), dtype)
+            ce = dec.excess_error if dec.excess_error is not None else jnp.zeros((), dtype)
             llp = dec.log_lik_prop if tracks else state.log_lik
             return dec.accept, dec.n_data.astype(jnp.int32), dec.rounds.astype(jnp.int32), \
                 nf.astype(jnp.int32), jnp.asarray(ce, dtype), llp

@@ -47,14 +47,101 @@ from .errors import ConfigError, ModelError
 from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
-from .results import Result
+from .results import Result, audit_power, audits_for_power, error_target, method_label
 
 __all__ = ["sample", "decide", "decision_fn"]
 
 INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
-DEFAULT_AUDITS = 40  # audited chain-steps per run (spread over the warmup), unless audit= says otherwise
+# Default self-audit: enough audited chain-steps (spread over warmup and sampling) that a true wrong-decision
+# rate of twice the test's target is flagged with probability AUDIT_POWER (198 at a target of 0.05), at most
+# MAX_AUDIT_RATE of the steps, and at most DEFAULT_AUDIT_ITEMS items read by the audits.
+AUDIT_POWER = 0.8
+MAX_AUDIT_RATE = 0.05
 DEFAULT_AUDIT_ITEMS = 4 * 10**8  # ... and no more than this many items read by them (each reads all N)
 _RUNNERS: dict = {}
+# num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
+# plans for (its rate is fixed before sampling)
+AUTO_MAX_SAMPLES = 200_000
+AUTO_BUDGET_S = 600.0
+AUTO_PLANNED_SAMPLES = 2000
+
+
+_TEST_NAMES = ("exact", "austerity", "confidence", "barker")
+
+
+def _as_test(test):
+    """A test object from ``test``: an object with ``decide`` (as given), a name (its default settings), or
+    None (the recommended default, chosen once the data and model are known)."""
+    if test is None or callable(getattr(test, "decide", None)):
+        return test
+    if isinstance(test, str) and test.lower() in _TEST_NAMES:
+        from . import acceptance
+
+        return getattr(acceptance, test.capitalize())()
+    raise ConfigError(f"test must be a test from tm.acceptance (e.g. tm.acceptance.Austerity(error=0.05)) or one of "
+                      f"{', '.join(repr(t) for t in _TEST_NAMES)}; got {test!r}")
+
+
+def differentiable(model, data, n, init) -> bool:
+    """Whether the model's log-density has a finite gradient and Hessian-vector product at ``init`` on its
+    first rows (what Taylor control variates and Langevin proposals need)."""
+    rows = ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else \
+        jax.tree_util.tree_map(lambda a: a[:min(n, 16)], data)
+    flat, unravel = ravel_pytree(init)
+
+    def total(t):
+        th = unravel(t)
+        return jnp.sum(model.log_lik(th, rows)) + jnp.asarray(model.log_prior(th), t.dtype)
+
+    try:
+        g, hv = jax.jvp(jax.grad(total), (flat,), (jnp.ones_like(flat),))
+        return bool(np.all(np.isfinite(np.asarray(g))) and np.all(np.isfinite(np.asarray(hv))))
+    except Exception:  # noqa: BLE001 - any failure to differentiate means: not differentiable
+        return False
+
+
+def recommended(model, data, n, init):
+    """The default configuration: ``(test, control_variates, reason)``.
+
+    A differentiable model gets the error-targeted austerity test (per-step error 0.05, batch chosen
+    automatically) with second-order Taylor control variates (and, through them, the preconditioned Langevin
+    proposal): the fast configuration that keeps its promise. A model without gradients gets exact MH.
+    """
+    from .control_variates import ControlVariates
+    from .acceptance import Austerity
+
+    if differentiable(model, data, n, init):
+        return Austerity(error=0.05), ControlVariates(order=2), "differentiable model"
+    return Exact(), None, "the model has no finite gradient at the start: exact MH"
+
+
+def _data_mistake(data, e) -> str:
+    """One line on data the model cannot read (a tuple for a dict, other key names)."""
+    if isinstance(data, dict):
+        have = ", ".join(map(repr, data))
+        if isinstance(e, KeyError):
+            return (f"data: the model reads data[{e.args[0]!r}], which this data does not have (it has {have}); "
+                    f"pass a dict of arrays with the model's keys")
+        return f"data: the model could not read it ({type(e).__name__}: {e}); it has keys {have}"
+    return (f"data must be a dict of arrays with leading axis N and the model's keys (e.g. {{'X': X, 'y': y}}); "
+            f"got a {type(data).__name__}")
+
+
+AUTO_RHAT = 1.01
+
+
+def _auto_reached(parts, min_ess):
+    """``(min bulk ESS, max R-hat)`` of the draws so far when both meet the goal, else None."""
+    from . import diagnostics
+
+    x = np.concatenate([p[0] for p in parts], axis=1)
+    if x.shape[1] < 50:
+        return None
+    ess = min(diagnostics.ess(x[:, :, j]) for j in range(x.shape[-1]))
+    if not (ess >= min_ess):
+        return None
+    rhat = max(diagnostics.rhat(x[:, :, j]) for j in range(x.shape[-1])) if x.shape[0] > 1 else 1.0
+    return (ess, rhat) if rhat <= AUTO_RHAT else None
 
 
 def _prepare(model, data, test, init, check_finite=True, cv_center=None):
@@ -63,10 +150,22 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     test.check(n)
     if init is None and cv_center is not None:
         init = cv_center
+    default = None
+    if callable(getattr(model, "init", None)):
+        try:
+            default = model.init(data)
+        except (KeyError, TypeError, IndexError) as e:
+            raise ConfigError(_data_mistake(data, e)) from None
     if init is None:
-        if not callable(getattr(model, "init", None)):
+        if default is None:
             raise ModelError("the model has no default init(data); pass init=... to sample()")
-        init = model.init(data)
+        init = default
+    elif default is not None:
+        want = [np.shape(a) for a in jax.tree_util.tree_leaves(default)]
+        got = [np.shape(a) for a in jax.tree_util.tree_leaves(init)]
+        if want != got:
+            show = lambda s: s[0] if len(s) == 1 else s
+            raise ConfigError(f"init has shape {show(got)}; this model's parameter has shape {show(want)}")
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
     # on-disk data (tallmh.datasource): the model is checked on its first rows, set-up streams in blocks
     check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
@@ -252,7 +351,7 @@ def sample(
     data,
     test=None,
     proposal=None,
-    num_samples: int = 1000,
+    num_samples="auto",
     num_warmup: int = 1000,
     num_chains: int = 4,
     seed: int = 0,
@@ -269,6 +368,7 @@ def sample(
     checkpoint_every_s: float = 300.0,
     chunk_seconds: float = 1.0,
     mesh=None,
+    min_ess: float = 400.0,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -276,12 +376,20 @@ def sample(
     ----------
     model : :class:`tallmh.Model`
     data : pytree of arrays with leading axis N
-    test : an acceptance test from :mod:`tallmh.acceptance` (default ``Exact()``)
+    test : an acceptance test from :mod:`tallmh.acceptance`, or its name (``"exact"``, ``"austerity"``,
+        ``"confidence"``, ``"barker"``: default settings). Default: for a differentiable model, the
+        recommended ``Austerity(error=0.05)`` (per-step error 0.05, batch chosen automatically) with
+        ``ControlVariates(order=2)`` (unless ``control_variates=False``); for a model without finite
+        gradients, ``Exact()``. ``test=tm.acceptance.Exact()`` is the exact oracle.
     proposal : a proposal from :mod:`tallmh.proposals`. Default: with ``control_variates``,
         ``Langevin(batch_size=min(100, N))`` (preconditioned adaptive MALA with the control-variate
         gradient; the model is differentiable, since the control variates need its gradient and
         Hessian); without them, ``AdaptiveMetropolis()``
-    num_samples, num_warmup : draws kept per chain, and warmup steps (adaptation happens in warmup only)
+    num_samples : draws kept per chain, or ``"auto"`` (the default): sample until the smallest bulk ESS is at
+        least ``min_ess`` (400) and the largest R-hat at most 1.01, checked as the draws grow, within
+        ``budget_s`` (default 600 s of sampling) and at most ``AUTO_MAX_SAMPLES`` draws per chain;
+        ``result.notes`` says which was reached
+    num_warmup : warmup steps per chain (adaptation happens in warmup only)
     num_chains : chains run side by side (``jax.vmap``)
     seed : integer seed; chain c at step k of phase p uses ``fold_in(fold_in(split(PRNGKey(seed))[c], p),
         k)``, so the same seed gives the same draws, however the run is cut into chunks or resumed
@@ -297,13 +405,15 @@ def sample(
     chunk_size : fixed steps per compiled call (default: sized so that a call takes ``chunk_seconds``)
     control_variates : a :class:`tallmh.ControlVariates` to use Taylor control variates in the
         approximate tests (:mod:`tallmh.control_variates`); its full passes are counted in
-        ``result.setup_items``
+        ``result.setup_items``. None: on with the default test, off with a test you chose; False: off
     audit : self-audit rate: the fraction of steps at which the exact test also decides with the same u
-        (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default: about 40 audited
-        chain-steps spread over the warmup (for approximate tests; none for ``Exact``), fewer when N is
-        above 10^7 so that the audits read at most ``DEFAULT_AUDIT_ITEMS`` = 4·10^8 items (4 at N = 10^8,
-        none at N >= 4·10^8: a note in ``result.notes`` says so). A float applies to warmup
-        and sampling alike; 0 turns it off.
+        (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default (approximate
+        tests; none for ``Exact``): enough audited chain-steps, spread over warmup and sampling, to flag a
+        true wrong-decision rate of twice the test's target with probability 0.8 (198 at a target of 0.05:
+        :func:`tallmh.results.audits_for_power`), at most 5% of the steps and at most
+        ``DEFAULT_AUDIT_ITEMS`` = 4·10^8 items (40 at N = 10^7, none at N >= 4·10^8); when these caps
+        cut the audit, a note in ``result.notes`` gives its power. ``summary()`` shows the audited rate, its
+        interval and the power. A float applies to warmup and sampling alike; 0 turns it off.
     budget_s : optional wall-clock budget (seconds) of the sampling phase: sampling stops when it is spent
         (``num_samples`` is then a cap; the run is not marked partial)
     resume : a :class:`Result` (complete, partial or loaded with :func:`tallmh.load_result`) to continue:
@@ -332,7 +442,20 @@ def sample(
         seed = resume.resume_info["seed"]
         control_variates = resume.resume_info.get("control_variates") if control_variates is None \
             else control_variates
-    test = Exact() if test is None else test
+    test = _as_test(test)
+    auto_test = test is None
+    auto_draws = isinstance(num_samples, str)
+    if auto_draws:
+        if num_samples != "auto":
+            raise ConfigError(f"num_samples must be an integer >= 0 or 'auto'; got {num_samples!r}")
+        if resume is not None:
+            num_samples = max(int(resume.resume_info.get("num_samples", 0)), resume.num_draws)
+            auto_draws = False
+        else:
+            num_samples = AUTO_MAX_SAMPLES
+            budget_s = AUTO_BUDGET_S if budget_s is None else budget_s
+        if not (min_ess > 0):
+            raise ConfigError(f"min_ess must be positive; got {min_ess}")
     for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0), ("num_chains", num_chains, 1)):
         if int(v) != v or v < lo:
             raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
@@ -342,16 +465,27 @@ def sample(
         raise ConfigError(f"budget_s must be positive; got {budget_s}")
     if chunk_size is not None and int(chunk_size) < 1:
         raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size}")
-    if control_variates is not None and getattr(test, "tracks_log_lik", False):
-        raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
-    is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
     if audit is not None and not (0.0 <= float(audit) <= 1.0):
         raise ConfigError(f"audit must be a rate in [0, 1]; got {audit}")
 
     t0 = time.perf_counter()
     notes: list = []
     init_given = init
-    data, n, init, stats, setup_items = _prepare(model, data, test, init)
+    data, n, init, stats, setup_items = _prepare(model, data, Exact() if auto_test else test, init)
+    if auto_test:
+        test, cv_auto, why = recommended(model, data, n, init)
+        test.check(n)
+        control_variates = cv_auto if control_variates is None else (control_variates or None)
+        notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
+                     f"test=tm.acceptance.Exact() is the oracle")
+    elif control_variates is False:
+        control_variates = None
+    is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
+    if control_variates is not None and getattr(test, "tracks_log_lik", False):
+        raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
+    if getattr(test, "batch_auto", False):
+        notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
+                     f"boundary keeps the error promise at any batch; where the items need more, it reads more)")
     if proposal is None:
         # with control variates the model is differentiable (their Taylor terms need its gradient and
         # Hessian) and the minibatch gradient is nearly exact near the mode: preconditioned adaptive MALA
@@ -436,15 +570,21 @@ def sample(
 
         # audit rates per phase
         if audit is None:
-            n_audits = min(DEFAULT_AUDITS, DEFAULT_AUDIT_ITEMS // max(1, n))
-            rates = (0.0 if is_exact else min(0.05, n_audits / max(1, num_chains * num_warmup))
-                     if num_warmup > 0 else 0.0, 0.0)
-            if not is_exact and num_warmup == 0:
-                rates = (0.0, min(0.05, n_audits / max(1, num_chains * num_samples)))
+            tgt = error_target(test) or 0.05
+            wanted = audits_for_power(tgt, AUDIT_POWER)
+            planned = AUTO_PLANNED_SAMPLES if auto_draws else num_samples  # ("auto": a typical run's draws)
+            steps = max(1, num_chains * (num_warmup + planned))
+            n_audits = min(wanted, DEFAULT_AUDIT_ITEMS // max(1, n))
+            rate = 0.0 if is_exact else min(MAX_AUDIT_RATE, n_audits / steps)
+            rates = (rate, rate)
             msg = None
-            if not is_exact and n_audits < DEFAULT_AUDITS:
-                msg = (f"self-audit: {n_audits} audited chain-step(s) by default at N = {n:,} (each reads all N "
-                       f"items; the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}): pass audit=rate for more")
+            got = int(round(rate * steps))
+            if not is_exact and got < wanted:
+                why = (f"each reads all N = {n:,} items and the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}"
+                       if n_audits < wanted else f"at most {MAX_AUDIT_RATE:g} of the {steps:,} chain-steps")
+                msg = (f"self-audit: about {got} audited chain-step(s) by default ({why}); they flag a wrong-decision "
+                       f"rate of twice the target with probability {audit_power(got, tgt):.2f} (pass audit=rate "
+                       f"for more: {wanted} give {AUDIT_POWER:g})")
             if msg is not None and msg not in notes:  # (a resumed run carries its notes already)
                 notes.append(msg)
         else:
@@ -483,8 +623,10 @@ def sample(
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
         total_steps = num_warmup + num_samples
         if progress:
-            bar = _Bar(total_steps, done["warmup"] + done["sampling"], getattr(test, "name", "mcmc"))
+            bar = _Bar(None if auto_draws else total_steps, done["warmup"] + done["sampling"],
+                       getattr(test, "name", "mcmc"))
         last_ckpt = time.perf_counter()
+        next_check, auto_stop = 100, None
         for pname, total, phase in (("warmup", num_warmup, 0), ("sampling", num_samples, 1)):
             if done[pname] >= total:
                 continue
@@ -531,6 +673,12 @@ def sample(
                 if due:
                     make_result().save(checkpoint)
                     last_ckpt = time.perf_counter()
+                if auto_draws and pname == "sampling" and done[pname] >= next_check:
+                    reached = _auto_reached(collected["sampling"], min_ess)
+                    next_check = int(done[pname] * 1.25) + 1
+                    if reached is not None:
+                        auto_stop = reached
+                        break
                 if chunk_size is None:  # next chunk: about chunk_seconds long
                     per_step = max(dt / count, 1e-7)
                     want = chunk_seconds / per_step
@@ -545,6 +693,16 @@ def sample(
         ds.advise(data, "normal")  # the files' default read-ahead again, for whatever reads them next
         if bar is not None:
             bar.close()
+    if auto_draws:
+        if auto_stop is not None:
+            notes.append(f"num_samples='auto': stopped after {done['sampling']:,} draws per chain, with min bulk ESS "
+                         f"{auto_stop[0]:.0f} >= {min_ess:g} and max R-hat {auto_stop[1]:.3f} <= {AUTO_RHAT}")
+        elif not partial:
+            why = (f"the sampling budget ({budget_s:g} s)" if done["sampling"] < num_samples
+                   else f"the cap of {num_samples:,} draws per chain")
+            notes.append(f"num_samples='auto': {why} ran out before min bulk ESS {min_ess:g} and R-hat {AUTO_RHAT} "
+                         f"were reached")
+        num_samples = done["sampling"]
     result = make_result()
     if checkpoint is not None and states is not None:
         result.save(checkpoint)
@@ -588,7 +746,7 @@ def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timin
             st = {k: z.copy() for k in fields}
             for k in ("accepted", "audited", "audit_exact"):
                 st[k] = z.astype(bool)
-            st["clt_error"] = z.astype(np.float32)
+            st["excess_error"] = z.astype(np.float32)
             return np.zeros((num_chains, 0, d), np.dtype(str(dtype))), st
         theta = np.concatenate([p[0] for p in parts], axis=1)
         st = {}

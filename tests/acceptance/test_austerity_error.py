@@ -11,7 +11,7 @@ Checks, all with fixed seeds and one-sided binomial margins (z = 3.29) from ``he
 * on logistic-regression pairs near the posterior, including two pairs on the decision boundary
   (exact acceptance probability 1/2 with a wide spread of l_i), the error form stays within the target
   on every pair and the per-look form exceeds it;
-* non-finite l_i and a -inf prior ratio reject; the Decision carries n_nonfinite and clt_error.
+* non-finite l_i and a -inf prior ratio reject; the Decision carries n_nonfinite and excess_error.
 """
 
 import functools
@@ -241,19 +241,20 @@ def test_nan_support_through_a_model():
 
 
 @pytest.mark.slow
-def test_clt_error_in_the_decision():
+def test_excess_error_in_the_decision():
     rng = np.random.default_rng(0)
     keys = jax.random.split(jax.random.PRNGKey(1), 100)
     test = tm.acceptance.Austerity(batch_size=100)
     out = {}
     for name, v in (("normal", 0.01 * rng.standard_normal(5000)), ("lognormal", 0.01 * np.exp(2 * rng.standard_normal(5000)))):
         dec = _decide(test, v - v.mean() + 1e-4, keys)
-        clt, nd = np.asarray(dec.clt_error), np.asarray(dec.n_data)
+        clt, nd = np.asarray(dec.excess_error), np.asarray(dec.n_data)
         # decisions that read all N items are exact ones: no CLT error (also after many looks, where
         # rounding can leave the finite-population-corrected sd a hair above 0)
         assert np.all(clt[nd == 5000] == 0.0), clt[nd == 5000]
-        out[name] = float(np.median(clt[nd < 5000]))  # over the decisions that leaned on the CLT
-    assert out["normal"] < 0.05 and out["lognormal"] > 0.1, out
+        out[name] = float(np.mean(clt[nd < 5000]))  # over the decisions that leaned on the CLT
+    # the estimated error inflation: negligible on normal items, larger on skewed ones
+    assert out["normal"] < 0.05 and out["lognormal"] > 5 * out["normal"], out
     # a decision made on all N items does not lean on the CLT: 0
     dec = _decide(tm.acceptance.Austerity(batch_size=500), rng.standard_normal(500), keys[:4])
-    assert np.all(np.asarray(dec.clt_error) == 0.0) and np.all(np.asarray(dec.n_data) == 500)
+    assert np.all(np.asarray(dec.excess_error) == 0.0) and np.all(np.asarray(dec.n_data) == 500)

@@ -118,25 +118,17 @@ def test_minus_inf_log_base_rejects_without_reading(name, x):
     assert not acc.any() and np.all(nd == 0) and np.all(bad == 0)
 
 
-@pytest.mark.slow
-def test_clt_error_reported_and_larger_for_heavy_tails():
-    # Barker and Confidence return base.clt_error of the items read: larger on log-normal than on normal data
+def test_bounded_tests_report_no_normal_approximation_excess():
+    # Barker (its own bound on the acceptance error) and Confidence (concentration bounds) do not lean on
+    # the CLT for the decision: they leave Decision.excess_error empty
     rng = np.random.default_rng(4)
-    out = {}
-    for kind, xs in (("normal", rng.standard_normal(N)), ("lognormal", np.exp(2.0 * rng.standard_normal(N)))):
-        data = {"x": jnp.asarray(xs.astype(np.float32))}
-        model = tm.models.Gaussian()
-        th = jnp.asarray([np.mean(xs), np.log(np.std(xs))], jnp.float32)
-        thp = th + jnp.asarray([0.01, 0.01], jnp.float32)
-        _, unravel = ravel_pytree(th)
-        stats = model.setup(data)
-        for name in ("barker", "confidence"):
-            def clt(key, th, thp, data, stats, name=name):
-                p = make_problem(model, data, N, unravel, stats, th, thp, jnp.float32(0.0))
-                return TESTS[name].decide(key, p).clt_error
-
-            e = float(jax.jit(clt)(jax.random.PRNGKey(0), th, thp, data, stats))
-            assert np.isfinite(e)
-            out[(kind, name)] = e
+    xs = np.exp(2.0 * rng.standard_normal(N))
+    data = {"x": jnp.asarray(xs.astype(np.float32))}
+    model = tm.models.Gaussian()
+    th = jnp.asarray([np.mean(xs), np.log(np.std(xs))], jnp.float32)
+    thp = th + jnp.asarray([0.01, 0.01], jnp.float32)
+    _, unravel = ravel_pytree(th)
+    stats = model.setup(data)
     for name in ("barker", "confidence"):
-        assert out[("lognormal", name)] > 3 * out[("normal", name)], out
+        p = make_problem(model, data, N, unravel, stats, th, thp, jnp.float32(0.0))
+        assert TESTS[name].decide(jax.random.PRNGKey(0), p).excess_error is None

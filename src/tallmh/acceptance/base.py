@@ -21,7 +21,7 @@ import numpy as np
 
 from ..data import permute
 
-__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader", "clt_error", "two_sum", "df_add",
+__all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader", "berry_esseen_bound", "two_sum", "df_add",
            "df_sum", "CompSum", "MomentsSum"]
 
 
@@ -50,9 +50,10 @@ class Decision(NamedTuple):
     log_lik_prop: Optional[jax.Array] = None  # full log-lik at theta' (exact test only)
     # int32: items read whose l_i was NaN or infinite (the test then rejects at once); None = 0
     n_nonfinite: Optional[jax.Array] = None
-    # float: the test's estimate of how far the standardised mean of the l_i it read is from normal
-    # (Berry-Esseen-type, :func:`clt_error`); None for tests that do not lean on the CLT (exact)
-    clt_error: Optional[jax.Array] = None
+    # float: the test's estimate of how much its normal approximation inflates the error of the look at
+    # which it stopped, relative to the look's design level (0: none; see Austerity); None for tests whose
+    # decisions do not lean on the CLT (exact, confidence) or that bound their own error (minibatch Barker)
+    excess_error: Optional[jax.Array] = None
 
 
 def draw_u(key):
@@ -65,7 +66,9 @@ class Moments(NamedTuple):
     """Running count, mean and sum of squared deviations (merged chunk by chunk, Chan et al. 1979).
 
     ``abs1`` and ``abs3`` accumulate ``|l - mean|`` and ``|l - mean|**3`` about the running mean at the
-    time each chunk is merged (used by the minibatch Barker test's CLT error estimate).
+    time each chunk is merged (used by the minibatch Barker test's CLT error estimate); ``m3`` is the exact
+    running sum of cubed deviations from the mean (Chan, Golub & LeVeque's pairwise update extended to the
+    third moment; Pebay 2008, eq. 2.2), for the skewness the austerity boundary corrects for.
     ``nonfinite`` counts items whose value was NaN or +-inf: they are left out of every other field (and
     of ``t``), and a test that sees ``nonfinite > 0`` should stop and reject (DESIGN: support).
     """
@@ -77,11 +80,12 @@ class Moments(NamedTuple):
     abs3: jax.Array
     absmax: jax.Array
     nonfinite: jax.Array = None  # int32
+    m3: jax.Array = None  # sum of (l - mean)^3 over the finite items read
 
     @staticmethod
     def zero(dtype):
         z = jnp.zeros((), dtype)
-        return Moments(jnp.zeros((), jnp.int32), z, z, z, z, z, jnp.zeros((), jnp.int32))
+        return Moments(jnp.zeros((), jnp.int32), z, z, z, z, z, jnp.zeros((), jnp.int32), z)
 
     @property
     def read(self):
@@ -95,12 +99,18 @@ class Moments(NamedTuple):
         w = mask.astype(l.dtype)
         nb = jnp.sum(w)
         mean_b = jnp.sum(w * l) / jnp.maximum(nb, 1.0)
-        m2_b = jnp.sum(w * (l - mean_b) ** 2)
+        db = l - mean_b
+        m2_b = jnp.sum(w * db**2)
+        m3_b = jnp.sum(w * db**3)
         na = self.t.astype(l.dtype)
         ntot = na + nb
+        nt = jnp.maximum(ntot, 1.0)
         delta = mean_b - self.mean
-        mean = self.mean + delta * nb / jnp.maximum(ntot, 1.0)
-        m2 = self.m2 + m2_b + delta**2 * na * nb / jnp.maximum(ntot, 1.0)
+        mean = self.mean + delta * nb / nt
+        m2 = self.m2 + m2_b + delta**2 * na * nb / nt
+        m3a = self.m3 if self.m3 is not None else jnp.zeros((), l.dtype)
+        m3 = (m3a + m3_b + delta**3 * na * nb * (na - nb) / nt**2
+              + 3.0 * delta * (na * m2_b - nb * self.m2) / nt)
         dev = jnp.abs(l - mean)
         return Moments(
             self.t + nb.astype(jnp.int32),
@@ -110,7 +120,15 @@ class Moments(NamedTuple):
             self.abs3 + jnp.sum(w * dev**3),
             jnp.maximum(self.absmax, jnp.max(jnp.where(mask, jnp.abs(l), 0.0))),
             self.nonfinite + jnp.sum(bad).astype(jnp.int32),
+            m3,
         )
+
+    def skewness(self):
+        """Sample skewness ``(m3 / t) / (m2 / t)^(3/2)`` of the finite items read (0 with fewer than 3 or no spread)."""
+        tf = jnp.maximum(self.t.astype(self.mean.dtype), 1.0)
+        var = self.m2 / tf
+        ok = (self.t > 2) & (var > 0)
+        return jnp.where(ok, (self.m3 / tf) / jnp.where(ok, var, 1.0) ** 1.5, 0.0)
 
     def var(self):
         """Unbiased sample variance (0 when fewer than two items)."""
@@ -210,7 +228,7 @@ class StreamReader:
 
 
 
-def clt_error(acc: Moments):
+def berry_esseen_bound(acc: Moments):
     """Berry-Esseen-type distance of the standardised mean of the ``l_i`` read so far from N(0, 1).
 
     ``C rho3 / (sigma^3 sqrt(t))`` with ``rho3 = E|l - mean|^3`` and ``sigma`` the sd, both estimated from

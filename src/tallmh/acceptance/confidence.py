@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from ..data import make_permutation
 from ..errors import ConfigError
-from .base import Decision, MomentsSum, Problem, StreamReader, clt_error, draw_u
+from .base import Decision, MomentsSum, Problem, StreamReader, draw_u
 from .exact import exact_accept
 
 __all__ = ["Confidence", "BOUNDS", "concentration_bound"]
@@ -81,9 +81,8 @@ class Confidence:
 
     Support: a read item with a non-finite ``l_i`` rejects at once (reading stops at the end of its
     chunk; ``Decision.n_nonfinite`` counts such items). A proposal with ``log_base = -inf`` (prior or
-    proposal ratio) is rejected without reading data. ``Decision.clt_error`` is
-    :func:`~tallmh.acceptance.base.clt_error` of the items read (informative only: this test does not
-    rely on the CLT).
+    proposal ratio) is rejected without reading data. The concentration bounds do not lean on the CLT,
+    so ``Decision.excess_error`` is left empty.
     """
 
     delta: float = 0.01
@@ -128,7 +127,7 @@ class Confidence:
             acc = full.advance(None, MomentsSum.zero(dtype), jnp.where(impossible, 0, n))
             bad = acc.nonfinite
             accept = exact_accept("metropolis", u, problem.log_base, (acc.s.hi, acc.s.lo)) & (bad == 0)
-            return Decision(accept, acc.read, jnp.int32(1), None, bad, clt_error(acc.m))
+            return Decision(accept, acc.read, jnp.int32(1), None, bad)
 
         c_range = jnp.asarray(problem.bound(), dtype)
         perm = make_permutation(k_perm)
@@ -159,4 +158,4 @@ class Confidence:
         bad = acc.nonfinite
         exact = exact_accept("metropolis", u, problem.log_base, (acc.s.hi, acc.s.lo))
         accept = jnp.where(acc.read >= n, exact, acc.m.mean > psi) & (bad == 0) & ~impossible
-        return Decision(accept, acc.read, look, None, bad, clt_error(acc.m))
+        return Decision(accept, acc.read, look, None, bad)

@@ -181,6 +181,8 @@ class Informed:
 
     name = "informed"
     tracks_log_lik = False
+    # its stationary law is an approximation of the posterior (report, Sec. 3): every verdict says so
+    approximate_target = "informed sub-sampling samples an approximation of the posterior, not the posterior"
     audit = False  # the approximate target makes the self-audit against exact MH meaningless
 
     def __post_init__(self):
