@@ -506,7 +506,8 @@ class ParticleGibbs:
         """Conditional SMC carrying whole paths (models with ``pg_weights``/``pg_propose``, e.g. NumPyro
         models: :mod:`tallmh.blocks.numpyro`). Particles are full paths (m, P, T) that differ from the current
         path only inside the window; proposals come from the latent's own per-time law (so its density
-        cancels in the weights), the weight at window step j is the other sites' log density at time a + j,
+        cancels in the weights: the model's ``pg_check`` refuses sites whose time steps are dependent given
+        the globals, such as a ``GaussianRandomWalk`` path), the weight at window step j is the other sites' log density at time a + j,
         and at the last window step every later time and the per-item terms are added (their dependence on
         the window). Resampling is multinomial; particle 0 is the reference and keeps ancestor 0."""
         site = self.site

@@ -27,12 +27,14 @@ indices substituted, so its cost is that of the items it touches:
   joint density at each value of z_i (items are conditionally independent given the globals), so one
   batched model run on m * K rows gives the m items' K log weights: O(m K), never a full potential;
 - ``ParticleGibbs("eps", particles=P, window=L)``: conditional SMC over a per-item latent with a time axis
-  (site shape (T,) per item). Proposals are draws from the site's own distribution (its components are
-  conditionally independent given the globals, being one sample statement), and the incremental weight at
+  (site shape (T,) per item). Proposals are draws of each step from the site's own distribution (so its
+  density cancels in the weights when the steps are independent, see below), and the incremental weight at
   time t is the log density of the plate's other sites at time t (sites with the same time axis); at the
-  window's last step, every later time and the item-level sites are added. This needs the model to be
-  *causal* in time (a site at time t does not depend on the latent after t), which is checked on two items
-  at set-up. A state-space model written in the non-centred form ``eps_t ~ N(0, 1)``, ``h = AR(eps)`` fits;
+  window's last step, every later time and the item-level sites are added. This needs the site's time
+  steps to be conditionally independent given the globals (a time plate, or ``to_event`` of a univariate
+  law; a ``GaussianRandomWalk`` or ``MultivariateNormal`` path is refused with the non-centred rewrite
+  suggested) and the model to be *causal* in time (a site at time t does not depend on the latent after
+  t), both checked on two items at set-up. A state-space model written in the non-centred form ``eps_t ~ N(0, 1)``, ``h = AR(eps)`` fits;
   each weight evaluation runs the model on the window's series (O(m P T) per time step).
 
 Example (the paper's stochastic volatility, non-centred)::
@@ -80,6 +82,23 @@ def _depends_on_input(fn, x) -> bool:
         if any(type(v).__name__ != "Literal" and v in tainted for v in eqn.invars):
             tainted.update(eqn.outvars)
     return any(type(v).__name__ != "Literal" and v in tainted for v in jaxpr.outvars)
+
+
+def _dependent_components(fn):
+    """None when the components of a sample site's value are conditionally independent given the
+    distribution's parameters (its event shape is () once ``Independent``, ``expand`` and ``mask`` wrappers are
+    removed), otherwise the name of the distribution whose components are dependent (e.g.
+    ``GaussianRandomWalk``, ``MultivariateNormal``). Conservative: an unknown multivariate law counts as
+    dependent."""
+    from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistribution
+
+    d = fn
+    while tuple(d.event_shape) != ():
+        if isinstance(d, (Independent, ExpandedDistribution, MaskedDistribution)):
+            d = d.base_dist
+            continue
+        return type(d).__name__
+    return None
 
 
 class NumPyroProgramModel:
@@ -266,9 +285,12 @@ class NumPyroProgramModel:
     # -- particle Gibbs on a state latent with a time axis -------------------------------------------------
 
     def pg_check(self, site):
-        """Set-up checks for ParticleGibbs on ``site``: per-item shape (T,), every other plate site either
-        per item or per (item, time), and causality (the log density at time t does not change when the
-        latent changes after t), on two items."""
+        """Set-up checks for ParticleGibbs on ``site``: per-item shape (T,); time steps conditionally
+        independent given the globals (the site is inside a time plate, or ``to_event`` of a univariate law:
+        a ``GaussianRandomWalk`` or ``MultivariateNormal`` path is refused, since the bootstrap proposals
+        draw each step from the site's own law and its density is left out of the weights); every other
+        plate site either per item or per (item, time); and causality (the log density at time t does not
+        change when the latent changes after t), on two items."""
         if site not in self.state_sites:
             raise ModelError(f"ParticleGibbs({site!r}): not a per-item latent kept in the state "
                              f"(state sites: {self.state_sites})")
@@ -280,6 +302,19 @@ class NumPyroProgramModel:
         data = self._check_rows
         idx = jnp.arange(min(2, self.n), dtype=jnp.int32)
         vals = self._probe_values(data, idx.shape[0])
+        m = self.np_model
+        tr, _ = m._run(self._theta(vals), data, self._local(vals, idx))
+        dep = _dependent_components(tr[site]["fn"])
+        if dep is not None:
+            raise ModelError(
+                f"ParticleGibbs({site!r}): site {site!r} is a {dep} path whose time steps are dependent given "
+                "the globals; particle Gibbs on a NumPyro site draws each step from the site's own law "
+                "independently of the others and leaves its density out of the weights, which is right only "
+                "when the steps are conditionally independent (a time plate, or to_event of a univariate "
+                f"law). Write the path in the non-centred form: innovations eps ~ Normal(0, 1) inside a time "
+                "plate and the path a deterministic function of them (h = scale * cumsum(eps), or an AR "
+                "recursion as in tallmh.blocks.numpyro_models.linear_gaussian_ssm), and run ParticleGibbs "
+                "on eps; or write the model by hand with ssm_transition_sample/ssm_transition_logpdf")
         path = vals[site][idx]
         lt, _ = self._pg_weights_raw(site, vals, data, idx, path)
         for t0 in range(1, t_len):
