@@ -101,6 +101,30 @@ def _dependent_components(fn):
     return None
 
 
+def _gaussian_path(fn):
+    """``(loc, scale_tril)`` of a Gaussian path law (``GaussianRandomWalk``, ``MultivariateNormal``, possibly
+    expanded over plates), broadcast to ``fn.batch_shape + (T,)`` and ``+ (T, T)``; None for other laws."""
+    from numpyro.distributions import ExpandedDistribution, GaussianRandomWalk, MultivariateNormal
+
+    d = fn
+    while isinstance(d, ExpandedDistribution):
+        d = d.base_dist
+    batch, t_len = tuple(fn.batch_shape), tuple(fn.event_shape)[-1:]
+    if len(fn.event_shape) != 1:
+        return None
+    (t_len,) = t_len
+    if type(d) is GaussianRandomWalk:
+        scale = jnp.asarray(d.scale)
+        tril = jnp.tril(jnp.ones((t_len, t_len), scale.dtype))
+        lower = scale[..., None, None] * tril
+        loc = jnp.zeros((t_len,), scale.dtype)
+    elif type(d) is MultivariateNormal:
+        loc, lower = jnp.asarray(d.loc), jnp.asarray(d.scale_tril)
+    else:
+        return None
+    return jnp.broadcast_to(loc, batch + (t_len,)), jnp.broadcast_to(lower, batch + (t_len, t_len))
+
+
 class NumPyroProgramModel:
     """A :class:`~tallmh.numpyro_model.NumPyroModel` in the blocks' model protocol (see the module docstring).
 
@@ -125,6 +149,7 @@ class NumPyroProgramModel:
                               f"(state sites: {self.state_sites}); globals are always recorded")
         self.init_globals = init_globals
         self._deps: Dict[str, bool] = {}
+        self._pg_gaussian = set()  # Gaussian path sites that particle Gibbs runs on their innovations
         self._axis, self._support, self._item_shape = {}, {}, {}
         self._probe_layout(data)
         self._check_rows = {k: jnp.asarray(np.asarray(v)[: min(2, self.n)]) for k, v in data.items()}
@@ -304,22 +329,28 @@ class NumPyroProgramModel:
         vals = self._probe_values(data, idx.shape[0])
         m = self.np_model
         tr, _ = m._run(self._theta(vals), data, self._local(vals, idx))
-        dep = _dependent_components(tr[site]["fn"])
-        if dep is not None:
+        fn = tr[site]["fn"]
+        dep = _dependent_components(fn)
+        self._pg_gaussian.discard(site)
+        if dep is not None and _gaussian_path(fn) is not None:
+            self._pg_gaussian.add(site)  # run on the innovations z = L^-1 (h - loc), independent N(0, 1)
+        elif dep is not None:
             raise ModelError(
                 f"ParticleGibbs({site!r}): site {site!r} is a {dep} path whose time steps are dependent given "
                 "the globals; particle Gibbs on a NumPyro site draws each step from the site's own law "
                 "independently of the others and leaves its density out of the weights, which is right only "
                 "when the steps are conditionally independent (a time plate, or to_event of a univariate "
-                f"law). Write the path in the non-centred form: innovations eps ~ Normal(0, 1) inside a time "
-                "plate and the path a deterministic function of them (h = scale * cumsum(eps), or an AR "
-                "recursion as in tallmh.blocks.numpyro_models.linear_gaussian_ssm), and run ParticleGibbs "
-                "on eps; or write the model by hand with ssm_transition_sample/ssm_transition_logpdf")
-        path = vals[site][idx]
-        lt, _ = self._pg_weights_raw(site, vals, data, idx, path)
+                "law; GaussianRandomWalk and MultivariateNormal paths are run on their innovations). Write "
+                "the path in the non-centred form: innovations eps ~ Normal(0, 1) inside a time plate and "
+                "the path a deterministic function of them (h = scale * cumsum(eps), or an AR recursion as in "
+                "tallmh.blocks.numpyro_models.linear_gaussian_ssm), and run ParticleGibbs on eps; or write "
+                "the model by hand with ssm_transition_sample/ssm_transition_logpdf")
+        path = self.pg_innovations(site, vals, data, idx, vals[site][idx])
+        per_time = jax.jit(lambda p: self._pg_weights_any(site, vals, data, idx, p)[0])
+        lt = per_time(path)
         for t0 in range(1, t_len):
             p2 = path.at[:, t0:].add(jnp.asarray(rng.standard_normal((idx.shape[0], t_len - t0)), path.dtype))
-            lt2, _ = self._pg_weights_raw(site, vals, data, idx, p2)
+            lt2 = per_time(p2)
             if not np.allclose(np.asarray(lt)[:, :t0], np.asarray(lt2)[:, :t0], rtol=1e-5, atol=1e-5):
                 raise ModelError(f"ParticleGibbs({site!r}): the model is not causal in time: the log density at "
                                  f"times before {t0} changes when {site!r} changes from time {t0} on")
@@ -357,13 +388,47 @@ class NumPyroProgramModel:
         log densities of the other plate sites (one model run on m * P rows)."""
         m, p, t_len = paths.shape
         rows = jnp.repeat(series, p)
-        lt, li = self._pg_weights_raw(site, values, data, rows, paths.reshape(m * p, t_len))
+        lt, li = self._pg_weights_any(site, values, data, rows, paths.reshape(m * p, t_len))
         return lt.reshape(m, p, t_len), li.reshape(m, p)
+
+    # Gaussian paths (GaussianRandomWalk, MultivariateNormal): h = loc + L z with L lower triangular and
+    # z ~ N(0, I) given the globals, so conditional SMC runs on the innovations z, whose steps are independent
+    # (the site's density is N(z; 0, I) / |det L|, and |det L| does not depend on z), and h_t depends on
+    # z_{<=t} only (causality is kept). The non-centred parametrisation of Papaspiliopoulos, Roberts & Skold
+    # (2007), applied inside the block: the state keeps h.
+
+    def _gaussian_params(self, site, values, data, rows):
+        tr, _ = self.np_model._run(self._theta(values), self._rows(data, rows), self._local(values, rows))
+        loc, lower = _gaussian_path(tr[site]["fn"])
+        return self._from_numpyro(site, loc), lower  # item first
+
+    def pg_innovations(self, site, values, data, rows, h):
+        """``h`` (b, T) of the items ``rows`` -> the variables conditional SMC runs on: ``h`` itself, or for a
+        Gaussian path its innovations ``z = L^-1 (h - loc)``."""
+        if site not in self._pg_gaussian:
+            return h
+        loc, lower = self._gaussian_params(site, values, data, rows)
+        z = jax.scipy.linalg.solve_triangular(lower, (h - loc)[..., None], lower=True)[..., 0]
+        return z.astype(h.dtype)
+
+    def pg_path(self, site, values, data, rows, z):
+        """The inverse of :meth:`pg_innovations`: ``h = loc + L z`` for a Gaussian path (else ``z``)."""
+        if site not in self._pg_gaussian:
+            return z
+        loc, lower = self._gaussian_params(site, values, data, rows)
+        return (loc + jnp.einsum("bij,bj->bi", lower, z)).astype(z.dtype)
+
+    def _pg_weights_any(self, site, values, data, rows, paths):
+        if site in self._pg_gaussian:
+            paths = self.pg_path(site, values, data, rows, paths)
+        return self._pg_weights_raw(site, values, data, rows, paths)
 
     def pg_propose(self, site, key, values, data, series, paths):
         """Fresh draws ``(m, P, T)`` of ``site`` from its own distribution (given the globals), for the
         bootstrap proposals of conditional SMC."""
         m, p, t_len = paths.shape
+        if site in self._pg_gaussian:  # innovations: independent N(0, 1) steps
+            return jax.random.normal(key, (m, p, t_len), paths.dtype)
         rows = jnp.repeat(series, p)
         m_ = self.np_model
         tr, _ = m_._run(self._theta(values), self._rows(data, rows),
