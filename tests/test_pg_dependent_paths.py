@@ -73,7 +73,8 @@ def student_path(y):  # dependent steps, not Gaussian: refused
 
 def test_dependent_non_gaussian_path_is_refused():
     model, data = tm.blocks.from_numpyro(student_path, _y(), check=False)
-    with pytest.raises(ModelError, match="ParticleGibbs\\('h'\\): site 'h' is a MultivariateStudentT path.*non-centred"):
+    with pytest.raises(ModelError,
+                       match="ParticleGibbs\\('h'\\): site 'h' is a MultivariateStudentT path.*non-centred"):
         model.pg_check("h")
 
 

@@ -738,8 +738,6 @@ def _check_enum_structure(model: NumPyroModel, data, n):
     items at two random points: such a site's log density changes with the enumerated values."""
     if not model._enum_plates:
         return
-    from numpyro import handlers  # noqa: F401
-
     enum = model.enumerated_sites
     sup = model._enum_supports(enum)
     keep = set(model._enum_plates)

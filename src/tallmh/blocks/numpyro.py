@@ -32,10 +32,13 @@ indices substituted, so its cost is that of the items it touches:
   time t is the log density of the plate's other sites at time t (sites with the same time axis); at the
   window's last step, every later time and the item-level sites are added. This needs the site's time
   steps to be conditionally independent given the globals (a time plate, or ``to_event`` of a univariate
-  law; a ``GaussianRandomWalk`` or ``MultivariateNormal`` path is refused with the non-centred rewrite
-  suggested) and the model to be *causal* in time (a site at time t does not depend on the latent after
-  t), both checked on two items at set-up. A state-space model written in the non-centred form ``eps_t ~ N(0, 1)``, ``h = AR(eps)`` fits;
-  each weight evaluation runs the model on the window's series (O(m P T) per time step).
+  law) and the model to be *causal* in time (a site at time t does not depend on the latent after t),
+  both checked on two items at set-up. A Gaussian path with dependent steps (``GaussianRandomWalk``,
+  ``MultivariateNormal``: ``h = loc + L z``, L lower triangular) is run on its innovations ``z``, which
+  are independent N(0, 1) with ``h_t`` depending on ``z_<=t`` only (O(T^2) per series to map them); other
+  dependent paths are refused with the non-centred rewrite suggested. A state-space model written in the
+  non-centred form ``eps_t ~ N(0, 1)``, ``h = AR(eps)`` fits; each weight evaluation runs the model on the
+  window's series (O(m P T) per time step).
 
 Example (the paper's stochastic volatility, non-centred)::
 
@@ -106,13 +109,12 @@ def _gaussian_path(fn):
     expanded over plates), broadcast to ``fn.batch_shape + (T,)`` and ``+ (T, T)``; None for other laws."""
     from numpyro.distributions import ExpandedDistribution, GaussianRandomWalk, MultivariateNormal
 
+    if len(fn.event_shape) != 1:
+        return None
     d = fn
     while isinstance(d, ExpandedDistribution):
         d = d.base_dist
-    batch, t_len = tuple(fn.batch_shape), tuple(fn.event_shape)[-1:]
-    if len(fn.event_shape) != 1:
-        return None
-    (t_len,) = t_len
+    batch, t_len = tuple(fn.batch_shape), int(fn.event_shape[0])
     if type(d) is GaussianRandomWalk:
         scale = jnp.asarray(d.scale)
         tril = jnp.tril(jnp.ones((t_len, t_len), scale.dtype))
@@ -311,11 +313,12 @@ class NumPyroProgramModel:
 
     def pg_check(self, site):
         """Set-up checks for ParticleGibbs on ``site``: per-item shape (T,); time steps conditionally
-        independent given the globals (the site is inside a time plate, or ``to_event`` of a univariate law:
-        a ``GaussianRandomWalk`` or ``MultivariateNormal`` path is refused, since the bootstrap proposals
-        draw each step from the site's own law and its density is left out of the weights); every other
-        plate site either per item or per (item, time); and causality (the log density at time t does not
-        change when the latent changes after t), on two items."""
+        independent given the globals (the site is inside a time plate, or ``to_event`` of a univariate law),
+        since the bootstrap proposals draw each step from the site's own law and its density is left out of
+        the weights; a ``GaussianRandomWalk`` or ``MultivariateNormal`` path is run on its innovations
+        instead, other dependent paths are refused; every other plate site either per item or per (item,
+        time); and causality (the log density at time t does not change when the latent changes after t),
+        on two items. Returns T."""
         if site not in self.state_sites:
             raise ModelError(f"ParticleGibbs({site!r}): not a per-item latent kept in the state "
                              f"(state sites: {self.state_sites})")
