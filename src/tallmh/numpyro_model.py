@@ -19,6 +19,12 @@ sections are the entries of a ``numpyro.plate``: this module turns a NumPyro mod
 - discrete latent sites inside the data plate with finite support (``Bernoulli``, ``Categorical``, ...)
   are summed out per item by enumeration: ``l_i = logsumexp_z [log p(z_i = z | theta) + log p(x_i | z,
   theta)]`` over the joint support of those sites (paper Sec. 4.2 collapses its mixture the same way).
+  Where they also sit in further plates E inside the data plate (one ``z`` per (item, time)), each cell e
+  of E is summed out on its own, ``l_i = sum_e logsumexp_z [...]_{i,e}`` (the plated variable elimination
+  of Obermeyer et al. 2019, one level): the sites in the plates of E enter per cell, the other per-item
+  sites must not depend on the enumerated values. Enumerated sites in different plates, per-item sites
+  coupling the cells (``y_i ~ N(sum_t z_it, 1)``) and enumerated sites with batch axes that are not plates
+  are refused with :class:`~tallmh.errors.ModelError`;
 
 The data are the model's array arguments whose leading length is the data plate's size N; everything
 else (shapes, hyperparameters, Python values) is kept as a constant. At construction a few checks run
@@ -26,8 +32,10 @@ on a handful of items and raise :class:`~tallmh.errors.ModelError` with the reas
 plate; no other subsampled plate; no continuous latent inside the plate (keep such latents in a state
 with :mod:`tallmh` blocks, or marginalise them); no site outside the plate whose density changes with
 the items passed; additivity over items, ``ll(theta, A u B) = ll(theta, A) ++ ll(theta, B)``; no data
-plate around a ``scan``; and (for N <= ``check_full_max``) that ``log_prior + sum(log_lik)`` equals
-minus NumPyro's ``potential_energy`` on the full data.
+plate around a ``scan``; with enumerated sites, that ``log_lik`` of two items equals the brute-force sum
+over every joint value of the items' enumerated cells (one model run per configuration; skipped above
+4096 configurations per item); and, without them, (for N <= ``check_full_max``) that ``log_prior +
+sum(log_lik)`` equals minus NumPyro's ``potential_energy`` on the full data.
 
 Helper for other front ends (e.g. blocks that keep local latents in the chain's state):
 :func:`describe` builds the same model without refusing continuous per-item latents
@@ -207,6 +215,7 @@ class NumPyroModel(Model):
     """
 
     name = "numpyro"
+    _collapse_plates = False  # the old, wrong enumeration (one value per item for all its plates): tests only
 
     def __init__(self, model_fn, named, rebuild, data_keys, data_plate, n, sites, probe_rows, plate_dim,
                  local="enumerate"):
@@ -224,6 +233,8 @@ class NumPyroModel(Model):
         self.enumerated_sites = [s for s, i in sites.items() if i.kind == "local_enumerated"]
         self.local_latent_sites = [s for s, i in sites.items() if i.kind == "local_latent"]
         self._supports = None
+        self._enum_plates = ()  # the enumerated sites' plates other than the data plate (outermost first)
+        self._plate_sizes = {}
         self._deterministic = []
         self.name = getattr(model_fn, "__name__", "numpyro")
         # compiled once per shape: the runner's set-up (Newton, Laplace) calls these outside jit too
@@ -298,9 +309,9 @@ class NumPyroModel(Model):
         size = s["args"][0] if s is not None else b
         return float(size) / float(b) if size != b else 1.0
 
-    def _site_log_prob(self, site, per_item=False, factor=1.0):
-        fn, value = site["fn"], site["value"]
-        lp = fn.log_prob(value)
+    def _scaled_log_prob(self, site, factor=1.0):
+        """A site's log density with the user's scale (the data plate's own N/b ``factor`` removed)."""
+        lp = site["fn"].log_prob(site["value"])
         scale = site["scale"]
         if scale is not None:
             if isinstance(scale, (int, float)):
@@ -309,14 +320,24 @@ class NumPyroModel(Model):
                     lp = lp * scale
             else:
                 lp = lp * (scale / factor)
+        return lp
+
+    def _site_log_prob(self, site, per_item=False, factor=1.0):
+        lp = self._scaled_log_prob(site, factor)
         if not per_item:
             return jnp.sum(lp)
-        dim = [f.dim for f in site["cond_indep_stack"] if f.name == self.data_plate][0]
+        return self._keep_plates(site, lp, ())
+
+    def _keep_plates(self, site, lp, keep):
+        """``lp`` (a site's log density, its batch shape) summed over every axis except the data plate's
+        (first) and those of the plates named in ``keep`` (then in that order): ``(b, *sizes of keep)``."""
+        fn = site["fn"]
         bshape = tuple(fn.batch_shape)
         lp = jnp.broadcast_to(lp, bshape) if jnp.shape(lp) != bshape else lp
-        axis = len(bshape) + dim
-        lp = jnp.moveaxis(lp, axis, 0)
-        return lp.reshape(lp.shape[0], -1).sum(axis=1)
+        dims = {f.name: f.dim for f in site["cond_indep_stack"]}
+        axes = [len(bshape) + dims[self.data_plate]] + [len(bshape) + dims[p] for p in keep]
+        lp = jnp.moveaxis(lp, axes, list(range(len(axes))))
+        return lp.reshape(lp.shape[: len(axes)] + (-1,)).sum(axis=-1)
 
     def _per_item(self, tr, b):
         factor = self._plate_factor(tr, b)
@@ -362,7 +383,23 @@ class NumPyroModel(Model):
         if not enum:
             tr, _ = self._run(theta, batch, local)
             return self._per_item(tr, b)
+        inner, outer = self._enum_terms(theta, batch, local, enum)  # (C, b, *plates), (C, b)
+        if self._collapse_plates:  # negative control for the tests: one value per item for all its plates
+            inner = inner.reshape(inner.shape[:2] + (-1,)).sum(axis=-1)
+        ll = jax.scipy.special.logsumexp(inner, axis=0)
+        return ll.reshape(b, -1).sum(axis=1) + outer[0]
+
+    def _enum_terms(self, theta, batch, local, enum):
+        """Per configuration c of the enumerated sites ``enum`` (each at the same value in every cell of its
+        plates), the log densities of the data plate's sites split in two: ``inner`` ``(C, b, *E)``, the
+        sites whose plates include the enumerated sites' own further plates E (summed over their other
+        axes), and ``outer`` ``(C, b)``, the rest, which do not depend on the enumerated values (checked at
+        construction). Given the globals, the cells of E are independent, so the marginal of item i is
+        ``sum_e logsumexp_c inner[c, i, e] + outer[0, i]`` (tensor variable elimination over plates,
+        Obermeyer et al. 2019, for a single level of enumeration)."""
+        b = int(np.shape(jax.tree_util.tree_leaves(batch)[0])[0])
         sup = self._enum_supports(enum)
+        keep = self._enum_plates
 
         def one(vals):
             fixed = dict(local)
@@ -370,10 +407,21 @@ class NumPyroModel(Model):
                 fixed[s] = (lambda v: (lambda msg: jnp.broadcast_to(v, msg["fn"].shape()).astype(
                     jnp.result_type(v))))(vals[s])
             tr, _ = self._run(theta, batch, fixed)
-            return self._per_item(tr, b)
+            factor = self._plate_factor(tr, b)
+            inner, outer = 0.0, 0.0
+            for name, site in tr.items():
+                if site["type"] != "sample" or not self._in_plate(site):
+                    continue
+                plates = {f.name for f in site["cond_indep_stack"]}
+                if all(p in plates for p in keep):
+                    inner = inner + self._keep_plates(site, self._scaled_log_prob(site, factor), keep)
+                else:
+                    outer = outer + self._site_log_prob(site, per_item=True, factor=factor)
+            shape = (b,) + tuple(self._plate_sizes[p] for p in keep)
+            inner = jnp.broadcast_to(jnp.asarray(inner), shape)
+            return inner, jnp.broadcast_to(jnp.asarray(outer, inner.dtype), (b,))
 
-        lps = jax.vmap(one)(sup)  # (C, b)
-        return jax.scipy.special.logsumexp(lps, axis=0)
+        return jax.vmap(one)(sup)
 
     def item_log_probs(self, theta, batch, local: Optional[Dict[str, Any]] = None):
         """``{site: log density}`` of every sample site inside the data plate for ``batch``, the plate's axis
@@ -556,8 +604,21 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
     if not any(i.kind == "global" for i in info.values()):
         raise ModelError("the model has no latent site outside the data plate: nothing for MH to sample")
 
+    # the enumerated sites' further plates (inside the data plate): one set shared by all of them
+    enum_plates = {}
+    for s in samples:
+        if s["name"] in info and info[s["name"]].kind == "local_enumerated":
+            enum_plates[s["name"]] = tuple(f[0] for f in sorted(s["frames"], key=lambda f: f[1]) if f[0] != pname)
+    if len(set(enum_plates.values())) > 1:
+        raise ModelError(
+            "the discrete per-item latents summed out by enumeration sit in different plates ("
+            + ", ".join(f"{k!r}: {list(v) or 'data plate only'}" for k, v in enum_plates.items())
+            + "): tallmh sums out one level of plates only; put them in the same plates, marginalise some "
+            "in the model, or keep them in the state (tm.blocks.from_numpyro(..., state=(...)))")
     probe = _take(data, [0])
     model = NumPyroModel(model_fn, named, rebuild, data_keys, pname, n, info, probe, dims.get(pname, -1), local)
+    model._enum_plates = next(iter(enum_plates.values())) if enum_plates else ()
+    model._plate_sizes = {p["name"]: int(p["size"]) for p in plates}
     _prepare(model, data, n)
     if check:
         _checks(model, data, n, named, rebuild, check_full_max)
@@ -644,6 +705,18 @@ def _prepare(model: NumPyroModel, data, n):
                 grids = list(itertools.product(*[range(len(x)) for x in sups]))
                 model._supports[subset] = {s: jnp.asarray(np.stack([sups[j][g[j]] for g in grids]))
                                            for j, s in enumerate(subset)}
+        for s in enum:  # every batch axis of an enumerated site must be a plate (its cells independent)
+            site = tr[s]
+            bshape = tuple(site["fn"].batch_shape)
+            pdims = {f.dim for f in site["cond_indep_stack"]}
+            free = [bshape[a] for a in range(len(bshape)) if a - len(bshape) not in pdims and bshape[a] > 1]
+            if free:
+                raise ModelError(
+                    f"site {s!r} (discrete, summed out per item) has batch axes of sizes {free} that are not "
+                    "plates: its components would have to be summed out jointly, which tallmh does not do; "
+                    "declare such an axis with numpyro.plate if its components are conditionally independent, "
+                    "or write one site per component")
+        _check_enum_structure(model, data, n)
     # deterministic sites outside the plate that do not depend on the items are reported with the draws
     probe = _outside_probe(model)
     model._probe_fn = probe
@@ -654,6 +727,99 @@ def _prepare(model: NumPyroModel, data, n):
             v1, v2 = np.asarray(d1[d]), np.asarray(d2[d])
             if v1.shape == v2.shape and np.allclose(v1, v2, equal_nan=True):
                 model._deterministic.append(d)
+
+
+def _check_enum_structure(model: NumPyroModel, data, n):
+    """Refuse a data-plate site outside the enumerated sites' further plates that depends on them.
+
+    With the enumerated sites in further plates E (e.g. one z per (item, time)), a site that is per item but
+    not per cell of E (say ``y_i ~ N(sum_t z_it, 1)``) couples all the cells' values: the marginal is then no
+    longer a product over the cells of E of per-cell sums, and tallmh does not compute it. Checked on two
+    items at two random points: such a site's log density changes with the enumerated values."""
+    if not model._enum_plates:
+        return
+    enum = model.enumerated_sites
+    sup = model._enum_supports(enum)
+    keep = set(model._enum_plates)
+    fills = {s: f for s, f in model._fill_locals().items() if s in model.local_latent_sites}
+    rows = _take(data, list(range(min(n, 2))))
+    b = int(np.shape(jax.tree_util.tree_leaves(rows)[0])[0])
+    rng = np.random.default_rng(1)
+
+    def per_site(theta, vals):
+        fixed = dict(fills)
+        for s in enum:
+            fixed[s] = (lambda v: (lambda msg: jnp.broadcast_to(v, msg["fn"].shape()).astype(
+                jnp.result_type(v))))(vals[s])
+        tr, _ = model._run(theta, rows, fixed)
+        factor = model._plate_factor(tr, b)
+        return {name: model._site_log_prob(site, per_item=True, factor=factor) for name, site in tr.items()
+                if site["type"] == "sample" and model._in_plate(site)
+                and not keep <= {f.name for f in site["cond_indep_stack"]}}
+
+    lps_at = jax.jit(lambda theta: jax.vmap(lambda v: per_site(theta, v))(sup))
+    for _ in range(2):
+        theta = jax.tree_util.tree_map(
+            lambda a: a + 0.5 * jnp.asarray(rng.standard_normal(np.shape(a)), jnp.result_type(a)), model.init())
+        lps = lps_at(theta)
+        for name, lp in lps.items():
+            lp = np.asarray(lp)
+            if not np.allclose(lp, lp[:1], rtol=1e-5, atol=1e-5):
+                raise ModelError(
+                    f"site {name!r} is in the data plate {model.data_plate!r} but not in the plates "
+                    f"{list(model._enum_plates)} of the enumerated sites {enum}, and depends on them: summing "
+                    f"those out couples all their values per item (one sum over every combination), which "
+                    "tallmh does not compute; put the site inside those plates too, marginalise the discrete "
+                    "latents in the model, or keep them in the state (tm.blocks.from_numpyro(..., state=(...)))")
+
+
+def _check_enum_brute_force(model: NumPyroModel, data, n, thetas, rows, local=None, max_configs=4096):
+    """The enumerated per-item log-likelihood against a brute-force sum over every joint value of the
+    enumerated sites' cells (one model run per configuration, one item at a time), at each point of
+    ``thetas`` and each item of ``rows``; raise :class:`ModelError` on a mismatch. Returns the largest
+    relative difference, or None where an item has more than ``max_configs`` configurations (not checked)."""
+    enum = model.enumerated_sites
+    local = dict(local or {})
+    batch0 = _take(data, [rows[0]])
+    tr, _ = model._run(thetas[0], batch0, {**model._fill_locals(), **local})
+    cells, sups = [], []
+    for s in enum:
+        fn = tr[s]["fn"]
+        sups.append(np.asarray(model._supports[(s,)][s]))  # (K_s, *event)
+        cells.append((s, tuple(fn.batch_shape), int(np.prod(fn.batch_shape, dtype=int))))
+    total = int(np.prod([float(len(sup)) ** count for (_, _, count), sup in zip(cells, sups)]))
+    if total > max_configs:
+        return None
+    grids = [list(itertools.product(range(len(sup)), repeat=count)) for (_, _, count), sup in zip(cells, sups)]
+    values = {s: [] for s in enum}
+    for combo in itertools.product(*grids):
+        for (s, bshape, _), sup, idx in zip(cells, sups, combo):
+            values[s].append(sup[list(idx)].reshape(bshape + sup.shape[1:]))
+    values = {s: jnp.asarray(np.stack(v)) for s, v in values.items()}
+
+    @jax.jit
+    def brute(theta, batch):
+        def one(vals):
+            tr, _ = model._run(theta, batch, {**local, **vals})
+            return model._per_item(tr, 1)[0]
+
+        return jax.scipy.special.logsumexp(jax.vmap(one)(values))
+
+    worst = 0.0
+    for theta in thetas:
+        for i in rows:
+            batch = _take(data, [i])
+            b = float(brute(theta, batch))
+            ours = float(np.asarray(model._item_log_lik(theta, batch, local) if local
+                                    else model.log_lik(theta, batch))[0])
+            worst = max(worst, abs(b - ours) / max(1.0, abs(b)))
+            if not np.isclose(ours, b, rtol=1e-4, atol=1e-3):
+                raise ModelError(
+                    f"the per-item log-likelihood with {enum} summed out ({ours:.6g} for item {i}) differs from "
+                    f"the sum over all {total} joint values of their cells ({b:.6g}): the enumerated sites are "
+                    "not conditionally independent across the cells of their plates (e.g. a site indexes z at "
+                    "another time); marginalise them in the model or keep them in the state")
+    return worst
 
 
 def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
@@ -709,17 +875,29 @@ def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
                     "must not use the number of rows passed except as the plate size")
             if not np.all(np.isfinite(ll_ab)):
                 raise ModelError("log_lik is not finite at the initial point")
-    # the decomposition reproduces NumPyro's own log density on the full data (small N)
-    if n <= check_full_max and not model.enumerated_sites and not model.local_latent_sites:
+    # enumeration: the summed-out per-item log-likelihood equals the brute-force sum over every joint value
+    # of the enumerated cells, on two items (skipped where an item has more than 4096 configurations)
+    if model.enumerated_sites:
+        _check_enum_brute_force(model, data, n, (theta0, theta1), sorted({0, n - 1}), fills)
+    # the decomposition reproduces NumPyro's own log density on the full data (small N); enumerated sites are
+    # fixed at one value in every cell on both sides (their sum is checked against brute force above)
+    if n <= check_full_max and not model.local_latent_sites:
+        from numpyro import handlers
+
         Sub = _plate_messenger()
         args, kwargs = rebuild(named)
+        fixed = {s: f for s, f in model._fill_locals().items() if s in model.enumerated_sites}
         full = Sub(model.model_fn, model.data_plate, n)
+        if fixed:
+            full = handlers.substitute(full, substitute_fn=lambda msg: fixed[msg["name"]](msg)
+                                       if msg["type"] == "sample" and msg["name"] in fixed else None)
         try:
             pe = float(jax.jit(lambda th: potential_energy(full, args, kwargs, th))(theta0))
         except Exception:  # noqa: BLE001 - NumPyro cannot evaluate it: skip this check
             pe = None
         if pe is not None:
-            ours = float(model.log_prior(theta0) + jnp.sum(model.log_lik(theta0, data)))
+            ll = model._item_log_lik(theta0, data, fixed) if fixed else model.log_lik(theta0, data)
+            ours = float(model.log_prior(theta0) + jnp.sum(ll))
             if not np.isclose(ours, -pe, rtol=1e-4, atol=1e-3 * max(1.0, np.sqrt(n))):
                 raise ModelError(
                     f"log_prior + sum(log_lik) = {ours:.6g} differs from NumPyro's log density {-pe:.6g} on the "

@@ -506,7 +506,9 @@ class ParticleGibbs:
         """Conditional SMC carrying whole paths (models with ``pg_weights``/``pg_propose``, e.g. NumPyro
         models: :mod:`tallmh.blocks.numpyro`). Particles are full paths (m, P, T) that differ from the current
         path only inside the window; proposals come from the latent's own per-time law (so its density
-        cancels in the weights), the weight at window step j is the other sites' log density at time a + j,
+        cancels in the weights; a Gaussian path whose steps are dependent, such as a ``GaussianRandomWalk``,
+        runs on its innovations through the model's ``pg_innovations``/``pg_path``, and ``pg_check`` refuses
+        other dependent paths), the weight at window step j is the other sites' log density at time a + j,
         and at the last window step every later time and the per-item terms are added (their dependence on
         the window). Resampling is multinomial; particle 0 is the reference and keeps ancestor 0."""
         site = self.site
@@ -514,7 +516,8 @@ class ParticleGibbs:
         t_len = h_all.shape[1]
         p = int(self.particles)
         win, m, a, series, k_run = self._window(key, h_all)
-        ref = h_all[series]  # (m, T)
+        to_z = getattr(model, "pg_innovations", None)  # a Gaussian path runs on its innovations
+        ref = h_all[series] if to_z is None else to_z(site, values, data, series, h_all[series])  # (m, T)
         k_prop, k_res, k_pick = jax.random.split(k_run, 3)
         paths0 = jnp.broadcast_to(ref[:, None, :], (m, p, t_len))
         draws = model.pg_propose(site, k_prop, values, data, series, paths0)  # (m, P, T)
@@ -545,6 +548,8 @@ class ParticleGibbs:
         (paths, lw), _ = jax.lax.scan(body, (paths0, lw0), jnp.arange(win))
         b = jax.random.categorical(k_pick, lw, axis=-1).astype(jnp.int32)  # (m,)
         new = jnp.take_along_axis(paths, b[:, None, None], axis=1)[:, 0]
+        if to_z is not None:
+            new = model.pg_path(site, values, data, series, new)
         h_all = h_all.at[series].set(new.astype(h_all.dtype))
         info = BlockInfo(jnp.int32(m * win), jnp.int32(m), jnp.sum(b != 0).astype(jnp.int32))
         return {**values, site: h_all}, aux, members, bstate, info

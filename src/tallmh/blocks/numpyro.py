@@ -27,13 +27,18 @@ indices substituted, so its cost is that of the items it touches:
   joint density at each value of z_i (items are conditionally independent given the globals), so one
   batched model run on m * K rows gives the m items' K log weights: O(m K), never a full potential;
 - ``ParticleGibbs("eps", particles=P, window=L)``: conditional SMC over a per-item latent with a time axis
-  (site shape (T,) per item). Proposals are draws from the site's own distribution (its components are
-  conditionally independent given the globals, being one sample statement), and the incremental weight at
+  (site shape (T,) per item). Proposals are draws of each step from the site's own distribution (so its
+  density cancels in the weights when the steps are independent, see below), and the incremental weight at
   time t is the log density of the plate's other sites at time t (sites with the same time axis); at the
-  window's last step, every later time and the item-level sites are added. This needs the model to be
-  *causal* in time (a site at time t does not depend on the latent after t), which is checked on two items
-  at set-up. A state-space model written in the non-centred form ``eps_t ~ N(0, 1)``, ``h = AR(eps)`` fits;
-  each weight evaluation runs the model on the window's series (O(m P T) per time step).
+  window's last step, every later time and the item-level sites are added. This needs the site's time
+  steps to be conditionally independent given the globals (a time plate, or ``to_event`` of a univariate
+  law) and the model to be *causal* in time (a site at time t does not depend on the latent after t),
+  both checked on two items at set-up. A Gaussian path with dependent steps (``GaussianRandomWalk``,
+  ``MultivariateNormal``: ``h = loc + L z``, L lower triangular) is run on its innovations ``z``, which
+  are independent N(0, 1) with ``h_t`` depending on ``z_<=t`` only (O(T^2) per series to map them); other
+  dependent paths are refused with the non-centred rewrite suggested. A state-space model written in the
+  non-centred form ``eps_t ~ N(0, 1)``, ``h = AR(eps)`` fits; each weight evaluation runs the model on the
+  window's series (O(m P T) per time step).
 
 Example (the paper's stochastic volatility, non-centred)::
 
@@ -82,6 +87,46 @@ def _depends_on_input(fn, x) -> bool:
     return any(type(v).__name__ != "Literal" and v in tainted for v in jaxpr.outvars)
 
 
+def _dependent_components(fn):
+    """None when the components of a sample site's value are conditionally independent given the
+    distribution's parameters (its event shape is () once ``Independent``, ``expand`` and ``mask`` wrappers are
+    removed), otherwise the name of the distribution whose components are dependent (e.g.
+    ``GaussianRandomWalk``, ``MultivariateNormal``). Conservative: an unknown multivariate law counts as
+    dependent."""
+    from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistribution
+
+    d = fn
+    while tuple(d.event_shape) != ():
+        if isinstance(d, (Independent, ExpandedDistribution, MaskedDistribution)):
+            d = d.base_dist
+            continue
+        return type(d).__name__
+    return None
+
+
+def _gaussian_path(fn):
+    """``(loc, scale_tril)`` of a Gaussian path law (``GaussianRandomWalk``, ``MultivariateNormal``, possibly
+    expanded over plates), broadcast to ``fn.batch_shape + (T,)`` and ``+ (T, T)``; None for other laws."""
+    from numpyro.distributions import ExpandedDistribution, GaussianRandomWalk, MultivariateNormal
+
+    if len(fn.event_shape) != 1:
+        return None
+    d = fn
+    while isinstance(d, ExpandedDistribution):
+        d = d.base_dist
+    batch, t_len = tuple(fn.batch_shape), int(fn.event_shape[0])
+    if type(d) is GaussianRandomWalk:
+        scale = jnp.asarray(d.scale)
+        tril = jnp.tril(jnp.ones((t_len, t_len), scale.dtype))
+        lower = scale[..., None, None] * tril
+        loc = jnp.zeros((t_len,), scale.dtype)
+    elif type(d) is MultivariateNormal:
+        loc, lower = jnp.asarray(d.loc), jnp.asarray(d.scale_tril)
+    else:
+        return None
+    return jnp.broadcast_to(loc, batch + (t_len,)), jnp.broadcast_to(lower, batch + (t_len, t_len))
+
+
 class NumPyroProgramModel:
     """A :class:`~tallmh.numpyro_model.NumPyroModel` in the blocks' model protocol (see the module docstring).
 
@@ -106,6 +151,7 @@ class NumPyroProgramModel:
                               f"(state sites: {self.state_sites}); globals are always recorded")
         self.init_globals = init_globals
         self._deps: Dict[str, bool] = {}
+        self._pg_gaussian = set()  # Gaussian path sites that particle Gibbs runs on their innovations
         self._axis, self._support, self._item_shape = {}, {}, {}
         self._probe_layout(data)
         self._check_rows = {k: jnp.asarray(np.asarray(v)[: min(2, self.n)]) for k, v in data.items()}
@@ -266,9 +312,13 @@ class NumPyroProgramModel:
     # -- particle Gibbs on a state latent with a time axis -------------------------------------------------
 
     def pg_check(self, site):
-        """Set-up checks for ParticleGibbs on ``site``: per-item shape (T,), every other plate site either
-        per item or per (item, time), and causality (the log density at time t does not change when the
-        latent changes after t), on two items."""
+        """Set-up checks for ParticleGibbs on ``site``: per-item shape (T,); time steps conditionally
+        independent given the globals (the site is inside a time plate, or ``to_event`` of a univariate law),
+        since the bootstrap proposals draw each step from the site's own law and its density is left out of
+        the weights; a ``GaussianRandomWalk`` or ``MultivariateNormal`` path is run on its innovations
+        instead, other dependent paths are refused; every other plate site either per item or per (item,
+        time); and causality (the log density at time t does not change when the latent changes after t),
+        on two items. Returns T."""
         if site not in self.state_sites:
             raise ModelError(f"ParticleGibbs({site!r}): not a per-item latent kept in the state "
                              f"(state sites: {self.state_sites})")
@@ -280,11 +330,30 @@ class NumPyroProgramModel:
         data = self._check_rows
         idx = jnp.arange(min(2, self.n), dtype=jnp.int32)
         vals = self._probe_values(data, idx.shape[0])
-        path = vals[site][idx]
-        lt, _ = self._pg_weights_raw(site, vals, data, idx, path)
+        m = self.np_model
+        tr, _ = m._run(self._theta(vals), data, self._local(vals, idx))
+        fn = tr[site]["fn"]
+        dep = _dependent_components(fn)
+        self._pg_gaussian.discard(site)
+        if dep is not None and _gaussian_path(fn) is not None:
+            self._pg_gaussian.add(site)  # run on the innovations z = L^-1 (h - loc), independent N(0, 1)
+        elif dep is not None:
+            raise ModelError(
+                f"ParticleGibbs({site!r}): site {site!r} is a {dep} path whose time steps are dependent given "
+                "the globals; particle Gibbs on a NumPyro site draws each step from the site's own law "
+                "independently of the others and leaves its density out of the weights, which is right only "
+                "when the steps are conditionally independent (a time plate, or to_event of a univariate "
+                "law; GaussianRandomWalk and MultivariateNormal paths are run on their innovations). Write "
+                "the path in the non-centred form: innovations eps ~ Normal(0, 1) inside a time plate and "
+                "the path a deterministic function of them (h = scale * cumsum(eps), or an AR recursion as in "
+                "tallmh.blocks.numpyro_models.linear_gaussian_ssm), and run ParticleGibbs on eps; or write "
+                "the model by hand with ssm_transition_sample/ssm_transition_logpdf")
+        path = self.pg_innovations(site, vals, data, idx, vals[site][idx])
+        per_time = jax.jit(lambda p: self._pg_weights_any(site, vals, data, idx, p)[0])
+        lt = per_time(path)
         for t0 in range(1, t_len):
             p2 = path.at[:, t0:].add(jnp.asarray(rng.standard_normal((idx.shape[0], t_len - t0)), path.dtype))
-            lt2, _ = self._pg_weights_raw(site, vals, data, idx, p2)
+            lt2 = per_time(p2)
             if not np.allclose(np.asarray(lt)[:, :t0], np.asarray(lt2)[:, :t0], rtol=1e-5, atol=1e-5):
                 raise ModelError(f"ParticleGibbs({site!r}): the model is not causal in time: the log density at "
                                  f"times before {t0} changes when {site!r} changes from time {t0} on")
@@ -322,13 +391,47 @@ class NumPyroProgramModel:
         log densities of the other plate sites (one model run on m * P rows)."""
         m, p, t_len = paths.shape
         rows = jnp.repeat(series, p)
-        lt, li = self._pg_weights_raw(site, values, data, rows, paths.reshape(m * p, t_len))
+        lt, li = self._pg_weights_any(site, values, data, rows, paths.reshape(m * p, t_len))
         return lt.reshape(m, p, t_len), li.reshape(m, p)
+
+    # Gaussian paths (GaussianRandomWalk, MultivariateNormal): h = loc + L z with L lower triangular and
+    # z ~ N(0, I) given the globals, so conditional SMC runs on the innovations z, whose steps are independent
+    # (the site's density is N(z; 0, I) / |det L|, and |det L| does not depend on z), and h_t depends on
+    # z_{<=t} only (causality is kept). The non-centred parametrisation of Papaspiliopoulos, Roberts & Skold
+    # (2007), applied inside the block: the state keeps h.
+
+    def _gaussian_params(self, site, values, data, rows):
+        tr, _ = self.np_model._run(self._theta(values), self._rows(data, rows), self._local(values, rows))
+        loc, lower = _gaussian_path(tr[site]["fn"])
+        return self._from_numpyro(site, loc), lower  # item first
+
+    def pg_innovations(self, site, values, data, rows, h):
+        """``h`` (b, T) of the items ``rows`` -> the variables conditional SMC runs on: ``h`` itself, or for a
+        Gaussian path its innovations ``z = L^-1 (h - loc)``."""
+        if site not in self._pg_gaussian:
+            return h
+        loc, lower = self._gaussian_params(site, values, data, rows)
+        z = jax.scipy.linalg.solve_triangular(lower, (h - loc)[..., None], lower=True)[..., 0]
+        return z.astype(h.dtype)
+
+    def pg_path(self, site, values, data, rows, z):
+        """The inverse of :meth:`pg_innovations`: ``h = loc + L z`` for a Gaussian path (else ``z``)."""
+        if site not in self._pg_gaussian:
+            return z
+        loc, lower = self._gaussian_params(site, values, data, rows)
+        return (loc + jnp.einsum("bij,bj->bi", lower, z)).astype(z.dtype)
+
+    def _pg_weights_any(self, site, values, data, rows, paths):
+        if site in self._pg_gaussian:
+            paths = self.pg_path(site, values, data, rows, paths)
+        return self._pg_weights_raw(site, values, data, rows, paths)
 
     def pg_propose(self, site, key, values, data, series, paths):
         """Fresh draws ``(m, P, T)`` of ``site`` from its own distribution (given the globals), for the
         bootstrap proposals of conditional SMC."""
         m, p, t_len = paths.shape
+        if site in self._pg_gaussian:  # innovations: independent N(0, 1) steps
+            return jax.random.normal(key, (m, p, t_len), paths.dtype)
         rows = jnp.repeat(series, p)
         m_ = self.np_model
         tr, _ = m_._run(self._theta(values), self._rows(data, rows),

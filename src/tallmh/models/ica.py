@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..model import Model
+from ._rounding import rounding_headroom
 
 __all__ = ["ICA", "amari_distance", "whiten"]
 
@@ -71,7 +72,8 @@ class ICA(Model):
     Parameter: the D x D matrix ``W`` (rows ``w_j``); data: ``{"X": (N, D)}`` whitened. ``log_lik`` uses
     ``log(4 cosh^2(y/2)) = |y| + 2 log(1 + exp(-|y|))`` (no overflow). For the confidence test,
     ``|l_i| <= ||x_i|| sum_j ||w'_j - w_j|| + |log|det W'| - log|det W||`` (the log density is 1-Lipschitz:
-    its derivative is ``-tanh(y/2)``), with ``max_i ||x_i||`` computed once at set-up.
+    its derivative is ``-tanh(y/2)``), with ``max_i ||x_i||`` computed once at set-up, plus headroom for the
+    float rounding of the computed ``l_i`` (:func:`~tallmh.models._rounding.rounding_headroom`).
     """
 
     name = "ica"
@@ -110,9 +112,23 @@ class ICA(Model):
         return {"max_norm": jnp.max(jnp.linalg.norm(jnp.asarray(X), axis=1))}
 
     def lik_ratio_bound(self, W, W_prop, stats):
+        """``max_i ||x_i|| sum_j ||w'_j - w_j|| + |log|det W'| - log|det W||`` plus headroom for float rounding.
+
+        A computed ``log p(x_i|W)`` is made of D dot products ``w_j . x_i`` (each at most ``||w_j|| max
+        ||x||``), D terms ``|y_j| + 2 log(1 + e^-|y_j|)`` summed, and ``log|det W|`` (an LU factorisation,
+        off by about D eps): its rounding error is a few ``D eps`` times ``max ||x|| sum_j ||w_j|| + 2 D log
+        2 + |log|det W|| + D``, far above the exact ``|l_i|`` for tiny steps on the manifold.
+        """
+        x = stats["max_norm"]
         rows = jnp.sum(jnp.linalg.norm(W_prop - W, axis=1))
-        ld = jnp.abs(jnp.linalg.slogdet(W_prop)[1] - jnp.linalg.slogdet(W)[1])
-        return rows * stats["max_norm"] + ld
+        ld_p, ld = jnp.linalg.slogdet(W_prop)[1], jnp.linalg.slogdet(W)[1]
+        c = rows * x + jnp.abs(ld_p - ld)
+        d = W.shape[-1]
+
+        def mag(w, logdet):
+            return x * jnp.sum(jnp.linalg.norm(w, axis=1)) + 2.0 * d * math.log(2.0) + jnp.abs(logdet) + d
+
+        return rounding_headroom(c, mag(W, ld) + mag(W_prop, ld_p), 4.0 + d)
 
     @staticmethod
     def simulate(n: int = 1_950_000, seed: int = 0, period: float = 97.3, dtype=np.float32):

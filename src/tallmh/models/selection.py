@@ -11,6 +11,7 @@ from jax.scipy.special import gammaln
 
 from ..errors import ConfigError, DataError
 from ..model import Model
+from ._rounding import rounding_headroom
 
 __all__ = ["VariableSelection", "size_prior_log_weights"]
 
@@ -57,7 +58,8 @@ class VariableSelection(Model):
     ``log_prior`` returns ``-inf`` off the support: ``gamma`` not 0/1, an inactive ``beta_j != 0``, or a
     size outside ``[min_size, max_size]``. ``min_size`` defaults to 1 (the paper allows deaths only for
     k > 1). For the confidence test, ``|l_i| <= |x_i . (beta' - beta)| <= sum_j |beta'_j - beta_j| max_i
-    |x_ij|`` (log-sigmoid is 1-Lipschitz); the per-feature maxima are computed once at set-up.
+    |x_ij|`` (log-sigmoid is 1-Lipschitz); the per-feature maxima are computed once at set-up. Every bound
+    adds headroom for the float rounding of the computed ``l_i`` (:func:`~tallmh.models._rounding.rounding_headroom`).
     """
 
     name = "variable-selection"
@@ -121,20 +123,44 @@ class VariableSelection(Model):
             raise DataError("VariableSelection needs a binary target y of shape (N,) with values 0 and 1")
         return {"max_abs": jnp.max(jnp.abs(jnp.asarray(data["X"])), axis=0)}
 
+    @staticmethod
+    def _ops(beta):
+        return 4.0 + 0.5 * beta.shape[0]
+
+    @staticmethod
+    def _magnitude(beta, m):
+        """Bound on the size of the terms a computed ``log p(y_i|x_i, beta)`` is made of: ``|x_i . beta| <=
+        sum_j |beta_j| max_i |x_ij|``, and softplus adds at most log 2."""
+        return jnp.sum(jnp.abs(beta) * m) + 2.0
+
     def lik_ratio_bound(self, theta, theta_prop, stats):
-        return jnp.sum(jnp.abs(theta_prop["beta"] - theta["beta"]) * stats["max_abs"])
+        """``sum_j |beta'_j - beta_j| max_i |x_ij|`` plus headroom for float rounding: a computed ``log
+        p(y_i|x_i, beta)`` is off by about ``(D/2 + 4) eps (|x_i . beta| + 2)`` (the dot product over D
+        features, then softplus), far above the exact ``|l_i|`` for tiny steps."""
+        m = stats["max_abs"]
+        b, bp = theta["beta"], theta_prop["beta"]
+        c = jnp.sum(jnp.abs(bp - b) * m)
+        return rounding_headroom(c, self._magnitude(b, m) + self._magnitude(bp, m), self._ops(b))
 
     def cv_remainder_bound(self, theta, theta_prop, center, stats, order):
         """Taylor remainder bound of the logistic model in ``beta`` (flat vectors, ``beta`` first):
         ``|r_i(t)| <= M_{k+1}/(k+1)! (sum_j |t_j - c_j| max_i |x_ij|)^(k+1)`` (``M_2 = 1/4``,
-        ``M_3 = 1/(6 sqrt 3)``), and ``|l~_i| <= |r_i(theta')| + |r_i(theta)|``."""
+        ``M_3 = 1/(6 sqrt 3)``), and ``|l~_i| <= |r_i(theta')| + |r_i(theta)|``.
+
+        Plus headroom for float rounding: the computed ``l~_i`` carry the rounding of ``log p`` at theta and
+        theta' and of the proxy terms ``g_i . a`` (at most ``a``) and ``a^T H_i a / 2`` (at most ``a^2 / 8``),
+        where ``a = sum_j |t_j - c_j| max_i |x_ij|``: near the centre this is far above the exact remainder."""
         m = stats["max_abs"]
         d = m.shape[0]
         a = jnp.sum(jnp.abs(theta[:d] - center[:d]) * m)
         ap = jnp.sum(jnp.abs(theta_prop[:d] - center[:d]) * m)
         if order == 1:
-            return 0.125 * (a**2 + ap**2)
-        return 1.0 / (36.0 * math.sqrt(3.0)) * (a**3 + ap**3)
+            c = 0.125 * (a**2 + ap**2)
+        else:
+            c = 1.0 / (36.0 * math.sqrt(3.0)) * (a**3 + ap**3)
+        mag = (self._magnitude(theta[:d], m) + self._magnitude(theta_prop[:d], m) + (a + ap)
+               + 0.25 * (a**2 + ap**2))
+        return rounding_headroom(c, mag, self._ops(theta[:d]))
 
     def full_init(self, beta):
         """Every feature in, at ``beta`` (e.g. the MAP of the full model)."""
