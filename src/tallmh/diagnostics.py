@@ -16,7 +16,55 @@ def _arviz():
     logging.getLogger("arviz").setLevel(logging.ERROR)
     return az
 
-__all__ = ["ess", "rhat", "mcse_mean", "z_score"]
+__all__ = ["ess", "rhat", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim"]
+
+
+def arviz_major(az=None) -> int:
+    """ArviZ's major version: 0 (``InferenceData``) or 1 and later (``xarray.DataTree``)."""
+    az = az or _arviz()
+    try:
+        return int(str(az.__version__).split(".")[0])
+    except ValueError:  # pragma: no cover - a development version string
+        return 0
+
+
+def idata_from_dict(groups, attrs=None, save_warmup=False, attrs_groups=("posterior", "sample_stats")):
+    """ArviZ's container from ``{group: {variable: (chain, draw, ...) array}}``, with ``attrs`` on ``attrs_groups``.
+
+    ArviZ 0.x: an ``InferenceData`` (``az.from_dict(posterior=..., sample_stats=...)``); ArviZ 1.x: an
+    ``xarray.DataTree`` (``az.from_dict({"posterior": ..., ...})``). Both are read the same way:
+    ``idata.posterior``, ``idata.posterior.data_vars``, ``idata.posterior.attrs``, ``idata.to_netcdf``.
+    """
+    az = _arviz()
+    if arviz_major(az) >= 1:
+        idata = az.from_dict(dict(groups), save_warmup=save_warmup)
+    else:
+        idata = az.from_dict(**groups, save_warmup=save_warmup)
+    for g in attrs_groups if attrs else ():
+        if g in groups:
+            node = idata[g] if arviz_major(az) >= 1 else getattr(idata, g)
+            node.attrs.update(attrs)
+    return idata
+
+
+def label_dim(idata, old, new, labels, groups=("posterior", "warmup_posterior")):
+    """Rename dimension ``old`` to ``new`` with coordinate ``labels`` in the given groups (either container)."""
+    present = [g for g in groups if g in _group_names(idata)]
+    if callable(getattr(idata, "groups", None)):  # InferenceData
+        idata = idata.rename({old: new})
+        return idata.assign_coords({new: list(labels)}, groups=present)
+    for g in present:  # DataTree: rebuild each group's dataset
+        ds = idata[g].to_dataset()
+        if old in ds.dims:
+            idata[g] = ds.rename({old: new}).assign_coords({new: list(labels)})
+    return idata
+
+
+def _group_names(idata):
+    groups = getattr(idata, "groups", None)
+    if callable(groups):
+        return list(groups())
+    return [str(k) for k in getattr(idata, "children", {})]
 
 
 def _as_chain_draw(x):

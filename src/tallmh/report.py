@@ -632,12 +632,12 @@ def idata_with_names(result, names, extra: Optional[Dict[str, tuple]] = None):
     """``result.to_arviz()`` with the parameter axis of ``theta`` named ``parameter`` and labelled by
     ``names``; ``extra``: more posterior variables ``{name: (draws (chain, draw, k), coordinate labels)}``
     (e.g. coefficients on the original scale of the data), or ``(chain, draw)`` arrays with labels None."""
+    from .diagnostics import label_dim
+
     idata = result.to_arviz()
     if len(names) == result.flat_samples.shape[-1]:
         try:
-            idata = idata.rename({"theta_dim_0": "parameter"})
-            idata = idata.assign_coords({"parameter": list(names)},
-                                        groups=[g for g in idata.groups() if "posterior" in g])
+            idata = label_dim(idata, "theta_dim_0", "parameter", names)
         except Exception:  # noqa: BLE001 - names are a convenience; the draws are written regardless
             idata = result.to_arviz()
     if extra:
