@@ -16,7 +16,8 @@ def _arviz():
     logging.getLogger("arviz").setLevel(logging.ERROR)
     return az
 
-__all__ = ["ess", "rhat", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim"]
+__all__ = ["ess", "rhat", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",
+           "ess_kwargs"]
 
 
 def arviz_major(az=None) -> int:
@@ -26,6 +27,11 @@ def arviz_major(az=None) -> int:
         return int(str(az.__version__).split(".")[0])
     except ValueError:  # pragma: no cover - a development version string
         return 0
+
+
+def ess_kwargs(method, az=None) -> dict:
+    """Extra keywords for ``az.ess``: ArviZ 1.x needs the tail quantiles that 0.x fixes at 5% and 95%."""
+    return {"prob": (0.05, 0.95)} if method == "tail" and arviz_major(az) >= 1 else {}
 
 
 def idata_from_dict(groups, attrs=None, save_warmup=False, attrs_groups=("posterior", "sample_stats")):
@@ -49,7 +55,7 @@ def idata_from_dict(groups, attrs=None, save_warmup=False, attrs_groups=("poster
 
 def label_dim(idata, old, new, labels, groups=("posterior", "warmup_posterior")):
     """Rename dimension ``old`` to ``new`` with coordinate ``labels`` in the given groups (either container)."""
-    present = [g for g in groups if g in _group_names(idata)]
+    present = [g for g in groups if g in group_names(idata)]
     if callable(getattr(idata, "groups", None)):  # InferenceData
         idata = idata.rename({old: new})
         return idata.assign_coords({new: list(labels)}, groups=present)
@@ -60,7 +66,7 @@ def label_dim(idata, old, new, labels, groups=("posterior", "warmup_posterior"))
     return idata
 
 
-def _group_names(idata):
+def group_names(idata):
     groups = getattr(idata, "groups", None)
     if callable(groups):
         return list(groups())
@@ -84,7 +90,7 @@ def ess(x, method: str = "bulk") -> float:
         return float("nan")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(az.ess(x, method=method))
+        return float(np.ravel(az.ess(x, method=method, **ess_kwargs(method, az)))[0])
 
 
 def rhat(x) -> float:
@@ -95,7 +101,7 @@ def rhat(x) -> float:
         return float("nan")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(az.rhat(x))
+        return float(np.ravel(az.rhat(x))[0])
 
 
 def mcse_mean(x) -> float:

@@ -120,6 +120,8 @@ def param_table(x, names):
     import arviz as az
     import pandas as pd
 
+    from .diagnostics import ess_kwargs
+
     c, k, d = x.shape
     cols = {"mean": np.full(d, np.nan), "sd": np.full(d, np.nan), "ess_bulk": np.full(d, np.nan),
             "ess_tail": np.full(d, np.nan), "r_hat": np.full(d, np.nan)}
@@ -139,7 +141,7 @@ def param_table(x, names):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cols["ess_bulk"] = np.asarray(az.ess(ds, method="bulk")["theta"].values, float)
-                cols["ess_tail"] = np.asarray(az.ess(ds, method="tail")["theta"].values, float)
+                cols["ess_tail"] = np.asarray(az.ess(ds, method="tail", **ess_kwargs("tail", az))["theta"].values, float)
                 if c >= 2:
                     cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
         finally:
