@@ -10,6 +10,7 @@ import pytest
 
 pm = pytest.importorskip("pymc", reason="PyMC is not installed (pip install 'tallmh[pymc]')")
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 
@@ -19,6 +20,15 @@ from tallmh.errors import ModelError  # noqa: E402
 from .stats_helpers import posterior_check  # noqa: E402
 
 N = 60
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    """Compare with PyMC's float64 log density in float64 (and leave JAX's mode as it was)."""
+    prev = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", prev)
 
 
 def _rng(seed=0):
@@ -132,6 +142,18 @@ def test_negative_controls_fail_the_same_check():
     assert not matches_pymc(lambda th: total(model, data, th) - float(th["sigma_log__"]), m, pts)
     # one row dropped must be caught
     assert not matches_pymc(lambda th: float(model.log_prior(th) + jnp.sum(model.log_lik(th, data)[1:])), m, pts)
+
+
+def test_float32_mode_is_kept_and_close():
+    jax.config.update("jax_enable_x64", False)
+    m = linear_halfnormal()
+    model, data = tm.from_pymc(m)
+    assert not jax.config.jax_enable_x64  # PyTensor's JAX backend may switch it on when imported: put back
+    assert all(v.dtype == np.float32 for v in data.values()) and model.init()["a"].dtype == jnp.float32
+    ref = m.compile_logp(mode="FAST_COMPILE")
+    for th in random_points(model):
+        want = float(ref({k: np.asarray(v, np.float64) for k, v in th.items()}))
+        np.testing.assert_allclose(total(model, data, th), want, rtol=2e-6)
 
 
 def test_rows_of_a_batch_and_constrained_output():

@@ -175,6 +175,7 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
         result = tm.sample(model, data, seed=0)
         print(result.summary())     # rows a, b, s
     """
+    x64 = bool(jax.config.jax_enable_x64)
     pm = _pymc()
     from pytensor import tensor as pt
     from pytensor.compile.sharedvalue import SharedVariable
@@ -183,6 +184,8 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
     from pymc.logprob.utils import replace_rvs_by_values
     from pymc.sampling.jax import get_jaxified_graph
 
+    # PyTensor's JAX backend sets JAX's 64-bit mode from its floatX when first imported; keep the caller's
+    jax.config.update("jax_enable_x64", x64)
     if not isinstance(pm_model, pm.Model):
         raise ConfigError(f"from_pymc needs a pymc.Model; got {type(pm_model).__name__}")
     m = pm_model
@@ -266,7 +269,6 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
     data_names = list(data_vars)
 
     # placeholders for a batch of rows, and the sizes that were N
-    x64 = bool(jax.config.jax_enable_x64)
     placeholders, repl = {}, {}
     for name, v in data_vars.items():
         arr = data_arrays[name]
