@@ -5,9 +5,6 @@ from scipy import stats
 
 import arviz as az
 
-if hasattr(az, "Numba"):  # ArviZ 0.x with numba installed (PyMC brings it) returns arrays or fails in mcse
-    az.Numba.disable_numba()
-
 
 def posterior_check(draws, true_mean, true_sd, p=0.01):
     """z-tests of each coordinate's mean and sd against the truth, with Monte Carlo standard errors.

@@ -17,7 +17,7 @@ def _arviz():
     return az
 
 __all__ = ["ess", "rhat", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",
-           "ess_kwargs"]
+           "ess_kwargs", "read_netcdf"]
 
 
 def arviz_major(az=None) -> int:
@@ -64,6 +64,18 @@ def label_dim(idata, old, new, labels, groups=("posterior", "warmup_posterior"))
         if old in ds.dims:
             idata[g] = ds.rename({old: new}).assign_coords({new: list(labels)})
     return idata
+
+
+def read_netcdf(path):
+    """Read draws written by ``to_netcdf`` (the CLI's ``posterior.nc``): an ``InferenceData`` with ArviZ 0.x
+    (``az.from_netcdf``), an ``xarray.DataTree`` with 1.x (``xarray.open_datatree``, loaded)."""
+    az = _arviz()
+    if arviz_major(az) >= 1:
+        import xarray as xr
+
+        with xr.open_datatree(path) as dt:
+            return dt.load()
+    return az.from_netcdf(path)
 
 
 def group_names(idata):
