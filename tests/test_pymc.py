@@ -287,3 +287,40 @@ def test_exact_mh_on_conjugate_normal_mean():
     # negative control: a posterior centred 5 sd away fails the same check
     ok_bad, _ = posterior_check(draws, mean + 5 * sd, sd)
     assert not ok_bad
+
+
+def _agree(a, b, p=0.01):
+    """z-tests (Bonferroni over columns) that two samplers' means agree: draws (chain, draw, d) each."""
+    from scipy import stats
+
+    d = a.shape[-1]
+    zcrit = stats.norm.isf(p / (2 * d))
+    z = [(a[..., j].mean() - b[..., j].mean()) / np.hypot(tm.diagnostics.mcse_mean(a[..., j]),
+                                                          tm.diagnostics.mcse_mean(b[..., j])) for j in range(d)]
+    return bool(np.all(np.abs(z) < zcrit)), np.round(z, 2)
+
+
+@pytest.mark.slow  # PyMC's NUTS (NumPyro backend) and tallmh on the same PyMC model: about a minute
+def test_logistic_glm_against_pymc_nuts():
+    pytest.importorskip("numpyro")
+    rng = _rng(8)
+    n = 2000
+    X = rng.normal(size=(n, 2))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(0.3 + X @ np.array([1.0, -0.7]))))).astype(int)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 2)
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Bernoulli("y", logit_p=a + pm.math.dot(X, b), observed=y)
+    idata = pm.sample(draws=1000, tune=500, chains=2, nuts_sampler="numpyro", random_seed=0, progressbar=False,
+                      model=m)
+    nuts = np.concatenate([idata.posterior["a"].values[..., None], idata.posterior["b"].values], axis=-1)
+    model, data = tm.from_pymc(m)
+    r = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=400),
+                  control_variates=tm.ControlVariates(), num_samples=2000, num_warmup=500, num_chains=2, seed=0,
+                  progress=False)
+    ours = np.concatenate([r.samples["a"][..., None], r.samples["b"]], axis=-1)
+    ok, z = _agree(ours, nuts)
+    assert ok, z
+    sd = nuts.reshape(-1, 3).std(axis=0)
+    ok_bad, _ = _agree(ours + 5 * sd, nuts)  # negative control: 5 posterior sd away fails the same check
+    assert not ok_bad

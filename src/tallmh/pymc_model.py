@@ -167,13 +167,16 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
 
         import numpy as np, pymc as pm, tallmh as tm
         rng = np.random.default_rng(0)
-        x = rng.normal(size=10_000); y = 1.0 + 2.0 * x + rng.normal(size=10_000)
+        X = rng.normal(size=(20_000, 2))
+        y = (rng.random(20_000) < 1 / (1 + np.exp(-(0.5 + X @ np.array([1.0, -0.5]))))).astype(int)
         with pm.Model() as m:
-            a = pm.Normal("a", 0, 10); b = pm.Normal("b", 0, 10); s = pm.HalfNormal("s", 5)
-            pm.Normal("y", a + b * x, s, observed=y)
+            a = pm.Normal("a", 0, 5)
+            b = pm.Normal("b", 0, 5, shape=2)
+            pm.Bernoulli("y", logit_p=a + pm.math.dot(X, b), observed=y)
         model, data = tm.from_pymc(m)
-        result = tm.sample(model, data, seed=0)
-        print(result.summary())     # rows a, b, s
+        result = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=400),
+                           control_variates=tm.ControlVariates(), seed=0)
+        print(result.summary())    # rows a, b[0], b[1]: by PyMC name
     """
     x64 = bool(jax.config.jax_enable_x64)
     pm = _pymc()
