@@ -30,7 +30,7 @@ backend cannot compile (the op is named). For N <= ``check_full_max`` the constr
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict
 
 import jax
 import jax.numpy as jnp
