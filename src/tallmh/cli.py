@@ -614,6 +614,7 @@ def _load_design(args):
                        binary_target=(args.model == "logistic"), min_rows=test_batch, standardise=False,
                        intercept=False)
         Z, names, yv, has_intercept = t.X.astype(np.float64), list(t.feature_names), t.y, True
+    features = list(names)
     mean = Z.mean(axis=0)
     sd = Z.std(axis=0)
     intercept = not args.no_intercept and has_intercept
@@ -625,7 +626,7 @@ def _load_design(args):
     if intercept:
         Z = np.column_stack([np.ones(len(Z)), Z])
         names = ["intercept"] + names
-    scaling = {"standardised": not args.no_standardize, "intercept": intercept, "features": list(names),
+    scaling = {"standardised": not args.no_standardize, "intercept": intercept, "features": features,
                "center": center, "scale": scale,
                "how": ("x_std = (x - center) / scale for each feature; coefficients on the original scale: "
                        "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
