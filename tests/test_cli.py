@@ -113,7 +113,7 @@ def test_demo_table_is_sorted_accurate_first_then_by_ess_per_s(demo):
 
 @pytest.mark.slow  # the demo of all seven methods: about a minute
 def test_demo_writes_a_complete_report(demo):
-    import arviz as az
+    import tallmh as tm
 
     proc, out, _ = demo
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -141,7 +141,7 @@ def test_demo_writes_a_complete_report(demo):
 
     d = len(res["parameters"])
     for m in res["methods"]:
-        idata = az.from_netcdf(str(out / f"posterior-{m['method']}.nc"))
+        idata = tm.diagnostics.read_netcdf(str(out / f"posterior-{m['method']}.nc"))
         theta = idata.posterior["theta"]
         assert theta.shape == (2, m["draws"] // 2, d)
         assert list(theta["parameter"].values) == res["parameters"]
@@ -251,7 +251,7 @@ def tables(tmp_path_factory):
 
 @pytest.mark.slow
 def test_run_end_to_end(tables, tmp_path, capsys):
-    import arviz as az
+    import tallmh as tm
 
     _, paths, df = tables
     out = tmp_path / "out"
@@ -276,7 +276,7 @@ def test_run_end_to_end(tables, tmp_path, capsys):
     import html as html_mod
 
     assert "Verdict" in html and verdict[0][9:] in html_mod.unescape(html)
-    idata = az.from_netcdf(str(out / "posterior.nc"))
+    idata = tm.diagnostics.read_netcdf(str(out / "posterior.nc"))
     names = ["intercept"] + [c for c in df.columns if c != "late"]
     assert idata.posterior["theta"].shape == (2, 150, len(names))
     assert list(idata.posterior["theta"]["parameter"].values) == names

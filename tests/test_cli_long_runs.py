@@ -39,9 +39,9 @@ def linear_csv(tmp_path_factory):
 
 
 def _draws(folder):
-    import arviz as az
+    import tallmh as tm
 
-    idata = az.from_netcdf(str(folder / "posterior.nc"))
+    idata = tm.diagnostics.read_netcdf(str(folder / "posterior.nc"))
     return idata.posterior["theta"].values
 
 

@@ -56,7 +56,7 @@ def test_to_arviz(problem):
     for k in ("is_accepted", "acceptance_rate", "n_data", "data_fraction"):
         assert k in idata.sample_stats
     assert idata.sample_stats["data_fraction"].values.max() <= 1.0
-    assert "warmup_posterior" in idata.groups()
+    assert "warmup_posterior" in tm.diagnostics.group_names(idata)
 
 
 @pytest.mark.slow

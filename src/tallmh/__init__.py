@@ -16,13 +16,14 @@ from .errors import ConfigError, DataError, ModelError, TallmhError, TrustWarnin
 from .kernel import build_kernel
 from .model import Model
 from .numpyro_model import from_numpyro
+from .pymc_model import from_bambi, from_pymc
 from .results import Result, Summary, load_result
 from .sampling import decide, decision_fn, sample
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Model", "from_numpyro", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result",
+    "Model", "from_numpyro", "from_pymc", "from_bambi", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result",
     "Summary", "acceptance", "proposals", "models", "diagnostics", "blocks", "Cycle", "sample_program",
     "TallmhError", "DataError", "ModelError", "ConfigError", "TrustWarning", "load_result",
 ]

@@ -200,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--features", nargs="+", default=None,
                      help="feature columns, space- or comma-separated (default: every other column)")
     run.add_argument("--model", choices=("logistic", "linear"), default="logistic", help="regression model")
+    run.add_argument("--formula", default=None,
+                     help="instead of --target/--features/--model: a formula 'y ~ x + C(g)' (formulaic; C() codes "
+                          "a categorical column; '0 +' drops the intercept), with --family")
+    run.add_argument("--family", choices=("bernoulli", "gaussian", "poisson"), default=None,
+                     help="with --formula: the response's distribution (logistic, linear or log-link Poisson)")
     run.add_argument("--noise-sd", type=_positive_float("--noise-sd"), default=None,
                      help="linear: fix the noise sd of the target at this value (default: sample it, with the "
                           "prior log sigma ~ N(0, s^2), s = --noise-prior-scale)")
@@ -585,7 +590,8 @@ def _split_features(values):
 # settings of a run saved in run.json and restored by --resume
 _RUN_KEYS = ("data", "target", "features", "model", "noise_sd", "noise_prior_scale", "test", "samples", "warmup",
              "proposal", "start", "no_standardize", "no_intercept", "epsilon", "batch_size", "delta", "bound",
-             "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale", "error")
+             "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale", "error",
+             "formula", "family")
 
 
 def _load_design(args):
@@ -598,13 +604,20 @@ def _load_design(args):
     from .datasets import load_table
 
     test_batch = _batch_of(args.test, args)
-    t = load_table(args.data, args.target, _split_features(args.features), binary_target=(args.model == "logistic"),
-                   min_rows=test_batch, standardise=False, intercept=False)
-    Z = t.X.astype(np.float64)
-    names = list(t.feature_names)
+    if getattr(args, "formula", None):
+        from .formula import load_design
+
+        t = load_design(args.data, args.formula, args.family, min_rows=test_batch)
+        Z, names, yv, has_intercept = t.X, list(t.names), t.y, t.intercept
+    else:
+        t = load_table(args.data, args.target, _split_features(args.features),
+                       binary_target=(args.model == "logistic"), min_rows=test_batch, standardise=False,
+                       intercept=False)
+        Z, names, yv, has_intercept = t.X.astype(np.float64), list(t.feature_names), t.y, True
+    features = list(names)
     mean = Z.mean(axis=0)
     sd = Z.std(axis=0)
-    intercept = not args.no_intercept
+    intercept = not args.no_intercept and has_intercept
     if args.no_standardize:
         center, scale = np.zeros_like(mean), np.ones_like(sd)
     else:
@@ -613,12 +626,12 @@ def _load_design(args):
     if intercept:
         Z = np.column_stack([np.ones(len(Z)), Z])
         names = ["intercept"] + names
-    scaling = {"standardised": not args.no_standardize, "intercept": intercept, "features": list(t.feature_names),
+    scaling = {"standardised": not args.no_standardize, "intercept": intercept, "features": features,
                "center": center, "scale": scale,
                "how": ("x_std = (x - center) / scale for each feature; coefficients on the original scale: "
                        "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
                                                   else ""))}
-    return Z.astype(np.float32), t.y.astype(np.float32), names, scaling
+    return Z.astype(np.float32), yv.astype(np.float32), names, scaling
 
 
 def _original_scale(draws, scaling):
@@ -638,6 +651,20 @@ def _original_scale(draws, scaling):
 
 def _run_settings(args) -> dict:
     return {k: getattr(args, k) for k in _RUN_KEYS}
+
+
+def _formula_args(args):
+    """--formula replaces --target, --features and --model; --family sets the model."""
+    from .formula import FAMILIES
+
+    if args.target is not None or args.features is not None:
+        raise CLIError("--formula names the response and the predictors: drop --target and --features")
+    if args.family is None:
+        raise CLIError("--formula needs --family (bernoulli, gaussian or poisson)")
+    args.model = FAMILIES[args.family]
+    args.target = args.formula.split("~")[0].strip() or None
+    if args.target is None:
+        raise CLIError(f"--formula {args.formula!r} has no response: write it as 'y ~ x + C(g)'")
 
 
 def _restore_args(args):
@@ -682,11 +709,13 @@ def _cmd_run(args, argv):
     else:
         if args.data is None:
             raise CLIError("the following arguments are required: DATA (or --resume DIR)")
-        if args.target is None:
+        if getattr(args, "formula", None):
+            _formula_args(args)
+        elif args.target is None:
             raise CLIError("the following arguments are required: --target")
     if args.samples is None:
         args.samples = 2000
-    if args.model == "logistic" and args.noise_sd is not None:
+    if args.model != "linear" and args.noise_sd is not None:
         raise CLIError("--noise-sd is for --model linear")
     test = _make_test(args.test, args)
     out = OutFolder(args.out, overwrite=args.overwrite, resuming=bool(args.resume))
@@ -716,6 +745,11 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
         raise CLIError(f"--resume: {args.data} is not the data of the saved run (it changed since); cannot continue")
     if args.model == "logistic":
         model = tm.models.LogisticRegression(prior_scale=args.prior_scale)
+        prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
+    elif args.model == "poisson":
+        from .formula import PoissonRegression
+
+        model = PoissonRegression(prior_scale=args.prior_scale)
         prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
     else:
         model = tm.models.LinearRegression(prior_scale=args.prior_scale, noise_sd=args.noise_sd,

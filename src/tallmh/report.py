@@ -120,6 +120,8 @@ def param_table(x, names):
     import arviz as az
     import pandas as pd
 
+    from .diagnostics import ess_kwargs
+
     c, k, d = x.shape
     cols = {"mean": np.full(d, np.nan), "sd": np.full(d, np.nan), "ess_bulk": np.full(d, np.nan),
             "ess_tail": np.full(d, np.nan), "r_hat": np.full(d, np.nan)}
@@ -139,7 +141,7 @@ def param_table(x, names):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cols["ess_bulk"] = np.asarray(az.ess(ds, method="bulk")["theta"].values, float)
-                cols["ess_tail"] = np.asarray(az.ess(ds, method="tail")["theta"].values, float)
+                cols["ess_tail"] = np.asarray(az.ess(ds, method="tail", **ess_kwargs("tail", az))["theta"].values, float)
                 if c >= 2:
                     cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
         finally:
@@ -632,12 +634,12 @@ def idata_with_names(result, names, extra: Optional[Dict[str, tuple]] = None):
     """``result.to_arviz()`` with the parameter axis of ``theta`` named ``parameter`` and labelled by
     ``names``; ``extra``: more posterior variables ``{name: (draws (chain, draw, k), coordinate labels)}``
     (e.g. coefficients on the original scale of the data), or ``(chain, draw)`` arrays with labels None."""
+    from .diagnostics import label_dim
+
     idata = result.to_arviz()
     if len(names) == result.flat_samples.shape[-1]:
         try:
-            idata = idata.rename({"theta_dim_0": "parameter"})
-            idata = idata.assign_coords({"parameter": list(names)},
-                                        groups=[g for g in idata.groups() if "posterior" in g])
+            idata = label_dim(idata, "theta_dim_0", "parameter", names)
         except Exception:  # noqa: BLE001 - names are a convenience; the draws are written regardless
             idata = result.to_arviz()
     if extra:

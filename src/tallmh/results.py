@@ -465,12 +465,13 @@ class Result:
         return path
 
     def to_arviz(self):
-        """An ``arviz.InferenceData`` with ``posterior``, ``sample_stats`` and ``warmup_*`` groups.
+        """ArviZ's container (``InferenceData``; a ``DataTree`` with ArviZ 1.x) with ``posterior``,
+        ``sample_stats`` and ``warmup_*`` groups.
 
         ``sample_stats`` has ``is_accepted`` (bool), ``acceptance_rate`` (1.0 or 0.0: the realised
         decision; the approximate tests give no acceptance probability), ``n_data`` and ``data_fraction``.
         """
-        import arviz as az
+        from .diagnostics import idata_from_dict
 
         samples = self.samples
         if isinstance(samples, dict):
@@ -500,11 +501,9 @@ class Result:
             leaves = jax.tree_util.tree_leaves(warm)
             wpost = {"theta": np.asarray(leaves[0])} if len(leaves) == 1 else {
                 f"theta_{i}": np.asarray(v) for i, v in enumerate(leaves)}
-        kwargs = {}
+        groups = {"posterior": post, "sample_stats": stats_dict(self.stats)}
         if self.flat_warmup.shape[1] > 0:
-            kwargs = {"warmup_posterior": wpost, "warmup_sample_stats": stats_dict(self.warmup_stats),
-                      "save_warmup": True}
-        idata = az.from_dict(posterior=post, sample_stats=stats_dict(self.stats), **kwargs)
+            groups.update(warmup_posterior=wpost, warmup_sample_stats=stats_dict(self.warmup_stats))
         attrs = {
             "inference_library": "tallmh",
             "method": self.method,
@@ -515,9 +514,7 @@ class Result:
             "label": self.label,
             "verdict": self.verdict,
         }
-        idata.posterior.attrs.update(attrs)
-        idata.sample_stats.attrs.update(attrs)
-        return idata
+        return idata_from_dict(groups, attrs=attrs, save_warmup=self.flat_warmup.shape[1] > 0)
 
 
 def _more_draws(draws: int, ess: float, goal: float = 400.0) -> int:

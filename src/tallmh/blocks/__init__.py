@@ -800,14 +800,14 @@ class ProgramResult:
     n: int = 0
 
     def to_arviz(self):
-        import arviz as az
+        from ..diagnostics import idata_from_dict
 
         st = {}
         for lab, d in self.stats.items():
             key = lab.replace("(", "_").replace(")", "").replace(", ", "_").replace(" ", "")
             st[f"{key}__n_data"] = d["n_data"]
             st[f"{key}__acceptance_rate"] = d["accepted"] / np.maximum(d["proposals"], 1)
-        return az.from_dict(posterior=dict(self.samples), sample_stats=st)
+        return idata_from_dict({"posterior": dict(self.samples), "sample_stats": st})
 
     def summary(self):
         import arviz as az

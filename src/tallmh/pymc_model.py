@@ -1,0 +1,440 @@
+"""PyMC (and Bambi) models as tallmh models: ``model, data = tm.from_pymc(pm_model)``.
+
+The probabilistic-programs paper (Chen, Mansinghka & Ghahramani, Sec. 3.1-3.2, eqs. 5-6) subsamples the
+*local sections* of a program: factors ``l_i`` that are conditionally independent given the global
+variables. In a PyMC model these are the rows of the observed variables along their leading (data)
+axis. This module turns a ``pm.Model`` into a :class:`tallmh.Model` whose
+
+- ``theta`` is ``{value variable: unconstrained value}`` for every free random variable, on the scale of
+  PyMC's own value transforms (``sigma_log__`` for a ``HalfNormal("sigma")``), and ``log_prior(theta)``
+  is their joint log density with the log-Jacobians of those transforms (PyMC's ``logp(jacobian=True)``)
+  plus any potential that does not read the data;
+- ``log_lik(theta, batch) -> (b,)`` is, for each of the ``b`` rows in ``batch``, the sum over observed
+  variables of their log density at that row (a 2-d observed variable's row is summed over its other
+  axes). The observed values, the ``pm.Data`` containers and the constant arrays whose leading length is
+  the number of rows N become *inputs* of one graph that PyTensor's JAX backend compiles
+  (:func:`pymc.sampling.jax.get_jaxified_graph`): the compiled program serves any batch of rows;
+- ``constrain(theta)`` gives ``{PyMC variable: constrained value}`` for the free variables and the
+  deterministics that do not read the data, so draws, summaries and ``to_arviz()`` use PyMC's names on
+  the constrained scale.
+
+Refused with a :class:`~tallmh.errors.ModelError` that says why: a free variable indexed by the data rows
+(a per-item latent, including PyMC's imputed missing values); an observed variable without a data axis
+(a scalar) or with a leading length different from the others; discrete free variables (MH here moves
+continuous globals); a prior or potential that reads the data arrays; a model whose per-row terms are
+not additive over rows (e.g. it standardises the data inside the graph); and operations PyTensor's JAX
+backend cannot compile (the op is named). For N <= ``check_full_max`` the construction also checks that
+``log_prior + sum(log_lik)`` equals PyMC's own log density on the full data.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ConfigError, ModelError
+from .model import Model
+
+__all__ = ["from_pymc", "from_bambi", "PyMCModel"]
+
+
+def _pymc():
+    try:
+        import pymc  # noqa: F401
+        import pytensor  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("tm.from_pymc needs PyMC: pip install pymc (or pip install 'tallmh[pymc]')") from e
+    import pymc
+
+    return pymc
+
+
+def _quiet(fn):
+    """Call a JAX-funcified PyTensor graph without its float64-under-float32 dtype warnings."""
+
+    def call(*args):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*dtype.*is not available.*")
+            warnings.filterwarnings("ignore", message=".*Explicitly requested dtype.*")
+            return fn(*args)
+
+    return call
+
+
+class PyMCModel(Model):
+    """A PyMC model seen as a :class:`tallmh.Model` (build it with :func:`from_pymc`).
+
+    ``theta`` is a dict ``{value variable name: unconstrained value}``. Attributes: ``pm_model``, ``n``
+    (the number of rows), ``value_names`` (the keys of ``theta``), ``free_names`` (their PyMC names),
+    ``observed_names``, ``data_names`` (the keys of the data dict), ``output_names`` (the keys of
+    ``constrain(theta)``).
+    """
+
+    name = "pymc"
+
+    def __init__(self, pm_model, n, value_names, free_names, observed_names, data_names, output_names,
+                 prior_fn, lik_fn, out_fn, init_point, dtypes):
+        self.pm_model = pm_model
+        self.n = int(n)
+        self.value_names = list(value_names)
+        self.free_names = list(free_names)
+        self.observed_names = list(observed_names)
+        self.data_names = list(data_names)
+        self.output_names = list(output_names)
+        self._prior_fn = _quiet(prior_fn)
+        self._lik_fn = _quiet(lik_fn)
+        self._out_fn = _quiet(out_fn)
+        self._init = init_point
+        self._dtypes = dtypes
+        self.name = getattr(pm_model, "name", "") or "pymc"
+        self.log_prior = jax.jit(self._log_prior)
+        self.log_lik = jax.jit(self._log_lik)
+        self.constrain = jax.jit(self._constrain)
+
+    def _log_prior(self, theta):
+        """Joint log density of the free variables at ``theta`` (unconstrained), Jacobians included."""
+        return jnp.asarray(self._prior_fn(*[theta[k] for k in self.value_names])[0]).reshape(())
+
+    def _log_lik(self, theta, batch):
+        """Per-row log-likelihood ``(b,)``: each observed variable's log density at the row, summed."""
+        args = [theta[k] for k in self.value_names] + [batch[k] for k in self.data_names]
+        return jnp.asarray(self._lik_fn(*args)[0])
+
+    def _constrain(self, theta):
+        """``{PyMC variable: constrained value}`` for the free variables and data-free deterministics."""
+        outs = self._out_fn(*[theta[k] for k in self.value_names])
+        return {k: v for k, v in zip(self.output_names, outs)}
+
+    def init(self, data=None):
+        """PyMC's initial point of the model (``model.initial_point()``), unconstrained."""
+        return {k: jnp.asarray(v) for k, v in self._init.items()}
+
+    def __repr__(self):
+        return (f"PyMCModel({self.name!r}, N = {self.n} rows of {self.observed_names}, globals "
+                f"{self.free_names}, data {self.data_names})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# graph analysis
+
+
+def _value_of(var):
+    """The numpy value of a constant or shared variable, or None for anything else."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+
+    if isinstance(var, Constant):
+        return np.asarray(var.data)
+    if isinstance(var, SharedVariable):
+        try:
+            return np.asarray(var.get_value(borrow=True))
+        except Exception:  # noqa: BLE001 - e.g. a random generator
+            return None
+    return None
+
+
+def _is_tensor(var):
+    from pytensor.tensor.type import TensorType
+
+    return isinstance(getattr(var, "type", None), TensorType)
+
+
+def _roots(graphs):
+    from pytensor.graph.traversal import ancestors
+
+    return [v for v in ancestors(graphs) if v.owner is None]
+
+
+def _discrete(rv):
+    return str(rv.type.dtype).startswith(("int", "uint", "bool"))
+
+
+def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
+    """``model, data = tm.from_pymc(pm_model)``: a PyMC model as a tallmh model, and its data by name.
+
+    The free variables become the globals (unconstrained by PyMC's value transforms, Jacobians in the
+    prior); each observed variable contributes one log-likelihood term per row of its leading axis; the
+    observed values, ``pm.Data`` containers and constant arrays with that leading length N are returned in
+    ``data`` (``{name: array}``) and read a batch of rows at a time. Then ``tm.sample(model, data,
+    test=...)`` works with every test and draws come back by PyMC variable name, constrained. See
+    :mod:`tallmh.pymc_model` for what is refused and why.
+
+    Example::
+
+        import numpy as np, pymc as pm, tallmh as tm
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(20_000, 2))
+        y = (rng.random(20_000) < 1 / (1 + np.exp(-(0.5 + X @ np.array([1.0, -0.5]))))).astype(int)
+        with pm.Model() as m:
+            a = pm.Normal("a", 0, 5)
+            b = pm.Normal("b", 0, 5, shape=2)
+            pm.Bernoulli("y", logit_p=a + pm.math.dot(X, b), observed=y)
+        model, data = tm.from_pymc(m)
+        result = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=400),
+                           control_variates=tm.ControlVariates(), seed=0)
+        print(result.summary())    # rows a, b[0], b[1]: by PyMC name
+    """
+    x64 = bool(jax.config.jax_enable_x64)
+    pm = _pymc()
+    from pytensor import tensor as pt
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.replace import clone_replace
+    from pymc.logprob.basic import transformed_conditional_logp
+    from pymc.logprob.utils import replace_rvs_by_values
+    from pymc.sampling.jax import get_jaxified_graph
+
+    # PyTensor's JAX backend sets JAX's 64-bit mode from its floatX when first imported; keep the caller's
+    jax.config.update("jax_enable_x64", x64)
+    if not isinstance(pm_model, pm.Model):
+        raise ConfigError(f"from_pymc needs a pymc.Model; got {type(pm_model).__name__}")
+    m = pm_model
+    free = list(m.free_RVs)
+    observed = list(m.observed_RVs)
+    if not observed:
+        raise ModelError("the model has no observed variable: nothing for a subsample to read")
+    if not free:
+        raise ModelError("the model has no free random variable: nothing for MH to sample")
+    dims = getattr(m, "named_vars_to_dims", {}) or {}
+
+    # the observed variables and the number of rows N
+    obs_values, lengths = {}, {}
+    for rv in observed:
+        val = m.rvs_to_values[rv]
+        arr = _value_of(val)
+        if arr is None:
+            raise ModelError(f"observed variable {rv.name!r}: its observed value is a computed graph, not data "
+                             "(pass an array or a pm.Data container as observed=)")
+        if arr.ndim == 0:
+            raise ModelError(f"observed variable {rv.name!r} is a scalar: it has no data axis to subsample "
+                             "(give it a leading axis of rows, or fold it into the prior as a pm.Potential)")
+        obs_values[rv] = (val, arr)
+        lengths[rv.name] = int(arr.shape[0])
+    if len(set(lengths.values())) > 1:
+        raise ModelError(f"observed variables have different leading lengths {lengths}: tallmh reads rows of one "
+                         "data axis; give every observed variable the same rows (N along axis 0)")
+    n = next(iter(lengths.values()))
+    obs_dims = {dims[rv.name][0] for rv in observed if dims.get(rv.name)}
+
+    # the free variables: continuous globals only
+    for rv in free:
+        if _discrete(rv):
+            raise ModelError(f"free variable {rv.name!r} is discrete: tallmh's MH moves continuous global "
+                             "parameters; marginalise it in the model (e.g. a pm.Mixture likelihood)")
+        rv_dims = dims.get(rv.name) or ()
+        if obs_dims & set(d for d in rv_dims if d is not None):
+            raise ModelError(f"free variable {rv.name!r} is indexed by the data rows (its dims {rv_dims} include "
+                             f"the observed data's dim): per-item latents cannot be subsampled; marginalise it or "
+                             "keep only global parameters")
+    ip = m.initial_point()
+    for rv in free:
+        vname = m.rvs_to_values[rv].name
+        shp = np.shape(ip[vname])
+        if n > 1 and len(shp) >= 1 and shp[0] == n:
+            hint = (" (PyMC imputes missing observed values as such a variable: drop the rows with NaN)"
+                    if rv.name.endswith("_unobserved") else "")
+            raise ModelError(f"free variable {rv.name!r} has leading length {n}, the number of data rows: it "
+                             f"looks like a per-item latent, which cannot be subsampled{hint}")
+
+    # the observed variables' graphs in terms of the value variables
+    rv_to_val = {rv: m.rvs_to_values[rv] for rv in free}
+    transforms = {rv: t for rv, t in m.rvs_to_transforms.items() if rv in rv_to_val}
+    value_vars = [rv_to_val[rv] for rv in free]
+    obs_graphs = replace_rvs_by_values(observed, rvs_to_values=rv_to_val, rvs_to_transforms=transforms)
+
+    # the data: observed values, then shared and constant arrays with leading length N
+    data_vars: Dict[str, object] = {}  # name -> pytensor variable
+    data_arrays: Dict[str, np.ndarray] = {}
+    seen = set()
+    for rv in observed:
+        val, arr = obs_values[rv]
+        name = val.name if isinstance(val, SharedVariable) and val.name else rv.name
+        data_vars[name], data_arrays[name] = val, arr
+        seen.add(val)
+    k = 0
+    for v in _roots(obs_graphs):
+        if v in seen or not _is_tensor(v) or v.type.ndim == 0:
+            continue
+        arr = _value_of(v)
+        if arr is None or arr.ndim == 0 or arr.shape[0] != n:
+            continue
+        if isinstance(v, SharedVariable) and v.name and v.name not in data_vars:
+            name = v.name
+        else:
+            while f"data_{k}" in data_vars:
+                k += 1
+            name = f"data_{k}"
+        data_vars[name], data_arrays[name] = v, arr
+        seen.add(v)
+    data_names = list(data_vars)
+
+    # placeholders for a batch of rows, and the sizes that were N
+    placeholders, repl = {}, {}
+    for name, v in data_vars.items():
+        arr = data_arrays[name]
+        dtype = str(arr.dtype)
+        if not x64:
+            dtype = {"float64": "float32", "int64": "int32", "uint64": "uint32"}.get(dtype, dtype)
+        ph = pt.tensor(name=name, dtype=str(v.type.dtype) if x64 else dtype,
+                       shape=(None,) + tuple(arr.shape[1:]))
+        placeholders[name] = ph
+        repl[v] = ph.astype(v.type.dtype) if ph.type.dtype != v.type.dtype else ph
+        data_arrays[name] = arr.astype(dtype) if str(arr.dtype) != dtype else arr
+    b_sym = placeholders[data_names[0]].shape[0]
+    for var in _roots(obs_graphs):  # dim lengths (e.g. coords of the rows) equal to N, held in shared scalars
+        if isinstance(var, SharedVariable) and _is_tensor(var) and var.type.ndim == 0 and var not in repl:
+            val = _value_of(var)
+            if val is not None and np.issubdtype(val.dtype, np.integer) and int(val) == n:
+                repl[var] = b_sym.astype(var.type.dtype)
+    for g in obs_graphs:  # constant sizes (N, ...) of the observed variables
+        node = g.owner
+        size = node.op.size_param(node) if hasattr(node.op, "size_param") else None
+        sval = _value_of(size) if size is not None else None
+        if sval is not None and sval.ndim == 1 and len(sval) >= 1 and int(sval[0]) == n and size not in repl:
+            rest = pt.as_tensor(sval[1:].astype(sval.dtype))
+            repl[size] = pt.concatenate([b_sym.astype(size.type.dtype)[None], rest])
+
+    try:
+        batch_graphs = clone_replace(obs_graphs, replace=repl, rebuild_strict=False)
+        lps = transformed_conditional_logp(
+            batch_graphs, rvs_to_values={g: repl[obs_values[rv][0]] for rv, g in zip(observed, batch_graphs)},
+            rvs_to_transforms={})
+        terms = []
+        for rv, lp in zip(observed, lps):
+            if lp.type.ndim == 0:
+                raise ModelError(f"observed variable {rv.name!r}: its log density has no row axis")
+            if lp.type.ndim > 1:
+                lp = lp.reshape((lp.shape[0], -1)).sum(axis=1)
+            terms.append(lp)
+        per_item = terms[0]
+        for t in terms[1:]:
+            per_item = per_item + t
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise ModelError(f"the observed variables cannot be rewritten for a batch of rows: {type(e).__name__}: {e}"
+                         ) from e
+
+    # the prior: free variables (with Jacobians) and potentials; neither may read the data
+    data_set = set(data_vars.values())
+    prior_terms = [m.logp(vars=free, jacobian=True, sum=True)]
+    for pot in m.potentials:
+        prior_terms.append(m.replace_rvs_by_values([pot])[0].sum())
+    prior = prior_terms[0]
+    for t in prior_terms[1:]:
+        prior = prior + t
+    reads = [v for v in _roots([prior]) if v in data_set]
+    if reads:
+        names = [k for k, v in data_vars.items() if v in reads]
+        raise ModelError(f"the prior (free variables' densities or a pm.Potential) reads the data arrays {names}: "
+                         "a subsample cannot evaluate it; write per-row terms as observed variables")
+
+    # the output: free variables on the constrained scale, and deterministics that do not read the data
+    out_vars, out_names = [], []
+    det_graphs = m.replace_rvs_by_values(list(m.deterministics)) if m.deterministics else []
+    for rv, g in zip(free, replace_rvs_by_values(free, rvs_to_values=rv_to_val, rvs_to_transforms=transforms)):
+        out_vars.append(g)
+        out_names.append(rv.name)
+    for det, g in zip(m.deterministics, det_graphs):
+        roots = _roots([g])
+        if any(v in data_set for v in roots) or any(r in m.rvs_to_values.values() and r not in value_vars
+                                                    for r in roots):
+            continue
+        out_vars.append(g)
+        out_names.append(det.name)
+
+    def jaxify(inputs, outputs, what):
+        try:
+            return get_jaxified_graph(inputs=inputs, outputs=outputs)
+        except NotImplementedError as e:
+            raise ModelError(f"the {what} uses an operation PyTensor's JAX backend cannot compile: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"the {what} cannot be compiled to JAX: {type(e).__name__}: {e}") from e
+
+    ph_list = [placeholders[k] for k in data_names]
+    lik_fn = jaxify(value_vars + ph_list, [per_item], "log-likelihood")
+    prior_fn = jaxify(value_vars, [prior], "prior")
+    out_fn = jaxify(value_vars, out_vars, "output map")
+    value_names = [v.name for v in value_vars]
+    fdt = np.float64 if x64 else np.float32
+    init = {k: np.asarray(ip[k], fdt) for k in value_names}
+    model = PyMCModel(m, n, value_names, [rv.name for rv in free], [rv.name for rv in observed], data_names,
+                      out_names, prior_fn, lik_fn, out_fn, init, {k: a.dtype for k, a in data_arrays.items()})
+    if check:
+        _checks(model, data_arrays, n, check_full_max)
+    return model, data_arrays
+
+
+def _take(data, idx):
+    idx = np.asarray(idx)
+    return {k: jnp.asarray(np.asarray(v)[idx]) for k, v in data.items()}
+
+
+def _checks(model: PyMCModel, data, n, check_full_max):
+    """Finite at the initial point; additive over rows; equal to PyMC's log density on the full data."""
+    from pymc.sampling.jax import get_jaxified_graph
+
+    theta0 = model.init()
+    rng = np.random.default_rng(0)
+    theta1 = {k: v + 0.1 * jnp.asarray(rng.standard_normal(np.shape(v)), v.dtype) for k, v in theta0.items()}
+    try:
+        lp0 = float(model.log_prior(theta0))
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"the log prior fails at the initial point: {type(e).__name__}: {e}") from e
+    if not np.isfinite(lp0):
+        raise ModelError(f"the log prior is not finite at PyMC's initial point ({lp0})")
+    a = list(range(min(n, 3)))
+    bset = sorted({n - 1, n // 2, max(0, n - 2)} - set(a))
+    for th in (theta0, theta1):
+        try:
+            ll_ab = np.asarray(model.log_lik(th, _take(data, a + bset)))
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"the log-likelihood fails on a batch of {len(a) + len(bset)} rows: "
+                             f"{type(e).__name__}: {e}") from e
+        if ll_ab.shape != (len(a) + len(bset),):
+            raise ModelError(f"the log-likelihood does not give one value per row (shape {ll_ab.shape} for "
+                             f"{len(a) + len(bset)} rows)")
+        if not np.all(np.isfinite(ll_ab)):
+            raise ModelError("the log-likelihood is not finite at PyMC's initial point")
+        if bset:
+            both = np.concatenate([np.asarray(model.log_lik(th, _take(data, a))),
+                                   np.asarray(model.log_lik(th, _take(data, bset)))])
+            if not np.allclose(ll_ab, both, rtol=1e-4, atol=1e-4):
+                raise ModelError(
+                    f"the per-row log-likelihoods are not additive over rows: ll(A u B) = {ll_ab.round(4)} but "
+                    f"ll(A) ++ ll(B) = {both.round(4)} (A = {a}, B = {bset}). Rows must be conditionally "
+                    "independent given the free variables, and the model must not compute from whole data "
+                    "arrays (e.g. standardise them outside the model)")
+    if n <= check_full_max:
+        m = model.pm_model
+        full = jax.jit(_quiet(get_jaxified_graph(inputs=m.value_vars, outputs=[m.logp()])))
+        for th in (theta0, theta1):
+            ref = float(full(*[th[v.name] for v in m.value_vars])[0])
+            ours = float(model.log_prior(th) + jnp.sum(model.log_lik(th, _take(data, np.arange(n)))))
+            if not np.isclose(ours, ref, rtol=1e-4, atol=1e-3 * max(1.0, np.sqrt(n))):
+                raise ModelError(
+                    f"log_prior + sum(log_lik) = {ours:.6g} differs from PyMC's log density {ref:.6g} on the full "
+                    "data: the model probably uses the number of rows, or the data, outside its observed variables")
+
+
+def from_bambi(bmb_model, *, check: bool = True, check_full_max: int = 20_000):
+    """``model, data = tm.from_bambi(bmb_model)``: a Bambi model through :func:`from_pymc`.
+
+    Builds the model (``bmb_model.build()``) and converts its PyMC model; common and group-level effects,
+    and the family's auxiliary parameters, are all globals, named as Bambi names them.
+
+    Example::
+
+        import bambi as bmb, tallmh as tm
+        bm = bmb.Model("y ~ x + C(g) + (1|site)", df, family="bernoulli")
+        model, data = tm.from_bambi(bm)
+        result = tm.sample(model, data, seed=0)
+    """
+    if not hasattr(bmb_model, "build") or not hasattr(bmb_model, "backend"):
+        raise ConfigError(f"from_bambi needs a bambi.Model; got {type(bmb_model).__name__}")
+    if getattr(bmb_model, "backend", None) is None or getattr(bmb_model.backend, "model", None) is None:
+        bmb_model.build()
+    return from_pymc(bmb_model.backend.model, check=check, check_full_max=check_full_max)

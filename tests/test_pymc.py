@@ -1,0 +1,326 @@
+"""The PyMC and Bambi front ends (tm.from_pymc, tm.from_bambi): log density against PyMC's own, negative
+controls, refusals, and one posterior against the closed form.
+
+Paper: Chen, Mansinghka & Ghahramani, sublinear MH for probabilistic programs, Sec. 3.1-3.2 (global /
+local partition, eqs. 5-6); here the local sections are the rows of the observed variables.
+"""
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc", reason="PyMC is not installed (pip install 'tallmh[pymc]')")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+
+import tallmh as tm  # noqa: E402
+from tallmh.errors import ModelError  # noqa: E402
+
+from .stats_helpers import posterior_check  # noqa: E402
+
+N = 60
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    """Compare with PyMC's float64 log density in float64 (and leave JAX's mode as it was)."""
+    prev = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", prev)
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------------------------------------------
+# five model shapes
+
+
+def logistic_glm():
+    rng = _rng(1)
+    X = rng.normal(size=(N, 3))
+    y = (rng.random(N) < 1 / (1 + np.exp(-(X @ np.array([1.0, -1.0, 0.5]))))).astype(int)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 2)
+        b = pm.Normal("b", 0, 1, shape=3)
+        pm.Bernoulli("y", logit_p=a + pm.math.dot(X, b), observed=y)
+    return m
+
+
+def linear_halfnormal():
+    rng = _rng(2)
+    x = rng.normal(size=N)
+    y = 1.0 + 2.0 * x + 0.5 * rng.normal(size=N)
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        a = pm.Normal("a", 0, 5)
+        b = pm.Normal("b", 0, 5)
+        s = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", a + b * xd, s, observed=y)
+    return m
+
+
+def hierarchical_intercept():
+    rng = _rng(3)
+    g = rng.integers(0, 4, N)
+    y = rng.normal(size=4)[g] + rng.normal(size=N)
+    with pm.Model(coords={"group": range(4), "obs": range(N)}) as m:
+        gi = pm.Data("g", g, dims="obs")
+        mu = pm.Normal("mu", 0, 2)
+        tau = pm.HalfNormal("tau", 1)
+        z = pm.Normal("z", 0, 1, dims="group")
+        alpha = pm.Deterministic("alpha", mu + tau * z, dims="group")
+        pm.Normal("y", alpha[gi], 1.0, observed=y, dims="obs")
+    return m
+
+
+def poisson_glm():
+    rng = _rng(4)
+    x = rng.normal(size=(N, 2))
+    y = rng.poisson(np.exp(0.3 + x @ np.array([0.5, -0.2])))
+    with pm.Model() as m:
+        b0 = pm.Normal("b0", 0, 1)
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Poisson("y", mu=pm.math.exp(b0 + pm.math.dot(x, b)), observed=y)
+    return m
+
+
+def normal_mixture():
+    rng = _rng(5)
+    y = np.concatenate([rng.normal(-2, 1, N // 2), rng.normal(2, 0.7, N - N // 2)])
+    with pm.Model() as m:
+        w = pm.Dirichlet("w", a=np.ones(2))
+        mus = pm.Normal("mus", 0, 3, shape=2, transform=pm.distributions.transforms.ordered,
+                        initval=np.array([-1.0, 1.0]))
+        sds = pm.HalfNormal("sds", 2, shape=2)
+        pm.NormalMixture("y", w=w, mu=mus, sigma=sds, observed=y)
+    return m
+
+
+SHAPES = [logistic_glm, linear_halfnormal, hierarchical_intercept, poisson_glm, normal_mixture]
+
+
+def random_points(model, k=3, seed=0):
+    rng = _rng(seed)
+    th0 = model.init()
+    return [{n: v + jnp.asarray(0.7 * rng.standard_normal(np.shape(v)), v.dtype) for n, v in th0.items()}
+            for _ in range(k)]
+
+
+def total(model, data, th):
+    return float(model.log_prior(th) + jnp.sum(model.log_lik(th, data)))
+
+
+def matches_pymc(fn, m, points):
+    """Does ``fn(theta)`` equal PyMC's compiled log density (its own backend) at every point?"""
+    ref = m.compile_logp(mode="FAST_COMPILE")  # PyTensor's Python backend: independent of JAX, no C build
+    for th in points:
+        want = float(ref({k: np.asarray(v, np.float64) for k, v in th.items()}))
+        if not np.isclose(fn(th), want, rtol=1e-6, atol=1e-6):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("build", SHAPES, ids=[f.__name__ for f in SHAPES])
+def test_log_density_matches_pymc(build):
+    m = build()
+    model, data = tm.from_pymc(m, check=False)
+    ll = model.log_lik(model.init(), data)
+    assert ll.shape == (N,)
+    assert matches_pymc(lambda th: total(model, data, th), m, random_points(model))
+
+
+def test_negative_controls_fail_the_same_check():
+    m = linear_halfnormal()
+    model, data = tm.from_pymc(m, check=False)
+    pts = random_points(model)
+    assert matches_pymc(lambda th: total(model, data, th), m, pts)
+    # the log-Jacobian of sigma = exp(u) is u: leaving it out must be caught
+    assert not matches_pymc(lambda th: total(model, data, th) - float(th["sigma_log__"]), m, pts)
+    # one row dropped must be caught
+    assert not matches_pymc(lambda th: float(model.log_prior(th) + jnp.sum(model.log_lik(th, data)[1:])), m, pts)
+
+
+def test_float32_mode_is_kept_and_close():
+    jax.config.update("jax_enable_x64", False)
+    m = linear_halfnormal()
+    model, data = tm.from_pymc(m)
+    assert not jax.config.jax_enable_x64  # PyTensor's JAX backend may switch it on when imported: put back
+    assert all(v.dtype == np.float32 for v in data.values()) and model.init()["a"].dtype == jnp.float32
+    ref = m.compile_logp(mode="FAST_COMPILE")
+    for th in random_points(model):
+        want = float(ref({k: np.asarray(v, np.float64) for k, v in th.items()}))
+        np.testing.assert_allclose(total(model, data, th), want, rtol=2e-6)
+
+
+def test_rows_of_a_batch_and_constrained_output():
+    m = hierarchical_intercept()
+    model, data = tm.from_pymc(m)
+    assert set(data) == {"y", "g"} and all(len(v) == N for v in data.values())
+    th = random_points(model, 1)[0]
+    rows = np.array([5, 0, 17])
+    batch = {k: jnp.asarray(v[rows]) for k, v in data.items()}
+    np.testing.assert_allclose(model.log_lik(th, batch), np.asarray(model.log_lik(th, data))[rows], rtol=1e-10)
+    out = model.constrain(th)
+    assert set(out) == {"mu", "tau", "z", "alpha"}
+    np.testing.assert_allclose(out["tau"], np.exp(th["tau_log__"]))
+    np.testing.assert_allclose(out["alpha"], out["mu"] + out["tau"] * out["z"], rtol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------------
+# refusals
+
+
+def _refused(m, *words):
+    with pytest.raises(ModelError) as e:
+        tm.from_pymc(m)
+    msg = str(e.value)
+    assert all(w in msg for w in words), msg
+
+
+def test_refuses_per_item_latent():
+    y = _rng().normal(size=N)
+    with pm.Model(coords={"obs": range(N)}) as m:
+        z = pm.Normal("z", 0, 1, dims="obs")
+        pm.Normal("y", z, 1, observed=y, dims="obs")
+    _refused(m, "'z'", "indexed by the data rows")
+    with pm.Model() as m2:
+        z = pm.Normal("z", 0, 1, shape=N)
+        pm.Normal("y", z, 1, observed=y)
+    _refused(m2, "'z'", "per-item latent")
+
+
+def test_refuses_observed_without_data_axis_and_unequal_rows():
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu, 1, observed=1.5)
+    _refused(m, "'y'", "no data axis")
+    with pm.Model() as m2:
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("y", mu, 1, observed=np.zeros(N))
+        pm.Normal("w", mu, 1, observed=np.zeros(N + 1))
+    _refused(m2, "different leading lengths")
+
+
+def test_refuses_discrete_global_and_prior_reading_data():
+    y = _rng().normal(size=N)
+    with pm.Model() as m:
+        k = pm.Categorical("k", p=[0.5, 0.5])
+        pm.Normal("y", k, 1, observed=y)
+    _refused(m, "'k'", "discrete")
+    with pm.Model() as m2:
+        yd = pm.Data("yd", y)
+        mu = pm.Normal("mu", 0, 1)
+        pm.Potential("pen", -((mu - yd) ** 2).sum())
+        pm.Normal("y", mu, 1, observed=yd)
+    _refused(m2, "reads the data", "yd")
+
+
+def test_refuses_rows_that_are_not_additive():
+    rng = _rng()
+    x, y = rng.normal(size=N), rng.normal(size=N)
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1)
+        pm.Normal("y", b * (xd - xd.mean()), 1, observed=y)  # centred inside the graph: reads every row
+    _refused(m, "not additive")
+
+
+def test_refuses_op_without_jax_implementation():
+    from pytensor.compile.ops import as_op
+
+    @as_op(itypes=[pt.dvector], otypes=[pt.dvector])
+    def py_double(v):
+        return 2 * v
+
+    y = _rng().normal(size=N)
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, 1, shape=1)
+        pm.Normal("y", py_double(mu)[0], 1, observed=y)
+    _refused(m, "JAX")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bambi
+
+
+def test_bambi_logistic_with_group_intercept():
+    bmb = pytest.importorskip("bambi", reason="Bambi is not installed")
+    import pandas as pd
+
+    rng = _rng(6)
+    n = 80
+    df = pd.DataFrame({"x": rng.normal(size=n), "g": rng.choice(list("abc"), n), "site": rng.choice(list("uvwxy"), n)})
+    df["y"] = (rng.random(n) < 1 / (1 + np.exp(-df["x"]))).astype(int)
+    bm = bmb.Model("y ~ x + C(g) + (1|site)", df, family="bernoulli")
+    model, data = tm.from_bambi(bm)
+    assert all(len(v) == n for v in data.values())
+    out = model.constrain(model.init())
+    assert {"Intercept", "x", "C(g)", "1|site", "1|site_sigma"} <= set(out)
+    assert np.shape(out["1|site"]) == (5,)
+    m = bm.backend.model
+    assert matches_pymc(lambda th: total(model, data, th), m, random_points(model))
+
+
+# ---------------------------------------------------------------------------------------------------
+# one posterior against the closed form
+
+
+def test_exact_mh_on_conjugate_normal_mean():
+    rng = _rng(7)
+    n, prior_sd = 500, 10.0
+    y = 0.7 + rng.normal(size=n)
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, prior_sd)
+        pm.Normal("y", mu, 1.0, observed=y)
+    model, data = tm.from_pymc(m)
+    prec = n + 1 / prior_sd**2
+    mean, sd = y.sum() / prec, prec ** -0.5
+    r = tm.sample(model, data, test=tm.acceptance.Exact(), proposal=tm.proposals.RandomWalk(2.4 * sd),
+                  num_samples=1500, num_warmup=300, num_chains=4, seed=0, progress=False)
+    draws = r.samples["mu"][..., None]
+    ok, rep = posterior_check(draws, mean, sd)
+    assert ok, rep
+    # negative control: a posterior centred 5 sd away fails the same check
+    ok_bad, _ = posterior_check(draws, mean + 5 * sd, sd)
+    assert not ok_bad
+
+
+def _agree(a, b, p=0.01):
+    """z-tests (Bonferroni over columns) that two samplers' means agree: draws (chain, draw, d) each."""
+    from scipy import stats
+
+    d = a.shape[-1]
+    zcrit = stats.norm.isf(p / (2 * d))
+    z = [(a[..., j].mean() - b[..., j].mean()) / np.hypot(tm.diagnostics.mcse_mean(a[..., j]),
+                                                          tm.diagnostics.mcse_mean(b[..., j])) for j in range(d)]
+    return bool(np.all(np.abs(z) < zcrit)), np.round(z, 2)
+
+
+@pytest.mark.slow  # PyMC's NUTS (NumPyro backend) and tallmh on the same PyMC model: about a minute
+def test_logistic_glm_against_pymc_nuts():
+    pytest.importorskip("numpyro")
+    rng = _rng(8)
+    n = 2000
+    X = rng.normal(size=(n, 2))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(0.3 + X @ np.array([1.0, -0.7]))))).astype(int)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 2)
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Bernoulli("y", logit_p=a + pm.math.dot(X, b), observed=y)
+    idata = pm.sample(draws=1000, tune=500, chains=2, nuts_sampler="numpyro", random_seed=0, progressbar=False,
+                      model=m)
+    nuts = np.concatenate([idata.posterior["a"].values[..., None], idata.posterior["b"].values], axis=-1)
+    model, data = tm.from_pymc(m)
+    r = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=400),
+                  control_variates=tm.ControlVariates(), num_samples=2000, num_warmup=500, num_chains=2, seed=0,
+                  progress=False)
+    ours = np.concatenate([r.samples["a"][..., None], r.samples["b"]], axis=-1)
+    ok, z = _agree(ours, nuts)
+    assert ok, z
+    sd = nuts.reshape(-1, 3).std(axis=0)
+    ok_bad, _ = _agree(ours + 5 * sd, nuts)  # negative control: 5 posterior sd away fails the same check
+    assert not ok_bad
