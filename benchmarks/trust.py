@@ -1,7 +1,7 @@
 """Can I trust it? Every test, with and without control variates, run with tm.sample's defaults on three
 posteriors, against a reference; prints the error, the self-audit and the verdict (issue 8).
 
-    python benchmarks/trust.py                 # the three data sets (~15-25 min on 2 shared cores)
+    python benchmarks/trust.py                 # the four data sets (~30-60 min on 2 shared cores)
     python benchmarks/trust.py --smoke         # tiny sizes, for the test suite
 
 Data sets and references:
@@ -74,6 +74,15 @@ def datasets(smoke, only=""):
                 _saved_ref("synthetic-1e6"), "NUTS (benchmarks/results/reference_synthetic-1e6.npz)"))
     x = np.exp(np.random.default_rng(1).standard_normal(100_000)).astype(np.float32)
     out.append(("lognormal", tm.models.Gaussian(), {"x": x}, _gauss_ref(x), "normal approximation at the MLE"))
+    # a rare one-hot feature (2% of rows) among features of unequal scales: skewed per-item ratios
+    rng = np.random.default_rng(2)
+    n = 200_000
+    X = np.column_stack([np.ones(n), rng.standard_normal(n) * 3.0, rng.standard_normal(n) * 0.3,
+                         (rng.random(n) < 0.02) * 1.0]).astype(np.float32)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([-1.0, 0.4, 1.5, 1.2]))))).astype(np.float32)
+    rare = {"X": X, "y": y}
+    out.append(("rare-feature", tm.models.LogisticRegression(prior_scale=10.0), rare,
+                _laplace_ref(tm.models.LogisticRegression(prior_scale=10.0), rare), "Laplace approximation at the mode"))
     return out
 
 
@@ -104,12 +113,16 @@ def methods(smoke):
     import tallmh as tm
 
     b = 100 if smoke else 500
+    default = [("default", None, None)]  # tm.sample(model, data): austerity(error=0.05) + cv + MALA
     plain = [("exact", tm.acceptance.Exact(), None),
              ("austerity", tm.acceptance.Austerity(batch_size=b), None),
              ("confidence", tm.acceptance.Confidence(), None),
              ("barker", tm.acceptance.Barker(), None)]
     cv = [(f"{name}-cv", test, tm.ControlVariates()) for name, test, _ in plain[1:]]
-    return plain + cv
+    cv.insert(1, ("austerity400-cv", tm.acceptance.Austerity(batch_size=400), tm.ControlVariates()))
+    cv.insert(2, ("austerity-sym-cv", tm.acceptance.Austerity(batch_size=100, skew_correction=False),
+                  tm.ControlVariates()))
+    return default + plain + cv
 
 
 def run(args):
@@ -124,9 +137,9 @@ def run(args):
                 continue
             t0 = time.perf_counter()
             try:
+                samples = args.samples if args.samples == "auto" else int(args.samples)
                 r = tm.sample(model, data, test=test, control_variates=cv, num_chains=2,
-                              proposal=tm.proposals.AdaptiveMetropolis(),  # the proposal its tables used
-                              num_warmup=args.warmup, num_samples=args.samples, seed=0, budget_s=args.budget,
+                              num_warmup=args.warmup, num_samples=samples, seed=0, budget_s=args.budget,
                               progress=False)
             except Exception as e:  # noqa: BLE001 - a method that cannot run here is a row saying why
                 rows.append({"data": dname, "method": mname, "error": f"{type(e).__name__}: {e}"})
@@ -185,14 +198,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--warmup", type=int, default=1000)
-    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--samples", default="auto", help="draws per chain, or 'auto' (until ESS 400, R-hat 1.01)")
     p.add_argument("--budget", type=float, default=60.0, help="cap on each run's sampling seconds")
     p.add_argument("--only", default="", help="comma-separated method names")
     p.add_argument("--datasets", default="", help="comma-separated data set names (default: all)")
     p.add_argument("--out", default=os.path.join(RESULTS, "trust.json"))
     args = p.parse_args(argv)
     if args.smoke:
-        args.warmup, args.samples, args.budget = min(args.warmup, 200), min(args.samples, 200), 10.0
+        args.warmup, args.samples, args.budget = min(args.warmup, 200), 200, 10.0
     rows = run(args)
     silent = [r for r in rows if r.get("silent_wrong")]
     print()

@@ -262,10 +262,10 @@ class Austerity:
             # evaluated where the statistic stopped: a step that stops far beyond the boundary errs rarely
             excess = tail_excess(skew, tf, f, jnp.maximum(jnp.abs(tadj), crit), eps, skew_on)
             pval = student_t_sf(tadj, tf - 1.0)
-            # (all N read: the exact decision, not a t-test one, even where rounding leaves s a hair above 0)
             # Where the boundary's skewness shift is too large for the expansion to guide, stop only when the
             # statistic is so far beyond the boundary that even the uncorrected expansion's tail excess there
-            # is negligible (FAR_EXCESS of the look's level); otherwise read more
+            # is negligible (FAR_EXCESS of the look's level); otherwise read more. (All N read: the exact
+            # decision, not a t-test one, even where rounding leaves s a hair above 0.)
             far = tail_excess(skew, tf, f, jnp.abs(tadj), eps, False) <= FAR_EXCESS
             confident = ((var > 0) & (s > 0) & (pval < eps) & (acc.nonfinite == 0) & (acc.read < n)
                          & ((doubt <= self.max_skew_correction) | far))
