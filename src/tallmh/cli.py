@@ -7,7 +7,8 @@ folder is made only when there is something to write (no empty folder after a fa
 written to a temporary name and then moved into place; nothing else there is touched.
 
 Ctrl-C during sampling keeps every completed step: the command writes the outputs of the partial run, says
-so in one line and exits with status 130 (a second Ctrl-C while it writes ends the process at once).
+so in one line and exits with status 130 (a second Ctrl-C while it writes ends the process at once); SIGTERM
+and SIGHUP (a scheduler, ``timeout``, a closed terminal) do the same and exit with 143 and 129.
 ``tallmh run`` saves a checkpoint in ``--out`` every few minutes; ``tallmh run --resume DIR`` continues a
 run that was stopped or killed. The comparison workflow of the demo lives in :mod:`tallmh.compare`.
 """
@@ -315,47 +316,69 @@ class OutFolder:
                 break
 
 
-def _arm_second_interrupt():
-    """From now on a Ctrl-C ends the process at once (status 130): the first one is being handled.
-    Returns the previous handler (None when not in the main thread)."""
-    def handler(signum, frame):
-        try:
-            sys.stderr.write(f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
-            sys.stderr.flush()
-        finally:
-            os._exit(130)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_STOPPED_BY: list = []  # the first stop signal this process received (Ctrl-C, SIGTERM, SIGHUP)
 
+
+def _status_of_stop() -> int:
+    """Exit status of a stopped command: 128 + the signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    return 128 + (_STOPPED_BY[0] if _STOPPED_BY else int(signal.SIGINT))
+
+
+def _stop_now(signum):
     try:
-        return signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        return None
+        sys.stderr.write(f"\n{PROG}: {signal.Signals(signum).name} again; stopping now (files already written are "
+                         "complete)\n" if signum != signal.SIGINT else
+                         f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + (_STOPPED_BY[0] if _STOPPED_BY else signum))
+
+
+def _arm_second_interrupt():
+    """From now on a stop signal (Ctrl-C, SIGTERM, SIGHUP) ends the process at once: the first one is being
+    handled. Returns the previous handlers (empty when not in the main thread)."""
+    def handler(signum, frame):
+        _stop_now(signum)
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
+    return previous
 
 
 def _install_interrupt_counter():
-    """The real command line: the first Ctrl-C raises KeyboardInterrupt as usual (tm.sample turns it into a
-    partial result); any later one ends the process at once, whatever it is doing."""
-    seen = []
+    """The real command line: the first Ctrl-C, SIGTERM or SIGHUP raises KeyboardInterrupt (tm.sample turns it
+    into a partial result, which is written out); any later one ends the process at once, whatever it is
+    doing. A signal the caller ignores (``nohup``) stays ignored."""
+    from .errors import Stopped
 
     def handler(signum, frame):
-        if seen:
-            try:
-                sys.stderr.write(f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
-                sys.stderr.flush()
-            finally:
-                os._exit(130)
-        seen.append(True)
-        raise KeyboardInterrupt
+        if _STOPPED_BY:
+            _stop_now(signum)
+        _STOPPED_BY.append(int(signum))
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(signum)
 
-    try:
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        pass
+    for sig in STOP_SIGNALS:
+        try:
+            if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
 
 
 def _disarm(previous):
-    if previous is not None:
+    for sig, h in (previous or {}).items():
+        if h is None:
+            continue
         try:
-            signal.signal(signal.SIGINT, previous)
+            signal.signal(sig, h)
         except ValueError:
             pass
 
@@ -553,7 +576,7 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
            f"{time.perf_counter() - t_all:.0f} s in all)")
     if comparison.partial:
         print(f"{PROG}: interrupted: the report in {folder} holds the methods run so far", file=sys.stderr, flush=True)
-        return 130
+        return _status_of_stop()
     return 0
 
 
@@ -908,10 +931,11 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     _print(f"report: {os.path.join(folder, 'report.html')}; draws: {os.path.join(folder, 'posterior.nc')} "
            f"({time.perf_counter() - t_all:.0f} s in all)")
     if result.partial:
-        print(f"{PROG}: interrupted after {k} of {args.samples} draws per chain: posterior.nc, results.json and "
+        what = "interrupted" if _status_of_stop() == 130 else f"stopped by {signal.Signals(_status_of_stop() - 128).name}"
+        print(f"{PROG}: {what} after {k} of {args.samples} draws per chain: posterior.nc, results.json and "
               f"report.html in {folder} hold them; continue with: tallmh run --resume {folder}",
               file=sys.stderr, flush=True)
-        return 130
+        return _status_of_stop()
     return 0
 
 
@@ -966,7 +990,7 @@ def _main(argv) -> int:
             return int(args.func(args, argv) or 0)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted outside sampling: no partial results to write", file=sys.stderr, flush=True)
-        return 130
+        return _status_of_stop()
     except CLIError as e:
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return 2
@@ -997,13 +1021,13 @@ def main(argv=None) -> int:
     if real:
         _install_interrupt_counter()
     rc = _main(argv)
-    if real and rc == 130:
+    if real and rc in (128 + int(sig) for sig in STOP_SIGNALS):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
-        os._exit(130)
+        os._exit(rc)
     return rc
 
 

@@ -23,3 +23,12 @@ class ConfigError(TallmhError):
 
 class TrustWarning(UserWarning):
     """A run's own evidence says its answer should not be trusted (R-hat, ESS, audit, CLT, support)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A termination signal (SIGTERM, SIGHUP) turned into an interrupt, so that a run stops the way Ctrl-C
+    stops it (the draws made so far kept); ``signum`` is the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)

@@ -25,8 +25,10 @@ How a run is organised (issues 8, 9 and 12):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import signal
 import sys
 import threading
 import time
@@ -43,7 +45,7 @@ from . import datasource as ds
 from . import distributed
 from .acceptance import Exact
 from .data import num_items, validate_data
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, ModelError, Stopped
 from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
@@ -130,6 +132,38 @@ def _in_thread(fn):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM and SIGHUP (what schedulers, ``timeout`` and a closed terminal send) stop the run like Ctrl-C.
+
+    Only in the main thread, and only for a signal whose handler is the default (which would kill the
+    process with the draws in memory); a handler the caller installed is left alone. The previous handlers
+    are restored afterwards.
+    """
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def handler(signum, frame):
+            raise Stopped(signum)
+
+        for sig in STOP_SIGNALS:
+            try:
+                if signal.getsignal(sig) == signal.SIG_DFL:
+                    previous[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):  # pragma: no cover - not settable here
+                pass
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
 
 
 def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
@@ -323,7 +357,8 @@ def sample(
 
     Returns a :class:`tallmh.results.Result`. Ctrl-C (at any time, compile and set-up included) returns
     every completed step within about a second, with ``result.partial = True``; such a result can be
-    resumed.
+    resumed. SIGTERM and SIGHUP do the same when ``sample`` runs in the main thread and their handlers are
+    the default ones (the previous handlers are restored on return).
     """
     if resume is not None:
         test = resume.test if test is None else test
@@ -413,6 +448,8 @@ def sample(
                          getattr(model, "constrain", None))
 
     bar = None
+    signals = _stop_signals()
+    signals.__enter__()
     try:
         if states is None:  # set-up: mode, Laplace covariance, control variates, starts, kernel init
             ts = time.perf_counter()
@@ -538,10 +575,12 @@ def sample(
                         want = min(want, max(1.0, (budget_s - timings["sampling_s"]) / per_step))
                     count = int(max(1, min(length, want, 4 * count)))
                 count = min(count, length, total - done[pname]) if done[pname] < total else count
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         partial = True
-        print("\ntallmh: interrupted; returning the draws made so far (result.partial = True)", file=sys.stderr)
+        what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
+        print(f"\ntallmh: {what}; returning the draws made so far (result.partial = True)", file=sys.stderr)
     finally:
+        signals.__exit__(None, None, None)
         ds.advise(data, "normal")  # the files' default read-ahead again, for whatever reads them next
         if bar is not None:
             bar.close()
