@@ -268,7 +268,7 @@ def test_run_end_to_end(tables, tmp_path, capsys):
     assert "method austerity(" in lines[0]  # the method with its options
     assert any("original scale" in line for line in lines)
     for name in ("report.html", "traces.png", "marginals.png", "data_per_step.png", "results.json", "posterior.nc",
-                 "checkpoint.pkl", "run.json"):
+                 "checkpoint.npz", "run.json"):
         assert (out / name).stat().st_size > 0, name
     html = (out / "report.html").read_text()
     for name in re.findall(r'<img src="([^"]+)"', html):

@@ -33,8 +33,9 @@ PROG = "tallmh"
 METHODS = ("exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv")
 # "-cv": the same test with second-order Taylor control variates at the posterior mode (tallmh.ControlVariates)
 BOUNDS = ("hoeffding", "empirical-bernstein", "bernstein-serfling")
-RUN_FILES = ("results.json", "report.html", "posterior.nc", "checkpoint.pkl", "run.json")  # what marks a run
-CHECKPOINT = "checkpoint.pkl"
+CHECKPOINT = "checkpoint.npz"
+OLD_CHECKPOINT = "checkpoint.pkl"  # the pickled checkpoints of earlier versions: never read (a pickle can run code)
+RUN_FILES = ("results.json", "report.html", "posterior.nc", CHECKPOINT, OLD_CHECKPOINT, "run.json")  # what marks a run
 RUN_SETTINGS = "run.json"
 
 __all__ = ["main", "build_parser"]
@@ -222,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-intercept", action="store_true",
                      help="do not add a column of ones (standardising then only scales the features)")
     run.add_argument("--checkpoint-every", type=_positive_float("--checkpoint-every"), default=300.0,
-                     help="seconds between checkpoints saved in --out (checkpoint.pkl)")
+                     help=f"seconds between checkpoints saved in --out ({CHECKPOINT})")
     run.add_argument("--resume", metavar="DIR", default=None,
                      help="continue the run saved in DIR (its checkpoint and settings; DATA must be unchanged); "
                           "--samples sets a new total")
@@ -253,6 +254,15 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def _complete_run(folder) -> bool:
+    """Whether ``folder`` holds a finished run (results.json says it is not partial)."""
+    try:
+        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+            return json.load(f).get("partial") is False
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class OutFolder:
     """The ``--out`` folder: checked at the start, made only when a file is written, and removed again if
     the command fails before anything was written into it."""
@@ -266,7 +276,7 @@ class OutFolder:
             held = [f for f in RUN_FILES if os.path.exists(os.path.join(self.path, f))]
             if held and not (overwrite or resuming):
                 hint = (f"continue it with 'tallmh run --resume {self.path}', "
-                        if CHECKPOINT in held and "results.json" not in held else "")
+                        if CHECKPOINT in held and not _complete_run(self.path) else "")
                 raise CLIError(f"output folder {self.path} holds an earlier run ({', '.join(held)}); {hint}choose "
                                "another --out, or pass --overwrite to replace its files")
             self._probe(self.path)
@@ -660,7 +670,9 @@ def _original_scale(draws, scaling):
 
 
 def _run_settings(args) -> dict:
-    return {k: getattr(args, k) for k in _RUN_KEYS}
+    out = {k: getattr(args, k) for k in _RUN_KEYS}
+    out["data"] = os.path.abspath(os.path.expanduser(out["data"]))  # --resume works from any folder
+    return out
 
 
 def _restore_args(args):
@@ -671,8 +683,12 @@ def _restore_args(args):
     ck = os.path.join(folder, CHECKPOINT)
     if not os.path.isdir(folder):
         raise CLIError(f"--resume: {folder} is not a folder")
-    if not os.path.exists(path) or not os.path.exists(ck):
-        raise CLIError(f"--resume: {folder} holds no run to continue (no {RUN_SETTINGS} and {CHECKPOINT})")
+    missing = [f for f, p in ((RUN_SETTINGS, path), (CHECKPOINT, ck)) if not os.path.exists(p)]
+    if missing:
+        if CHECKPOINT in missing and os.path.exists(os.path.join(folder, OLD_CHECKPOINT)):
+            raise CLIError(f"--resume: {folder} holds a checkpoint of an earlier tallmh ({OLD_CHECKPOINT}, a pickle), "
+                           "which this version does not read (loading a pickle can run code); start the run again")
+        raise CLIError(f"--resume: {folder} holds no run to continue (no {' and no '.join(missing)})")
     if args.data is not None:
         raise CLIError("--resume takes the data file and every setting from the saved run; give only DIR "
                        "(and --samples for a new total)")
@@ -681,11 +697,19 @@ def _restore_args(args):
             saved = json.load(f)
     except (OSError, ValueError) as e:
         raise CLIError(f"--resume: cannot read {path}: {e}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        raise CLIError(f"--resume: {path} is not the settings file of a tallmh run")
     for k in _RUN_KEYS:
         if k == "samples" and args.samples is not None:
             continue
         if k in saved["settings"]:
             setattr(args, k, saved["settings"][k])
+    # the data path as saved: absolute (relative paths of older runs: from the folder, else as given)
+    data = args.data
+    if data is not None and not os.path.isabs(data):
+        beside = os.path.normpath(os.path.join(folder, data))
+        if not os.path.exists(data) and os.path.exists(beside):
+            args.data = beside
     args.out = folder
     return saved, ck
 
@@ -764,7 +788,12 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
         if saved.get("mode") is not None:
             mode = cmp.Mode(np.asarray(saved["mode"]["theta"]), np.asarray(saved["mode"]["cov"]),
                             int(saved["mode"]["passes"]), float(saved["mode"]["seconds"]))
-        kw = dict(resume=resume)
+        info = resume.resume_info
+        if info.get("seed") != args.seed or resume.num_chains != args.chains:
+            raise CLIError(f"--resume: refused: the checkpoint {ck_path} is from another run (seed "
+                           f"{info.get('seed')}, {resume.num_chains} chain(s); {RUN_SETTINGS} says seed {args.seed}, "
+                           f"{args.chains} chain(s))")
+        kw = dict(resume=resume, test=test)
     else:
         if args.proposal == "laplace":
             mode = cmp.posterior_mode(model, data)
@@ -911,7 +940,7 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     sections = [("Files", ["<code>posterior.nc</code>: the draws as ArviZ InferenceData (NetCDF; "
                            "<code>arviz.from_netcdf</code>): <code>theta</code> as sampled, <code>beta</code> on the "
                            "original scale" + (", <code>noise_sd</code>" if extra_names else "") + "; "
-                           "<code>results.json</code>: every number above; <code>checkpoint.pkl</code>: the run "
+                           f"<code>results.json</code>: every number above; <code>{CHECKPOINT}</code>: the run "
                            "for <code>tallmh run --resume</code>."])]
     images = [
         ("Traces", "traces.png", "trace plots of each sampled parameter",

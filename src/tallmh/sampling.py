@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from . import checkpoint as ckpt
 from . import control_variates as cvm
 from . import datasource as ds
 from . import distributed
@@ -342,9 +343,13 @@ def sample(
         (``num_samples`` is then a cap; the run is not marked partial)
     resume : a :class:`Result` (complete, partial or loaded with :func:`tallmh.load_result`) to continue:
         ``num_warmup`` and ``num_samples`` are the totals of the combined run, which the returned Result
-        holds whole; the test, proposal, chains and seed are the resumed run's
+        holds whole; the test, proposal, chains and seed are the resumed run's. Refused (``ConfigError``,
+        one line) when the data, model, test or proposal given is not the run's: other data of the same
+        shape (a keyed sample of rows differs), a data file modified since, another model or test
     checkpoint : a path; the run so far is saved there (atomically, :meth:`Result.save`) every
-        ``checkpoint_every_s`` seconds and at the end
+        ``checkpoint_every_s`` seconds and at the end. A checkpoint saved while the run goes on is marked
+        partial; a write that fails (a full disk) warns, keeps the draws in memory and is retried a
+        minute later
     callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
         ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
     mesh : how the chains and the data are laid out over devices (:mod:`tallmh.distributed`): a
@@ -361,6 +366,10 @@ def sample(
     the default ones (the previous handlers are restored on return).
     """
     if resume is not None:
+        for what, given, kept in (("test", test, resume.test), ("proposal", proposal, resume.proposal)):
+            if given is None and kept is None:
+                raise ConfigError(f"resume: the checkpoint could not store its {what} (not one of tallmh's own "
+                                  f"classes); pass {what}=... again")
         test = resume.test if test is None else test
         proposal = resume.proposal if proposal is None else proposal
         num_chains = resume.num_chains
@@ -415,6 +424,13 @@ def sample(
     states = None
     start_info = {}
 
+    saved_fp = resume.resume_info.get("fingerprint") if resume is not None else None
+    fingerprint = ckpt.run_fingerprint(model, data, n, test, proposal, control_variates, num_chains, seed, d, dtype,
+                                       salt=(saved_fp or {}).get("data", {}).get("salt"))
+    if saved_fp:
+        why = ckpt.mismatch(saved_fp, fingerprint)
+        if why is not None:
+            raise ConfigError(f"resume: refused: {why}")
     if resume is not None:
         if resume.n != n:
             raise ConfigError(f"resume: the run had N = {resume.n} items; this data has N = {n}")
@@ -444,7 +460,8 @@ def sample(
                          partial, host_states, notes, dict(seed=seed, warmup_done=done["warmup"],
                                                       sampling_done=done["sampling"], num_warmup=num_warmup,
                                                       num_samples=num_samples, control_variates=control_variates,
-                                                      start_info=start_info), t0, control_variates,
+                                                      start_info=start_info, fingerprint=fingerprint), t0,
+                         control_variates,
                          getattr(model, "constrain", None))
 
     bar = None
@@ -566,8 +583,8 @@ def sample(
                 if plan is not None and checkpoint is not None:  # gathering the states is collective
                     (due,) = distributed.agree(due)
                 if due:
-                    make_result().save(checkpoint)
-                    last_ckpt = time.perf_counter()
+                    # the run is not finished: a checkpoint left by a kill loads as partial
+                    last_ckpt = _save_checkpoint(make_result(), checkpoint, in_progress=True, every=checkpoint_every_s)
                 if chunk_size is None:  # next chunk: about chunk_seconds long
                     per_step = max(dt / count, 1e-7)
                     want = chunk_seconds / per_step
@@ -586,10 +603,31 @@ def sample(
             bar.close()
     result = make_result()
     if checkpoint is not None and states is not None:
-        result.save(checkpoint)
+        _save_checkpoint(result, checkpoint)
     for w in result.warnings:
         warnings.warn(_trust_warning()(w), stacklevel=2)
     return result
+
+
+CHECKPOINT_RETRY_S = 60.0  # a checkpoint that could not be written is tried again this much later
+
+
+def _save_checkpoint(result, path, in_progress=False, every=None):
+    """Save ``result`` to ``path``; a failed write (a full disk, an I/O error) warns in one line and loses
+    nothing: the draws stay in memory and the write is tried again. Returns the time to count the next
+    checkpoint from (``perf_counter``), earlier after a failure so that the retry comes sooner."""
+    now = time.perf_counter()
+    try:
+        if in_progress and not result.partial:
+            result = dataclasses.replace(result, partial=True)
+        result.save(path)
+        return now
+    except OSError as e:
+        retry = CHECKPOINT_RETRY_S if every is None else min(CHECKPOINT_RETRY_S, every)
+        warnings.warn(f"tallmh: checkpoint not saved ({' '.join(str(e).split())}); the draws are kept in memory"
+                      + (f" and the checkpoint is tried again in {retry:.0f} s" if in_progress else ""),
+                      RuntimeWarning, stacklevel=3)
+        return now - (every if every is not None else 0.0) + retry
 
 
 def _trust_warning():
