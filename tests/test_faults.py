@@ -100,3 +100,242 @@ def test_sample_turns_sigterm_into_a_partial_result_and_restores_the_handler():
                       chunk_size=16, callback=callback, progress=False, seed=1, init=np.zeros(3), audit=0.0)
     assert r.partial and r.flat_samples.shape[1] >= 48
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ---------------------------------------------------------------------------------------------------
+# checkpoints: crafted, foreign, stale, unfinished
+
+
+def _logistic(n=400, seed=1):
+    data, _ = tm.models.LogisticRegression.simulate(n, d=2, seed=seed)
+    return tm.models.LogisticRegression(), data
+
+
+_QUICK = dict(num_warmup=10, num_chains=2, progress=False, init=np.zeros(3), audit=0.0, chunk_size=16)
+
+
+def test_crafted_pickle_checkpoint_is_refused_unread(tmp_path):
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "checkpoint.npz"
+    path.write_bytes(pickle.dumps({"version": 2, "x": Payload()}))
+    with pytest.raises(tm.ConfigError, match="is not a tallmh checkpoint") as e:
+        tm.load_result(str(path))
+    assert "\n" not in str(e.value) and not marker.exists()
+    # a pickle inside an .npz (an object array) is refused too
+    np.savez(path, __meta__=np.array([Payload()], dtype=object))
+    with pytest.raises(tm.ConfigError):
+        tm.load_result(str(path))
+    assert not marker.exists()
+
+
+def test_checkpoint_round_trip_and_resume_refuses_foreign_runs(tmp_path):
+    model, data = _logistic()
+    ck = str(tmp_path / "ck.npz")
+    with pytest.warns(tm.TrustWarning):
+        tm.sample(model, data, num_samples=16, checkpoint=ck, seed=3, **_QUICK)
+    loaded = tm.load_result(ck)
+    assert loaded.flat_samples.shape == (2, 16, 3) and not loaded.partial
+    assert type(loaded.test).__name__ == "Exact" and type(loaded.proposal).__name__ == "AdaptiveMetropolis"
+    kw = dict(num_samples=32, num_warmup=10, progress=False)
+    other = {"X": data["X"].copy(), "y": data["y"].copy()}
+    other["X"][::7, 1] += 0.5  # other data of the same shape
+    for why, args in [("the data differs", (model, other)),
+                      ("the model differs", (tm.models.LogisticRegression(prior_scale=2.0), data))]:
+        with pytest.raises(tm.ConfigError, match=f"resume: refused: {why}") as e:
+            tm.sample(*args, resume=loaded, **kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(tm.ConfigError, match="resume: refused: the test differs"):
+        tm.sample(model, data, resume=loaded, test=tm.acceptance.Austerity(epsilon=0.05, batch_size=100), **kw)
+    # the same data, model and test: accepted
+    with pytest.warns(tm.TrustWarning):
+        r = tm.sample(model, data, resume=loaded, **kw)
+    np.testing.assert_array_equal(r.flat_samples[:, :16], loaded.flat_samples)
+
+
+def test_checkpoint_of_an_unfinished_run_loads_as_partial(tmp_path):
+    """A checkpoint saved while the run goes on (what a kill -9 leaves) says the run is unfinished."""
+    model, data = _logistic()
+    ck = str(tmp_path / "ck.npz")
+    copies = []
+
+    def callback(info):
+        if os.path.exists(ck) and not copies:
+            copies.append(tm.load_result(ck))
+
+    with pytest.warns(tm.TrustWarning):
+        tm.sample(model, data, num_samples=200, checkpoint=ck, checkpoint_every_s=1e-9, callback=callback, seed=3,
+                  **_QUICK)
+    mid = copies[0]
+    assert mid.partial and mid.flat_samples.shape[1] < 200
+    assert "partial" in mid.verdict
+    assert not tm.load_result(ck).partial  # the finished run's own checkpoint
+
+
+# ---------------------------------------------------------------------------------------------------
+# disk faults
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_failed_checkpoint_write_warns_and_keeps_every_draw(tmp_path, monkeypatch):
+    from tallmh import checkpoint
+
+    model, data = _logistic()
+    ck = tmp_path / "ck.npz"
+    real = np.savez
+    fail = {"on": True}
+
+    def savez(*a, **k):
+        if fail["on"]:
+            _enospc()
+        return real(*a, **k)
+
+    monkeypatch.setattr(checkpoint.np, "savez", savez)
+    with pytest.warns(RuntimeWarning, match="checkpoint not saved .*No space left on device.*kept in memory"):
+        r = tm.sample(model, data, num_samples=64, checkpoint=str(ck), checkpoint_every_s=1e-9, seed=3, **_QUICK)
+    assert r.flat_samples.shape == (2, 64, 3) and not r.partial  # nothing lost
+    assert not ck.exists() and os.listdir(tmp_path) == []  # no temporary left behind
+    fail["on"] = False
+    r.save(str(ck))
+    np.testing.assert_array_equal(tm.load_result(str(ck)).flat_samples, r.flat_samples)
+
+
+def test_failed_write_keeps_the_previous_file_and_says_so_in_one_line(tmp_path, monkeypatch):
+    from tallmh import safe_io
+
+    target = tmp_path / "f.json"
+    target.write_text("old")
+    # a temporary left by a process that no longer exists is cleaned up by the next write
+    stale = tmp_path / ".f.json.tmp-999999999-abc"
+    stale.write_text("junk")
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write("half")
+        _enospc()
+
+    with pytest.raises(safe_io.WriteError) as e:
+        safe_io.atomic_write(str(target), write)
+    assert str(target) in e.value.strerror and "No space left" in e.value.strerror
+    assert target.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["f.json"]
+    # not enough free space: refused before writing
+    monkeypatch.setattr(safe_io.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
+    with pytest.raises(safe_io.WriteError, match="not enough free space"):
+        safe_io.atomic_write(str(target), lambda tmp: open(tmp, "w").write("new"), nbytes=100)
+    assert target.read_text() == "old"
+
+
+def test_cli_output_write_failure_is_one_line_and_the_draws_are_kept(small_csv, tmp_path, capsys, monkeypatch):
+    from tallmh import report
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(report, "idata_with_names", lambda *a, **k: _enospc())
+    args = ["run", str(small_csv / "t.csv"), "--target", "y", "--model", "linear", "--noise-sd", "1", "--samples",
+            "30", "--warmup", "20", "--chains", "2", "--quiet"]
+    rc = main([*args, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith("tallmh: error: ") and "No space left" in err[0] and "--resume" in err[0]
+    assert tm.load_result(str(out / CHECKPOINT)).flat_samples.shape == (2, 30, 3)
+    assert not (out / "posterior.nc").exists() and not [f for f in os.listdir(out) if ".tmp-" in f]
+    # with space again, --resume writes the outputs from the checkpoint (no new draws)
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    np.testing.assert_array_equal(_draws(out), tm.load_result(str(out / CHECKPOINT)).flat_samples)
+
+
+# ---------------------------------------------------------------------------------------------------
+# one run per --out; resume from anywhere
+
+
+def test_a_second_run_on_a_locked_out_is_refused_in_one_line(small_csv, tmp_path, capsys):
+    from tallmh.cli import OutFolder
+
+    out = tmp_path / "run"
+    first = OutFolder(str(out))
+    first.make()  # what a running command holds
+    try:
+        rc = main(["run", str(small_csv / "t.csv"), "--target", "y", "--model", "linear", "--samples", "5",
+                   "--warmup", "5", "--quiet", "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "is in use by another tallmh run" in err[0], err
+    finally:
+        first.release()
+    assert os.listdir(out) == []  # the refused run wrote nothing; the first's lock file went with it
+
+
+def test_cli_resume_refuses_a_foreign_checkpoint_and_runs_from_another_folder(small_csv, tmp_path, capsys,
+                                                                             monkeypatch):
+    common = ["--target", "y", "--model", "linear", "--noise-sd", "1", "--samples", "20", "--warmup", "10",
+              "--chains", "2", "--quiet"]
+    monkeypatch.chdir(small_csv)
+    assert main(["run", "t.csv", *common, "--out", str(tmp_path / "a")]) == 0
+    assert main(["run", "t2.csv", *common, "--out", str(tmp_path / "b")]) == 0
+    settings = json.loads((tmp_path / "a" / "run.json").read_text())["settings"]
+    assert os.path.isabs(settings["data"])
+    capsys.readouterr()
+    # b's checkpoint (other data of the same shape) put into a: refused in one line
+    (tmp_path / "a" / CHECKPOINT).write_bytes((tmp_path / "b" / CHECKPOINT).read_bytes())
+    monkeypatch.chdir(tmp_path)
+    rc = main(["run", "--resume", str(tmp_path / "a"), "--samples", "40", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "resume: refused: the data differs" in err[0], err
+    # its own checkpoint resumes, from another working folder
+    assert main(["run", "--resume", str(tmp_path / "b"), "--samples", "40", "--quiet"]) == 0
+    assert _draws(tmp_path / "b").shape == (2, 40, 3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# on-disk data that changes under a run
+
+
+def _npy_data(tmp_path, n=2000):
+    data, _ = tm.models.LogisticRegression.simulate(n, d=2, seed=4)
+    np.save(tmp_path / "X.npy", data["X"])
+    np.save(tmp_path / "y.npy", data["y"])
+    return tm.data.from_npy({"X": str(tmp_path / "X.npy"), "y": str(tmp_path / "y.npy")})
+
+
+@pytest.mark.parametrize("change", ["truncate", "modify"])
+def test_on_disk_file_changed_mid_run_stops_with_the_draws_kept(tmp_path, change):
+    disk = _npy_data(tmp_path)
+    path = tmp_path / "X.npy"
+    ck = tmp_path / "ck.npz"
+    seen = []
+
+    def callback(info):
+        seen.append(info["done"])
+        if len(seen) == 2:
+            if change == "truncate":
+                os.truncate(path, os.path.getsize(path) // 2)
+            else:
+                with open(path, "r+b") as f:
+                    f.seek(-8, os.SEEK_END)
+                    f.write(np.float32([1e3, -1e3]).tobytes())
+                os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # a coarse clock still sees it
+
+    with pytest.raises(tm.DataError, match="the data file .*X.npy (changed size|was modified) during the run") as e:
+        tm.sample(tm.models.LogisticRegression(), disk, num_samples=10**6, checkpoint=str(ck), callback=callback,
+                  **_QUICK)
+    assert "\n" not in str(e.value)
+    r = e.value.result
+    assert r.partial and r.flat_samples.shape[1] > 0
+    assert tm.load_result(str(ck)).flat_samples.shape == r.flat_samples.shape
+    # and a resume on the changed file is refused as stale
+    if change == "modify":
+        with pytest.raises(tm.ConfigError, match="changed since the checkpoint was made"):
+            tm.sample(tm.models.LogisticRegression(), _reopen(tmp_path), resume=tm.load_result(str(ck)),
+                      num_samples=10**6, num_warmup=10, progress=False)
+
+
+def _reopen(tmp_path):
+    return tm.data.from_npy({"X": str(tmp_path / "X.npy"), "y": str(tmp_path / "y.npy")})

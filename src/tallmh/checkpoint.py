@@ -295,7 +295,9 @@ def run_fingerprint(model, data, n, test, proposal, control_variates, num_chains
 def mismatch(saved: dict, now: dict) -> Optional[str]:
     """Why a checkpoint with fingerprint ``saved`` cannot continue the run ``now`` (None: it can)."""
     sd, nd = saved.get("data", {}), now.get("data", {})
-    if sd.get("n") != nd.get("n") or [(l["shape"], l["dtype"]) for l in sd.get("leaves", [])] != \
+    if sd.get("n") != nd.get("n"):
+        return f"the checkpoint's run had N = {sd.get('n')} items; this data has N = {nd.get('n')}"
+    if [(l["shape"], l["dtype"]) for l in sd.get("leaves", [])] != \
             [(l["shape"], l["dtype"]) for l in nd.get("leaves", [])]:
         return "the data's shape or dtype differs from the checkpoint's run"
     for a, b in zip(sd.get("leaves", []), nd.get("leaves", [])):

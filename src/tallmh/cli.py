@@ -37,6 +37,8 @@ CHECKPOINT = "checkpoint.npz"
 OLD_CHECKPOINT = "checkpoint.pkl"  # the pickled checkpoints of earlier versions: never read (a pickle can run code)
 RUN_FILES = ("results.json", "report.html", "posterior.nc", CHECKPOINT, OLD_CHECKPOINT, "run.json")  # what marks a run
 RUN_SETTINGS = "run.json"
+OUTPUTS = ("posterior.nc", "results.json", "report.html")  # what a finished run writes at its end
+LOCK_FILE = ".tallmh.lock"  # held (flock) by the command writing to the folder
 
 __all__ = ["main", "build_parser"]
 
@@ -270,16 +272,19 @@ class OutFolder:
     def __init__(self, path: str, overwrite: bool = False, resuming: bool = False):
         self.path = os.path.abspath(os.path.expanduser(path))
         self.made = []  # folders this command created
+        self._lock = None
         if os.path.exists(self.path):
             if not os.path.isdir(self.path):
                 raise CLIError(f"output folder {self.path} exists and is not a folder")
+            self._probe(self.path)
+            self.lock()  # before looking at what the folder holds: no second run between the check and the writes
             held = [f for f in RUN_FILES if os.path.exists(os.path.join(self.path, f))]
             if held and not (overwrite or resuming):
                 hint = (f"continue it with 'tallmh run --resume {self.path}', "
                         if CHECKPOINT in held and not _complete_run(self.path) else "")
+                self.release()
                 raise CLIError(f"output folder {self.path} holds an earlier run ({', '.join(held)}); {hint}choose "
                                "another --out, or pass --overwrite to replace its files")
-            self._probe(self.path)
         else:
             parent = self.path
             while not os.path.exists(parent):
@@ -300,6 +305,49 @@ class OutFolder:
         except OSError as e:
             raise CLIError(f"cannot write to output folder {path}: {e.strerror or e}") from None
 
+    def lock(self):
+        """Hold an exclusive lock on the folder (``.tallmh.lock`` in it, removed again at the end) for the
+        command's lifetime; another tallmh command on the same folder is refused in one line. The operating
+        system releases the lock when the process ends, however it ends (a file left by ``kill -9`` is
+        simply locked again by the next command)."""
+        import fcntl
+
+        if self._lock is not None:
+            return
+        path = os.path.join(self.path, LOCK_FILE)
+        for _ in range(10):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise CLIError(f"cannot write to output folder {self.path}: {e.strerror or e}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise CLIError(f"output folder {self.path} is in use by another tallmh run; wait for it to end or "
+                               "choose another --out") from None
+            try:  # the holder before us may have removed the file between our open and our lock: lock anew
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    self._lock = fd
+                    return
+            except OSError:
+                pass
+            os.close(fd)
+        raise CLIError(f"output folder {self.path}: cannot take its lock file {path}")
+
+    def release(self):
+        """Remove the lock file and release the lock."""
+        if self._lock is not None:
+            try:
+                os.remove(os.path.join(self.path, LOCK_FILE))
+            except OSError:
+                pass
+            try:
+                os.close(self._lock)
+            except OSError:
+                pass
+            self._lock = None
+
     def make(self) -> str:
         if not os.path.isdir(self.path):
             todo = []
@@ -312,13 +360,15 @@ class OutFolder:
             except OSError as e:
                 raise CLIError(f"cannot write to output folder {self.path}: {e.strerror or e}") from None
             self.made = todo
+        self.lock()
         return self.path
 
     def file(self, name: str) -> str:
         return os.path.join(self.make(), name)
 
     def clean_up(self):
-        """Remove the folders this command made if they are still empty."""
+        """Remove the folders this command made if they are still empty (but for the lock file)."""
+        self.release()
         for p in self.made:  # deepest first
             try:
                 os.rmdir(p)
@@ -464,6 +514,15 @@ def _parse_methods(text):
 
 
 def _cmd_demo(args, argv):
+    held = []  # the --out folder, whose lock is released at the end
+    try:
+        return _demo(args, argv, held)
+    finally:
+        for out in held:
+            out.release()
+
+
+def _demo(args, argv, held):
     import tallmh as tm
     from . import compare as cmp
     from . import report as rp
@@ -477,6 +536,7 @@ def _cmd_demo(args, argv):
     methods = _parse_methods(args.methods)
     tests = {m: _make_test(m, args) for m in methods}
     out = OutFolder(args.out, overwrite=args.overwrite)
+    held.append(out)
     cache_dir = os.path.abspath(os.path.expanduser(args.cache or cmp.default_cache_dir()))
     _use_compile_cache(cache_dir)
 
@@ -748,6 +808,8 @@ def _cmd_run(args, argv):
                 pass
         out.clean_up()
         raise
+    finally:
+        out.release()
 
 
 def _run(args, argv, test, out, saved, ck_path, say, t_all):
@@ -781,10 +843,15 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
             raise CLIError(f"--resume: cannot read the checkpoint {ck_path}: {e}") from None
         done = resume.flat_samples.shape[1]
         if done >= args.samples and not resume.partial and resume.flat_warmup.shape[1] >= args.warmup:
-            raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
-                           f"with a larger total to draw more")
-        say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
-            f"going on to {args.samples}")
+            lost = [f for f in OUTPUTS if not os.path.exists(os.path.join(args.out, f))]
+            if not lost:
+                raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
+                               f"with a larger total to draw more")
+            say(f"{args.out} holds a complete run of {done} draws per chain without its {', '.join(lost)} (a write "
+                "failed): writing the outputs from the checkpoint")
+        else:
+            say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
+                f"going on to {args.samples}")
         if saved.get("mode") is not None:
             mode = cmp.Mode(np.asarray(saved["mode"]["theta"]), np.asarray(saved["mode"]["cov"]),
                             int(saved["mode"]["passes"]), float(saved["mode"]["seconds"]))
@@ -819,6 +886,18 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
     try:
         return _run_outputs(args, argv, result, model, out, names, param_names, scaling, mode, n, prior_text,
                             digest, t_all)
+    except OSError as e:  # a full disk, an I/O error: say what was kept, in one line
+        from .safe_io import WriteError
+
+        what = e.strerror if isinstance(e, WriteError) else f"cannot write the outputs: {e.strerror or e}" + \
+            (f" ({e.filename})" if getattr(e, "filename", None) else "")
+        try:
+            result.save(ck)  # (usually written already by tm.sample: then the same file again)
+            kept = (f"; the draws are saved in {ck}: free space, then 'tallmh run --resume {out.path}' writes the "
+                    "outputs")
+        except OSError as e2:
+            kept = f"; the draws could not be saved either ({' '.join(str(e2).split())})"
+        raise WriteError(e.errno or 5, what + kept, getattr(e, "filename", None)) from None
     finally:
         _disarm(prev)
 
@@ -1016,6 +1095,13 @@ def _main(argv) -> int:
                 warnings.simplefilter("ignore", TrustWarning)
             except ImportError:
                 pass
+
+            def one_line(message, category, filename, lineno, file=None, line=None):
+                text = _one_line(message)
+                text = text[len(PROG) + 2:] if text.startswith(PROG + ": ") else text
+                sys.stderr.write(f"{PROG}: warning: {text}\n")
+
+            warnings.showwarning = one_line  # e.g. a checkpoint not saved (a full disk): one line, no source
             return int(args.func(args, argv) or 0)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted outside sampling: no partial results to write", file=sys.stderr, flush=True)
@@ -1027,8 +1113,10 @@ def _main(argv) -> int:
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except OSError as e:
-        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        print(f"{PROG}: error: {e.strerror or _one_line(e)}{where}", file=sys.stderr)
+        from .safe_io import WriteError
+
+        where = f" ({e.filename})" if getattr(e, "filename", None) and not isinstance(e, WriteError) else ""
+        print(f"{PROG}: error: {_one_line(e.strerror or e)}{where}", file=sys.stderr)
         return 1
     except MemoryError:
         print(f"{PROG}: error: out of memory; try fewer rows or chains", file=sys.stderr)

@@ -32,3 +32,12 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = int(signum)
+
+
+class DataChanged(DataError):
+    """A data file changed (size or modification time) while a run read it; ``result`` holds the draws made
+    before the change was seen (a partial :class:`~tallmh.results.Result`, also in the checkpoint if any)."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result

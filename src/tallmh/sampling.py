@@ -46,7 +46,7 @@ from . import datasource as ds
 from . import distributed
 from .acceptance import Exact
 from .data import num_items, validate_data
-from .errors import ConfigError, ModelError, Stopped
+from .errors import ConfigError, DataChanged, ModelError, Stopped
 from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
@@ -465,6 +465,7 @@ def sample(
                          getattr(model, "constrain", None))
 
     bar = None
+    changed_error = None
     signals = _stop_signals()
     signals.__enter__()
     try:
@@ -558,6 +559,9 @@ def sample(
             base_s = timings[f"{pname}_s"]
             count = min(length, total - done[pname], 4 if chunk_size is None else length)
             while done[pname] < total:
+                changed = _files_changed(fingerprint)  # (before each chunk reads the files again)
+                if changed is not None:
+                    raise DataChanged(changed)
                 stop = pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s
                 if plan is not None:  # several processes: all make the chunks and stop that process 0 chose
                     count, stop = distributed.agree(count, stop)
@@ -592,6 +596,10 @@ def sample(
                         want = min(want, max(1.0, (budget_s - timings["sampling_s"]) / per_step))
                     count = int(max(1, min(length, want, 4 * count)))
                 count = min(count, length, total - done[pname]) if done[pname] < total else count
+    except DataChanged as e:
+        partial = True
+        changed_error = e
+        notes.append(f"stopped: {e}")
     except KeyboardInterrupt as e:
         partial = True
         what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
@@ -604,9 +612,35 @@ def sample(
     result = make_result()
     if checkpoint is not None and states is not None:
         _save_checkpoint(result, checkpoint)
+    if changed_error is not None:
+        kept = f"; the draws made before it ({done['warmup']} warmup steps, {done['sampling']} draws per chain) are " \
+               "in the exception's .result" + (f" and in {checkpoint}" if checkpoint is not None else "")
+        raise DataChanged(f"{changed_error}{kept}", result)
     for w in result.warnings:
         warnings.warn(_trust_warning()(w), stacklevel=2)
     return result
+
+
+def _files_changed(fingerprint):
+    """Why the run must stop (a data file's size or modification time is not what it was at the start), or
+    None. Checked before every chunk: a file truncated under a memory map would otherwise end the process
+    with SIGBUS at the next read of a lost page, and one changed in place would mix two data sets."""
+    import os
+
+    for leaf in fingerprint["data"]["leaves"]:
+        f = leaf.get("file")
+        if not f or f.get("size") is None:
+            continue
+        try:
+            st = os.stat(f["path"])
+        except OSError as e:
+            return f"the data file {f['path']} cannot be read any more ({e.strerror or e}); the run stopped"
+        if st.st_size != f["size"]:
+            return (f"the data file {f['path']} changed size during the run ({f['size']:,} -> {st.st_size:,} "
+                    "bytes); the run stopped")
+        if st.st_mtime_ns != f["mtime_ns"]:
+            return f"the data file {f['path']} was modified during the run; the run stopped"
+    return None
 
 
 CHECKPOINT_RETRY_S = 60.0  # a checkpoint that could not be written is tried again this much later
