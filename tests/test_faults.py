@@ -339,3 +339,22 @@ def test_on_disk_file_changed_mid_run_stops_with_the_draws_kept(tmp_path, change
 
 def _reopen(tmp_path):
     return tm.data.from_npy({"X": str(tmp_path / "X.npy"), "y": str(tmp_path / "y.npy")})
+
+
+@pytest.mark.parametrize("trial", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+def test_kill_9_at_a_random_moment_leaves_a_folder_that_resumes(small_csv, tmp_path, capsys, trial):
+    out = tmp_path / "run"
+    proc = _endless_run(small_csv / "t.csv", out)
+    try:
+        time.sleep(float(np.random.default_rng(trial).uniform(0.0, 2.0)))  # mid-chunk, mid-checkpoint, ...
+    finally:
+        proc.kill()  # SIGKILL: no handler runs
+        proc.communicate(timeout=60)
+    saved = tm.load_result(str(out / CHECKPOINT))
+    assert saved.partial  # a checkpoint saved while the run went on says so
+    k = saved.flat_samples.shape[1]
+    assert main(["run", "--resume", str(out), "--samples", str(k + 10), "--quiet"]) == 0, capsys.readouterr().err
+    theta = _draws(out)
+    assert theta.shape == (1, k + 10, 3)
+    np.testing.assert_array_equal(theta[:, :k], saved.flat_samples)
+    assert not [f for f in os.listdir(out) if ".tmp-" in f or f.endswith(".lock")]

@@ -10,7 +10,9 @@ Ctrl-C during sampling keeps every completed step: the command writes the output
 so in one line and exits with status 130 (a second Ctrl-C while it writes ends the process at once); SIGTERM
 and SIGHUP (a scheduler, ``timeout``, a closed terminal) do the same and exit with 143 and 129.
 ``tallmh run`` saves a checkpoint in ``--out`` every few minutes; ``tallmh run --resume DIR`` continues a
-run that was stopped or killed. The comparison workflow of the demo lives in :mod:`tallmh.compare`.
+run that was stopped or killed. A command holds a lock on ``--out`` for its whole life (a second one is
+refused); a file that cannot be written (a full disk) ends the command in one line that names it and says
+where the draws are kept (docs/long-runs.md). The comparison workflow of the demo lives in :mod:`tallmh.compare`.
 """
 
 from __future__ import annotations
