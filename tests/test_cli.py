@@ -41,7 +41,12 @@ def _cli(*args, timeout=300):
 
 
 def _snapshot(folder):
-    return {p: open(os.path.join(folder, p), "rb").read() for p in sorted(os.listdir(folder))}
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder)] = open(path, "rb").read()
+    return dict(sorted(out.items()))
 
 
 _DEMO = {}

@@ -358,3 +358,41 @@ def test_kill_9_at_a_random_moment_leaves_a_folder_that_resumes(small_csv, tmp_p
     assert theta.shape == (1, k + 10, 3)
     np.testing.assert_array_equal(theta[:, :k], saved.flat_samples)
     assert not [f for f in os.listdir(out) if ".tmp-" in f or f.endswith(".lock")]
+
+
+# ---------------------------------------------------------------------------------------------------
+# draws streamed to disk
+
+
+def test_streamed_draws_keep_the_checkpoint_flat_and_resume_bit_for_bit(tmp_path):
+    model, data = _logistic()
+    ck = str(tmp_path / "ck.npz")
+    kw = dict(_QUICK, seed=5)
+    sizes = []
+
+    def callback(info):
+        sizes.append(os.path.getsize(ck) if os.path.exists(ck) else None)
+
+    with pytest.warns(tm.TrustWarning):
+        r1 = tm.sample(model, data, num_samples=48, checkpoint=ck, stream_draws=True, **kw)
+    assert isinstance(r1.flat_samples, np.memmap) and r1.flat_samples.shape == (2, 48, 3)
+    loaded = tm.load_result(ck)
+    with pytest.warns(tm.TrustWarning):
+        r2 = tm.sample(model, data, resume=loaded, num_samples=400, num_warmup=10, checkpoint=ck, stream_draws=True,
+                       checkpoint_every_s=1e-9, callback=callback, progress=False, chunk_size=16)
+        straight = tm.sample(model, data, num_samples=400, **kw)
+    np.testing.assert_array_equal(r2.flat_samples, straight.flat_samples)
+    np.testing.assert_array_equal(r2.flat_warmup, straight.flat_warmup)
+    for k in straight.stats:
+        np.testing.assert_array_equal(r2.stats[k], straight.stats[k])
+    sizes = [s for s in sizes if s is not None]
+    assert len(sizes) > 5 and max(sizes) - min(sizes) < 256  # the checkpoint does not grow with the draws
+    # a crafted reference to a file outside the checkpoint's folder is refused
+    from tallmh import checkpoint
+
+    meta = np.load(ck, allow_pickle=False)["__meta__"].tobytes().decode()
+    bad = meta.replace('"file": "ck.npz.draws/', '"file": "../../ck.npz.draws/', 1)
+    assert bad != meta
+    np.savez(str(tmp_path / "bad.npz"), __meta__=np.frombuffer(bad.encode(), np.uint8))
+    with pytest.raises(tm.ConfigError, match="outside the checkpoint's folder"):
+        checkpoint.read(str(tmp_path / "bad.npz"))

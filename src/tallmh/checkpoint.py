@@ -52,13 +52,19 @@ def _own(cls) -> bool:
     return mod == "tallmh" or mod.startswith("tallmh.")
 
 
-def _encode(obj, arrays: dict):
+def _encode(obj, arrays: dict, base=None):
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int) and not isinstance(obj, bool):
         return obj
     if isinstance(obj, float):
         return {"__float__": repr(obj)}  # keeps nan and inf, and every bit
+    if base is not None and isinstance(obj, np.memmap):
+        from .drawstore import stream_ref
+
+        ref = stream_ref(obj, base)
+        if ref is not None:  # draws streamed to a file beside the checkpoint: referred to, not copied
+            return {"__stream__": ref}
     if isinstance(obj, (np.ndarray, np.generic)) or type(obj).__module__.startswith(("jax", "jaxlib")):
         try:
             a = np.asarray(obj)
@@ -72,19 +78,19 @@ def _encode(obj, arrays: dict):
     if isinstance(obj, dict):
         if not all(isinstance(k, str) for k in obj):
             return {"__opaque__": "dict with non-string keys"}
-        return {"__dict__": [[k, _encode(v, arrays)] for k, v in obj.items()]}
+        return {"__dict__": [[k, _encode(v, arrays, base)] for k, v in obj.items()]}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         if not _own(type(obj)):
             return {"__opaque__": type(obj).__name__}
-        return {"__namedtuple__": _class_path(type(obj)), "fields": [_encode(v, arrays) for v in obj]}
+        return {"__namedtuple__": _class_path(type(obj)), "fields": [_encode(v, arrays, base) for v in obj]}
     if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(v, arrays) for v in obj]}
+        return {"__tuple__": [_encode(v, arrays, base) for v in obj]}
     if isinstance(obj, list):
-        return {"__list__": [_encode(v, arrays) for v in obj]}
+        return {"__list__": [_encode(v, arrays, base) for v in obj]}
     if _own(type(obj)) and hasattr(obj, "__dict__") and not callable(getattr(obj, "__call__", None)) \
             and not isinstance(obj, type):
         return {"__object__": _class_path(type(obj)),
-                "attrs": [[k, _encode(v, arrays)] for k, v in vars(obj).items()]}
+                "attrs": [[k, _encode(v, arrays, base)] for k, v in vars(obj).items()]}
     return {"__opaque__": type(obj).__name__}
 
 
@@ -100,7 +106,7 @@ def _own_class(path: str):
     return obj
 
 
-def _decode(node, arrays):
+def _decode(node, arrays, base=None):
     if node is None or isinstance(node, (bool, int, str)):
         return node
     if isinstance(node, list):
@@ -112,21 +118,30 @@ def _decode(node, arrays):
     if "__array__" in node:
         a = arrays[node["__array__"]]
         return a[()] if node.get("scalar") else a
+    if "__stream__" in node:
+        from .drawstore import open_ref
+
+        if base is None:
+            raise ConfigError("refers to a draws file, which is not allowed here")
+        try:
+            return open_ref(node["__stream__"], base)
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise ConfigError(str(e)) from None
     if "__dict__" in node:
         out = {}
         for k, v in node["__dict__"]:
-            val = _decode(v, arrays)
+            val = _decode(v, arrays, base)
             if val is _OPAQUE:
                 return _OPAQUE
             out[str(k)] = val
         return out
     for tag, kind in (("__tuple__", tuple), ("__list__", list)):
         if tag in node:
-            vals = [_decode(v, arrays) for v in node[tag]]
+            vals = [_decode(v, arrays, base) for v in node[tag]]
             return _OPAQUE if any(v is _OPAQUE for v in vals) else kind(vals)
     if "__namedtuple__" in node:
         cls = _own_class(node["__namedtuple__"])
-        vals = [_decode(v, arrays) for v in node["fields"]]
+        vals = [_decode(v, arrays, base) for v in node["fields"]]
         if any(v is _OPAQUE for v in vals):
             return _OPAQUE
         if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
@@ -136,7 +151,7 @@ def _decode(node, arrays):
         cls = _own_class(node["__object__"])
         obj = object.__new__(cls)
         for k, v in node["attrs"]:
-            val = _decode(v, arrays)
+            val = _decode(v, arrays, base)
             if val is _OPAQUE:
                 return _OPAQUE
             object.__setattr__(obj, str(k), val)
@@ -151,7 +166,8 @@ def write(path: str, payload: dict) -> str:
     from .safe_io import atomic_write
 
     arrays: dict = {}
-    body = {k: _encode(v, arrays) for k, v in payload.items()}
+    base = os.path.dirname(os.path.abspath(path))
+    body = {k: _encode(v, arrays, base) for k, v in payload.items()}
     meta = json.dumps({"format": FORMAT, "version": VERSION, "payload": body}).encode("utf-8")
     nbytes = sum(a.nbytes for a in arrays.values()) + len(meta)
 
@@ -184,10 +200,11 @@ def read(path: str) -> dict:
                 raise ConfigError(f"{path} is a tallmh checkpoint of format version {meta.get('version')}; this "
                                   f"tallmh reads version {VERSION}")
             arrays = {k: z[k] for k in z.files if k != "__meta__"}
+            base = os.path.dirname(os.path.abspath(path))
             out = {}
             for k, v in meta["payload"].items():
                 try:
-                    val = _decode(v, arrays)
+                    val = _decode(v, arrays, base)
                 except ConfigError as e:
                     raise ConfigError(f"{path}: the checkpoint's {k} {e}") from None
                 out[k] = None if val is _OPAQUE else val

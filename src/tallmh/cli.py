@@ -324,10 +324,13 @@ class OutFolder:
                 raise CLIError(f"cannot write to output folder {self.path}: {e.strerror or e}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except BlockingIOError:
                 os.close(fd)
                 raise CLIError(f"output folder {self.path} is in use by another tallmh run; wait for it to end or "
                                "choose another --out") from None
+            except OSError:  # a file system without locks (some network mounts): go on unlocked
+                self._lock = fd
+                return
             try:  # the holder before us may have removed the file between our open and our lock: lock anew
                 if os.stat(path).st_ino == os.fstat(fd).st_ino:
                     self._lock = fd
@@ -804,10 +807,13 @@ def _cmd_run(args, argv):
     except BaseException:
         # a fresh run that failed before its first checkpoint leaves nothing behind (not even run.json)
         if saved is None and out.made and not os.path.exists(os.path.join(out.path, CHECKPOINT)):
+            import shutil
+
             try:
                 os.remove(os.path.join(out.path, RUN_SETTINGS))
             except OSError:
                 pass
+            shutil.rmtree(os.path.join(out.path, CHECKPOINT + ".draws"), ignore_errors=True)
         out.clean_up()
         raise
     finally:
@@ -883,7 +889,7 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
     ck = out.file(CHECKPOINT)
     result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup,
                        progress=False if args.quiet else None, checkpoint=ck,
-                       checkpoint_every_s=args.checkpoint_every, **kw)
+                       checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
     prev = _arm_second_interrupt() if result.partial else None
     try:
         return _run_outputs(args, argv, result, model, out, names, param_names, scaling, mode, n, prior_text,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
@@ -304,6 +305,7 @@ def sample(
     checkpoint_every_s: float = 300.0,
     chunk_seconds: float = 1.0,
     mesh=None,
+    stream_draws: bool = False,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -350,6 +352,10 @@ def sample(
         ``checkpoint_every_s`` seconds and at the end. A checkpoint saved while the run goes on is marked
         partial; a write that fails (a full disk) warns, keeps the draws in memory and is retried a
         minute later
+    stream_draws : with ``checkpoint``, append each chunk's draws and statistics to files beside it
+        (``<checkpoint>.draws``, :mod:`tallmh.drawstore`) instead of holding them in memory: memory and
+        checkpoint size then stay flat however long the run; the returned Result's arrays are read-only
+        memory maps of those files
     callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
         ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
     mesh : how the chains and the data are laid out over devices (:mod:`tallmh.distributed`): a
@@ -453,10 +459,36 @@ def sample(
         notes = list(resume.notes)
         start_info = dict(info.get("start_info", {}))
 
+    store = None
+    if stream_draws and checkpoint is not None:
+        from .drawstore import SUFFIX, DrawStore
+
+        store = DrawStore(os.fspath(checkpoint) + SUFFIX, num_chains, d, dtype)
+        stat_dtypes = {k: np.asarray(v).dtype for k, v in StepInfo.empty(dtype)._asdict().items()}
+        mine = resume is not None and resume.flat_samples.shape[1] + resume.flat_warmup.shape[1] > 0 and all(
+            isinstance(a, np.memmap) and os.path.dirname(os.path.abspath(a.filename)) == store.folder
+            for a in (resume.flat_samples, resume.flat_warmup) if a.shape[1] > 0)
+        counts = {p: int(c) for p, c in done.items()}
+        try:
+            store.start(counts, stat_dtypes, keep=mine)
+        except OSError as e:
+            raise ConfigError(f"resume: {e}") from None
+        if not mine:
+            for pname in ("warmup", "sampling"):
+                for th, st in collected[pname]:
+                    store.add(pname, th, st)
+        collected = {"warmup": [], "sampling": []}
+
+    def parts(pname):
+        if store is None:
+            return collected[pname]
+        return [store.view(pname)] if store.counts[pname] else []
+
     def make_result():
         host_states = states if plan is None or states is None else \
             jax.tree_util.tree_map(distributed.to_host, states)
-        return _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items,
+        return _assemble({p: parts(p) for p in ("warmup", "sampling")}, num_chains, d, dtype, unravel, n, test,
+                         proposal, timings, setup_items,
                          partial, host_states, notes, dict(seed=seed, warmup_done=done["warmup"],
                                                       sampling_done=done["sampling"], num_warmup=num_warmup,
                                                       num_samples=num_samples, control_variates=control_variates,
@@ -544,8 +576,8 @@ def sample(
             if done[pname] >= total:
                 continue
             if pname == "sampling" and control_variates is not None and control_variates.recenter \
-                    and collected["warmup"] and done["sampling"] == 0:
-                warm = np.concatenate([p[0] for p in collected["warmup"]], axis=1)
+                    and parts("warmup") and done["sampling"] == 0:
+                warm = np.concatenate([p[0] for p in parts("warmup")], axis=1)
                 center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
                 cv_new = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
                 setup_items += n
@@ -575,7 +607,10 @@ def sample(
                 dt = time.perf_counter() - tcall
                 out = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
                 states = new_states
-                collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
+                if store is not None:
+                    store.append(pname, out[0], {k: getattr(out[1], k) for k in out[1]._fields})
+                else:
+                    collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
                 done[pname] += count
                 timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
                 if bar is not None:
@@ -588,7 +623,8 @@ def sample(
                     (due,) = distributed.agree(due)
                 if due:
                     # the run is not finished: a checkpoint left by a kill loads as partial
-                    last_ckpt = _save_checkpoint(make_result(), checkpoint, in_progress=True, every=checkpoint_every_s)
+                    last_ckpt = _save_checkpoint(make_result(), checkpoint, in_progress=True, every=checkpoint_every_s,
+                                                 store=store)
                 if chunk_size is None:  # next chunk: about chunk_seconds long
                     per_step = max(dt / count, 1e-7)
                     want = chunk_seconds / per_step
@@ -611,7 +647,9 @@ def sample(
             bar.close()
     result = make_result()
     if checkpoint is not None and states is not None:
-        _save_checkpoint(result, checkpoint)
+        _save_checkpoint(result, checkpoint, store=store)
+    if store is not None:
+        store.close()
     if changed_error is not None:
         kept = f"; the draws made before it ({done['warmup']} warmup steps, {done['sampling']} draws per chain) are " \
                "in the exception's .result" + (f" and in {checkpoint}" if checkpoint is not None else "")
@@ -646,7 +684,7 @@ def _files_changed(fingerprint):
 CHECKPOINT_RETRY_S = 60.0  # a checkpoint that could not be written is tried again this much later
 
 
-def _save_checkpoint(result, path, in_progress=False, every=None):
+def _save_checkpoint(result, path, in_progress=False, every=None, store=None):
     """Save ``result`` to ``path``; a failed write (a full disk, an I/O error) warns in one line and loses
     nothing: the draws stay in memory and the write is tried again. Returns the time to count the next
     checkpoint from (``perf_counter``), earlier after a failure so that the retry comes sooner."""
@@ -654,6 +692,8 @@ def _save_checkpoint(result, path, in_progress=False, every=None):
     try:
         if in_progress and not result.partial:
             result = dataclasses.replace(result, partial=True)
+        if store is not None:
+            store.sync()  # the draws on disk before the checkpoint that refers to them
         result.save(path)
         return now
     except OSError as e:
@@ -701,13 +741,16 @@ def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timin
                 st[k] = z.astype(bool)
             st["clt_error"] = z.astype(np.float32)
             return np.zeros((num_chains, 0, d), np.dtype(str(dtype))), st
-        theta = np.concatenate([p[0] for p in parts], axis=1)
+        def join(vals):  # (one part, e.g. draws streamed to disk: as it is, not copied)
+            return vals[0] if len(vals) == 1 and isinstance(vals[0], np.memmap) else np.concatenate(vals, axis=1)
+
+        theta = join([p[0] for p in parts])
         st = {}
         for k in fields:
             vals = [p[1].get(k) for p in parts]
             if any(v is None for v in vals):  # an older result without this statistic
                 vals = [v if v is not None else np.zeros(p[0].shape[:2], np.int32) for v, p in zip(vals, parts)]
-            st[k] = np.concatenate(vals, axis=1)
+            st[k] = join(vals)
         return theta, st
 
     flat_samples, sstats = stack(collected["sampling"])
