@@ -273,6 +273,12 @@ def _leaf_file(leaf) -> Optional[dict]:
     return {"path": os.path.abspath(name), "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
 
 
+def fingerprint_rows(n: int, salt: int) -> list:
+    """The rows a fingerprint reads: the first, the last and ``ROWS_SAMPLED`` drawn with ``salt`` (not
+    counted in ``setup_items``, like the model check's first rows)."""
+    return sorted(set(np.random.default_rng(salt).integers(0, n, ROWS_SAMPLED).tolist()) | {0, n - 1})
+
+
 def data_fingerprint(data, n: int, salt: int) -> dict:
     """Shape, dtype and file identity of each leaf, and a hash of ``ROWS_SAMPLED`` rows drawn with ``salt``."""
     import jax
@@ -280,7 +286,7 @@ def data_fingerprint(data, n: int, salt: int) -> dict:
     from . import datasource as ds
 
     leaves = ds.leaves_of(data)
-    rows = sorted(set(np.random.default_rng(salt).integers(0, n, ROWS_SAMPLED).tolist()) | {0, n - 1})
+    rows = fingerprint_rows(n, salt)
     h = hashlib.sha256()
     for i in rows:
         for leaf in jax.tree_util.tree_leaves(ds.read_rows(data, i, i + 1)):
