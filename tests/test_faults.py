@@ -396,3 +396,24 @@ def test_streamed_draws_keep_the_checkpoint_flat_and_resume_bit_for_bit(tmp_path
     np.savez(str(tmp_path / "bad.npz"), __meta__=np.frombuffer(bad.encode(), np.uint8))
     with pytest.raises(tm.ConfigError, match="outside the checkpoint's folder"):
         checkpoint.read(str(tmp_path / "bad.npz"))
+
+
+def test_nonfinite_items_written_mid_run_are_counted_under_control_variates():
+    """NaNs appearing in the data mid-run reach the minibatch gradient of the default proposal (Langevin) with
+    control variates first; such proposals are counted as reading non-finite items, not passed off as out of
+    the support (negative control: before this count, the run reported 0 such items and no warning)."""
+    data, _ = tm.models.LogisticRegression.simulate(4000, d=2, seed=2)
+    X = data["X"]
+    calls = []
+
+    def callback(info):
+        calls.append(1)
+        if len(calls) == 3:
+            X[:2000, 1] = np.nan  # the data is read in place
+
+    with pytest.warns(tm.TrustWarning, match="non-finite"):
+        r = tm.sample(tm.models.LogisticRegression(), data, test=tm.acceptance.Austerity(epsilon=0.05, batch_size=200),
+                      control_variates=tm.ControlVariates(order=2), num_samples=100, num_warmup=40, num_chains=2,
+                      chunk_size=20, callback=callback, progress=False, audit=0.0)
+    assert type(r.proposal).__name__ == "Langevin"
+    assert r.nonfinite_items > 0 and not r.trusted

@@ -312,9 +312,11 @@ class OutFolder:
         command's lifetime; another tallmh command on the same folder is refused in one line. The operating
         system releases the lock when the process ends, however it ends (a file left by ``kill -9`` is
         simply locked again by the next command)."""
-        import fcntl
-
         if self._lock is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: unlocked, as before
             return
         path = os.path.join(self.path, LOCK_FILE)
         for _ in range(10):
