@@ -41,7 +41,12 @@ def _cli(*args, timeout=300):
 
 
 def _snapshot(folder):
-    return {p: open(os.path.join(folder, p), "rb").read() for p in sorted(os.listdir(folder))}
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder)] = open(path, "rb").read()
+    return dict(sorted(out.items()))
 
 
 _DEMO = {}
@@ -268,7 +273,7 @@ def test_run_end_to_end(tables, tmp_path, capsys):
     assert "method austerity(" in lines[0]  # the method with its options
     assert any("original scale" in line for line in lines)
     for name in ("report.html", "traces.png", "marginals.png", "data_per_step.png", "results.json", "posterior.nc",
-                 "checkpoint.pkl", "run.json"):
+                 "checkpoint.npz", "run.json"):
         assert (out / name).stat().st_size > 0, name
     html = (out / "report.html").read_text()
     for name in re.findall(r'<img src="([^"]+)"', html):

@@ -53,7 +53,7 @@ def _run_until_first_checkpoint(linear_csv, out):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     deadline = time.time() + 240
     try:
-        while not (out / "checkpoint.pkl").exists():
+        while not (out / "checkpoint.npz").exists():
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             assert time.time() < deadline, "no checkpoint within 240 s"
             time.sleep(0.2)

@@ -7,9 +7,12 @@ folder is made only when there is something to write (no empty folder after a fa
 written to a temporary name and then moved into place; nothing else there is touched.
 
 Ctrl-C during sampling keeps every completed step: the command writes the outputs of the partial run, says
-so in one line and exits with status 130 (a second Ctrl-C while it writes ends the process at once).
+so in one line and exits with status 130 (a second Ctrl-C while it writes ends the process at once); SIGTERM
+and SIGHUP (a scheduler, ``timeout``, a closed terminal) do the same and exit with 143 and 129.
 ``tallmh run`` saves a checkpoint in ``--out`` every few minutes; ``tallmh run --resume DIR`` continues a
-run that was stopped or killed. The comparison workflow of the demo lives in :mod:`tallmh.compare`.
+run that was stopped or killed. A command holds a lock on ``--out`` for its whole life (a second one is
+refused); a file that cannot be written (a full disk) ends the command in one line that names it and says
+where the draws are kept (docs/long-runs.md). The comparison workflow of the demo lives in :mod:`tallmh.compare`.
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ PROG = "tallmh"
 METHODS = ("exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv")
 # "-cv": the same test with second-order Taylor control variates at the posterior mode (tallmh.ControlVariates)
 BOUNDS = ("hoeffding", "empirical-bernstein", "bernstein-serfling")
-RUN_FILES = ("results.json", "report.html", "posterior.nc", "checkpoint.pkl", "run.json")  # what marks a run
-CHECKPOINT = "checkpoint.pkl"
+CHECKPOINT = "checkpoint.npz"
+OLD_CHECKPOINT = "checkpoint.pkl"  # the pickled checkpoints of earlier versions: never read (a pickle can run code)
+RUN_FILES = ("results.json", "report.html", "posterior.nc", CHECKPOINT, OLD_CHECKPOINT, "run.json")  # what marks a run
 RUN_SETTINGS = "run.json"
+OUTPUTS = ("posterior.nc", "results.json", "report.html")  # what a finished run writes at its end
+LOCK_FILE = ".tallmh.lock"  # held (flock) by the command writing to the folder
 
 __all__ = ["main", "build_parser"]
 
@@ -226,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-intercept", action="store_true",
                      help="do not add a column of ones (standardising then only scales the features)")
     run.add_argument("--checkpoint-every", type=_positive_float("--checkpoint-every"), default=300.0,
-                     help="seconds between checkpoints saved in --out (checkpoint.pkl)")
+                     help=f"seconds between checkpoints saved in --out ({CHECKPOINT})")
     run.add_argument("--resume", metavar="DIR", default=None,
                      help="continue the run saved in DIR (its checkpoint and settings; DATA must be unchanged); "
                           "--samples sets a new total")
@@ -257,6 +263,15 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def _complete_run(folder) -> bool:
+    """Whether ``folder`` holds a finished run (results.json says it is not partial)."""
+    try:
+        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+            return json.load(f).get("partial") is False
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class OutFolder:
     """The ``--out`` folder: checked at the start, made only when a file is written, and removed again if
     the command fails before anything was written into it."""
@@ -264,16 +279,19 @@ class OutFolder:
     def __init__(self, path: str, overwrite: bool = False, resuming: bool = False):
         self.path = os.path.abspath(os.path.expanduser(path))
         self.made = []  # folders this command created
+        self._lock = None
         if os.path.exists(self.path):
             if not os.path.isdir(self.path):
                 raise CLIError(f"output folder {self.path} exists and is not a folder")
+            self._probe(self.path)
+            self.lock()  # before looking at what the folder holds: no second run between the check and the writes
             held = [f for f in RUN_FILES if os.path.exists(os.path.join(self.path, f))]
             if held and not (overwrite or resuming):
                 hint = (f"continue it with 'tallmh run --resume {self.path}', "
-                        if CHECKPOINT in held and "results.json" not in held else "")
+                        if CHECKPOINT in held and not _complete_run(self.path) else "")
+                self.release()
                 raise CLIError(f"output folder {self.path} holds an earlier run ({', '.join(held)}); {hint}choose "
                                "another --out, or pass --overwrite to replace its files")
-            self._probe(self.path)
         else:
             parent = self.path
             while not os.path.exists(parent):
@@ -294,6 +312,54 @@ class OutFolder:
         except OSError as e:
             raise CLIError(f"cannot write to output folder {path}: {e.strerror or e}") from None
 
+    def lock(self):
+        """Hold an exclusive lock on the folder (``.tallmh.lock`` in it, removed again at the end) for the
+        command's lifetime; another tallmh command on the same folder is refused in one line. The operating
+        system releases the lock when the process ends, however it ends (a file left by ``kill -9`` is
+        simply locked again by the next command)."""
+        if self._lock is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: unlocked, as before
+            return
+        path = os.path.join(self.path, LOCK_FILE)
+        for _ in range(10):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise CLIError(f"cannot write to output folder {self.path}: {e.strerror or e}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise CLIError(f"output folder {self.path} is in use by another tallmh run; wait for it to end or "
+                               "choose another --out") from None
+            except OSError:  # a file system without locks (some network mounts): go on unlocked
+                self._lock = fd
+                return
+            try:  # the holder before us may have removed the file between our open and our lock: lock anew
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    self._lock = fd
+                    return
+            except OSError:
+                pass
+            os.close(fd)
+        raise CLIError(f"output folder {self.path}: cannot take its lock file {path}")
+
+    def release(self):
+        """Remove the lock file and release the lock."""
+        if self._lock is not None:
+            try:
+                os.remove(os.path.join(self.path, LOCK_FILE))
+            except OSError:
+                pass
+            try:
+                os.close(self._lock)
+            except OSError:
+                pass
+            self._lock = None
+
     def make(self) -> str:
         if not os.path.isdir(self.path):
             todo = []
@@ -306,13 +372,15 @@ class OutFolder:
             except OSError as e:
                 raise CLIError(f"cannot write to output folder {self.path}: {e.strerror or e}") from None
             self.made = todo
+        self.lock()
         return self.path
 
     def file(self, name: str) -> str:
         return os.path.join(self.make(), name)
 
     def clean_up(self):
-        """Remove the folders this command made if they are still empty."""
+        """Remove the folders this command made if they are still empty (but for the lock file)."""
+        self.release()
         for p in self.made:  # deepest first
             try:
                 os.rmdir(p)
@@ -320,47 +388,69 @@ class OutFolder:
                 break
 
 
-def _arm_second_interrupt():
-    """From now on a Ctrl-C ends the process at once (status 130): the first one is being handled.
-    Returns the previous handler (None when not in the main thread)."""
-    def handler(signum, frame):
-        try:
-            sys.stderr.write(f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
-            sys.stderr.flush()
-        finally:
-            os._exit(130)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_STOPPED_BY: list = []  # the first stop signal this process received (Ctrl-C, SIGTERM, SIGHUP)
 
+
+def _status_of_stop() -> int:
+    """Exit status of a stopped command: 128 + the signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    return 128 + (_STOPPED_BY[0] if _STOPPED_BY else int(signal.SIGINT))
+
+
+def _stop_now(signum):
     try:
-        return signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        return None
+        sys.stderr.write(f"\n{PROG}: {signal.Signals(signum).name} again; stopping now (files already written are "
+                         "complete)\n" if signum != signal.SIGINT else
+                         f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + (_STOPPED_BY[0] if _STOPPED_BY else signum))
+
+
+def _arm_second_interrupt():
+    """From now on a stop signal (Ctrl-C, SIGTERM, SIGHUP) ends the process at once: the first one is being
+    handled. Returns the previous handlers (empty when not in the main thread)."""
+    def handler(signum, frame):
+        _stop_now(signum)
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
+    return previous
 
 
 def _install_interrupt_counter():
-    """The real command line: the first Ctrl-C raises KeyboardInterrupt as usual (tm.sample turns it into a
-    partial result); any later one ends the process at once, whatever it is doing."""
-    seen = []
+    """The real command line: the first Ctrl-C, SIGTERM or SIGHUP raises KeyboardInterrupt (tm.sample turns it
+    into a partial result, which is written out); any later one ends the process at once, whatever it is
+    doing. A signal the caller ignores (``nohup``) stays ignored."""
+    from .errors import Stopped
 
     def handler(signum, frame):
-        if seen:
-            try:
-                sys.stderr.write(f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
-                sys.stderr.flush()
-            finally:
-                os._exit(130)
-        seen.append(True)
-        raise KeyboardInterrupt
+        if _STOPPED_BY:
+            _stop_now(signum)
+        _STOPPED_BY.append(int(signum))
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(signum)
 
-    try:
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread
-        pass
+    for sig in STOP_SIGNALS:
+        try:
+            if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
 
 
 def _disarm(previous):
-    if previous is not None:
+    for sig, h in (previous or {}).items():
+        if h is None:
+            continue
         try:
-            signal.signal(signal.SIGINT, previous)
+            signal.signal(sig, h)
         except ValueError:
             pass
 
@@ -436,6 +526,15 @@ def _parse_methods(text):
 
 
 def _cmd_demo(args, argv):
+    held = []  # the --out folder, whose lock is released at the end
+    try:
+        return _demo(args, argv, held)
+    finally:
+        for out in held:
+            out.release()
+
+
+def _demo(args, argv, held):
     import tallmh as tm
     from . import compare as cmp
     from . import report as rp
@@ -449,6 +548,7 @@ def _cmd_demo(args, argv):
     methods = _parse_methods(args.methods)
     tests = {m: _make_test(m, args) for m in methods}
     out = OutFolder(args.out, overwrite=args.overwrite)
+    held.append(out)
     cache_dir = os.path.abspath(os.path.expanduser(args.cache or cmp.default_cache_dir()))
     _use_compile_cache(cache_dir)
 
@@ -558,7 +658,7 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
            f"{time.perf_counter() - t_all:.0f} s in all)")
     if comparison.partial:
         print(f"{PROG}: interrupted: the report in {folder} holds the methods run so far", file=sys.stderr, flush=True)
-        return 130
+        return _status_of_stop()
     return 0
 
 
@@ -650,7 +750,9 @@ def _original_scale(draws, scaling):
 
 
 def _run_settings(args) -> dict:
-    return {k: getattr(args, k) for k in _RUN_KEYS}
+    out = {k: getattr(args, k) for k in _RUN_KEYS}
+    out["data"] = os.path.abspath(os.path.expanduser(out["data"]))  # --resume works from any folder
+    return out
 
 
 def _formula_args(args):
@@ -675,8 +777,12 @@ def _restore_args(args):
     ck = os.path.join(folder, CHECKPOINT)
     if not os.path.isdir(folder):
         raise CLIError(f"--resume: {folder} is not a folder")
-    if not os.path.exists(path) or not os.path.exists(ck):
-        raise CLIError(f"--resume: {folder} holds no run to continue (no {RUN_SETTINGS} and {CHECKPOINT})")
+    missing = [f for f, p in ((RUN_SETTINGS, path), (CHECKPOINT, ck)) if not os.path.exists(p)]
+    if missing:
+        if CHECKPOINT in missing and os.path.exists(os.path.join(folder, OLD_CHECKPOINT)):
+            raise CLIError(f"--resume: {folder} holds a checkpoint of an earlier tallmh ({OLD_CHECKPOINT}, a pickle), "
+                           "which this version does not read (loading a pickle can run code); start the run again")
+        raise CLIError(f"--resume: {folder} holds no run to continue (no {' and no '.join(missing)})")
     if args.data is not None:
         raise CLIError("--resume takes the data file and every setting from the saved run; give only DIR "
                        "(and --samples for a new total)")
@@ -685,11 +791,19 @@ def _restore_args(args):
             saved = json.load(f)
     except (OSError, ValueError) as e:
         raise CLIError(f"--resume: cannot read {path}: {e}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        raise CLIError(f"--resume: {path} is not the settings file of a tallmh run")
     for k in _RUN_KEYS:
         if k == "samples" and args.samples is not None:
             continue
         if k in saved["settings"]:
             setattr(args, k, saved["settings"][k])
+    # the data path as saved: absolute (relative paths of older runs: from the folder, else as given)
+    data = args.data
+    if data is not None and not os.path.isabs(data):
+        beside = os.path.normpath(os.path.join(folder, data))
+        if not os.path.exists(data) and os.path.exists(beside):
+            args.data = beside
     args.out = folder
     return saved, ck
 
@@ -724,12 +838,17 @@ def _cmd_run(args, argv):
     except BaseException:
         # a fresh run that failed before its first checkpoint leaves nothing behind (not even run.json)
         if saved is None and out.made and not os.path.exists(os.path.join(out.path, CHECKPOINT)):
+            import shutil
+
             try:
                 os.remove(os.path.join(out.path, RUN_SETTINGS))
             except OSError:
                 pass
+            shutil.rmtree(os.path.join(out.path, CHECKPOINT + ".draws"), ignore_errors=True)
         out.clean_up()
         raise
+    finally:
+        out.release()
 
 
 def _run(args, argv, test, out, saved, ck_path, say, t_all):
@@ -768,14 +887,24 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
             raise CLIError(f"--resume: cannot read the checkpoint {ck_path}: {e}") from None
         done = resume.flat_samples.shape[1]
         if done >= args.samples and not resume.partial and resume.flat_warmup.shape[1] >= args.warmup:
-            raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
-                           f"with a larger total to draw more")
-        say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
-            f"going on to {args.samples}")
+            lost = [f for f in OUTPUTS if not os.path.exists(os.path.join(args.out, f))]
+            if not lost:
+                raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
+                               f"with a larger total to draw more")
+            say(f"{args.out} holds a complete run of {done} draws per chain without its {', '.join(lost)} (a write "
+                "failed): writing the outputs from the checkpoint")
+        else:
+            say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
+                f"going on to {args.samples}")
         if saved.get("mode") is not None:
             mode = cmp.Mode(np.asarray(saved["mode"]["theta"]), np.asarray(saved["mode"]["cov"]),
                             int(saved["mode"]["passes"]), float(saved["mode"]["seconds"]))
-        kw = dict(resume=resume)
+        info = resume.resume_info
+        if info.get("seed") != args.seed or resume.num_chains != args.chains:
+            raise CLIError(f"--resume: refused: the checkpoint {ck_path} is from another run (seed "
+                           f"{info.get('seed')}, {resume.num_chains} chain(s); {RUN_SETTINGS} says seed {args.seed}, "
+                           f"{args.chains} chain(s))")
+        kw = dict(resume=resume, test=test)
     else:
         if args.proposal == "laplace":
             mode = cmp.posterior_mode(model, data)
@@ -796,11 +925,23 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
     ck = out.file(CHECKPOINT)
     result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup,
                        progress=False if args.quiet else None, checkpoint=ck,
-                       checkpoint_every_s=args.checkpoint_every, **kw)
+                       checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
     prev = _arm_second_interrupt() if result.partial else None
     try:
         return _run_outputs(args, argv, result, model, out, names, param_names, scaling, mode, n, prior_text,
                             digest, t_all)
+    except OSError as e:  # a full disk, an I/O error: say what was kept, in one line
+        from .safe_io import WriteError
+
+        what = e.strerror if isinstance(e, WriteError) else f"cannot write the outputs: {e.strerror or e}" + \
+            (f" ({e.filename})" if getattr(e, "filename", None) else "")
+        try:
+            result.save(ck)  # (usually written already by tm.sample: then the same file again)
+            kept = (f"; the draws are saved in {ck}: free space, then 'tallmh run --resume {out.path}' writes the "
+                    "outputs")
+        except OSError as e2:
+            kept = f"; the draws could not be saved either ({' '.join(str(e2).split())})"
+        raise WriteError(e.errno or 5, what + kept, getattr(e, "filename", None)) from None
     finally:
         _disarm(prev)
 
@@ -928,7 +1069,7 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     sections = [("Files", ["<code>posterior.nc</code>: the draws as ArviZ InferenceData (NetCDF; "
                            "<code>arviz.from_netcdf</code>): <code>theta</code> as sampled, <code>beta</code> on the "
                            "original scale" + (", <code>noise_sd</code>" if extra_names else "") + "; "
-                           "<code>results.json</code>: every number above; <code>checkpoint.pkl</code>: the run "
+                           f"<code>results.json</code>: every number above; <code>{CHECKPOINT}</code>: the run "
                            "for <code>tallmh run --resume</code>."])]
     images = [
         ("Traces", "traces.png", "trace plots of each sampled parameter",
@@ -948,10 +1089,11 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     _print(f"report: {os.path.join(folder, 'report.html')}; draws: {os.path.join(folder, 'posterior.nc')} "
            f"({time.perf_counter() - t_all:.0f} s in all)")
     if result.partial:
-        print(f"{PROG}: interrupted after {k} of {args.samples} draws per chain: posterior.nc, results.json and "
+        what = "interrupted" if _status_of_stop() == 130 else f"stopped by {signal.Signals(_status_of_stop() - 128).name}"
+        print(f"{PROG}: {what} after {k} of {args.samples} draws per chain: posterior.nc, results.json and "
               f"report.html in {folder} hold them; continue with: tallmh run --resume {folder}",
               file=sys.stderr, flush=True)
-        return 130
+        return _status_of_stop()
     return 0
 
 
@@ -1003,10 +1145,17 @@ def _main(argv) -> int:
                 warnings.simplefilter("ignore", TrustWarning)
             except ImportError:
                 pass
+
+            def one_line(message, category, filename, lineno, file=None, line=None):
+                text = _one_line(message)
+                text = text[len(PROG) + 2:] if text.startswith(PROG + ": ") else text
+                sys.stderr.write(f"{PROG}: warning: {text}\n")
+
+            warnings.showwarning = one_line  # e.g. a checkpoint not saved (a full disk): one line, no source
             return int(args.func(args, argv) or 0)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted outside sampling: no partial results to write", file=sys.stderr, flush=True)
-        return 130
+        return _status_of_stop()
     except CLIError as e:
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return 2
@@ -1014,8 +1163,10 @@ def _main(argv) -> int:
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except OSError as e:
-        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        print(f"{PROG}: error: {e.strerror or _one_line(e)}{where}", file=sys.stderr)
+        from .safe_io import WriteError
+
+        where = f" ({e.filename})" if getattr(e, "filename", None) and not isinstance(e, WriteError) else ""
+        print(f"{PROG}: error: {_one_line(e.strerror or e)}{where}", file=sys.stderr)
         return 1
     except MemoryError:
         print(f"{PROG}: error: out of memory; try fewer rows or chains", file=sys.stderr)
@@ -1037,13 +1188,13 @@ def main(argv=None) -> int:
     if real:
         _install_interrupt_counter()
     rc = _main(argv)
-    if real and rc == 130:
+    if real and rc in (128 + int(sig) for sig in STOP_SIGNALS):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
-        os._exit(130)
+        os._exit(rc)
     return rc
 
 

@@ -23,3 +23,21 @@ class ConfigError(TallmhError):
 
 class TrustWarning(UserWarning):
     """A run's own evidence says its answer should not be trusted (R-hat, ESS, audit, CLT, support)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A termination signal (SIGTERM, SIGHUP) turned into an interrupt, so that a run stops the way Ctrl-C
+    stops it (the draws made so far kept); ``signum`` is the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+class DataChanged(DataError):
+    """A data file changed (size or modification time) while a run read it; ``result`` holds the draws made
+    before the change was seen (a partial :class:`~tallmh.results.Result`, also in the checkpoint if any)."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result

@@ -230,7 +230,10 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
 
         # (n_data and rounds are what the test read: nothing out of the support)
         accept, n_data, rounds, nonfinite, clt, llp = run_test()
-        nonfinite = jnp.where(in_support, nonfinite, 0)
+        # a proposal that read data (a minibatch gradient) and came out non-finite read a non-finite item:
+        # counted (at least one), not passed off as a proposal out of the support
+        grad_bad = (needs_data & ~jnp.isfinite(theta_p).all()) if needs_data else jnp.bool_(False)
+        nonfinite = jnp.where(in_support, nonfinite, jnp.where(grad_bad, 1, 0))
         clt = jnp.where(in_support, clt, jnp.zeros((), dtype))
         llp = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), llp, state.log_lik)
         acc = accept & in_support & (nonfinite == 0)

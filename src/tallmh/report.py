@@ -11,7 +11,6 @@ import html
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence
 
@@ -273,23 +272,13 @@ def predictive_risk(run: MethodRun, X_test: np.ndarray, p_ref: np.ndarray, grid:
 # files
 
 
-def atomic_write(path: str, write):
-    """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    suffix = os.path.splitext(path)[1]
-    fd, tmp = tempfile.mkstemp(prefix=".tallmh-", suffix=suffix, dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+def atomic_write(path: str, write, nbytes=None):
+    """Call ``write(tmp_path)`` for a temporary file beside ``path``, sync it, then move it to ``path``
+    (:func:`tallmh.safe_io.atomic_write`: free space checked first when ``nbytes`` is given; an
+    ``OSError`` becomes a one-line :class:`~tallmh.safe_io.WriteError` naming the path)."""
+    from .safe_io import atomic_write as write_safely
+
+    return write_safely(path, write, nbytes)
 
 
 def _jsonable(v):
@@ -659,7 +648,9 @@ def idata_with_names(result, names, extra: Optional[Dict[str, tuple]] = None):
 def write_netcdf(path: str, result, names, extra: Optional[Dict[str, tuple]] = None) -> str:
     """The draws as ArviZ InferenceData in NetCDF (``arviz.from_netcdf``), written atomically."""
     idata = idata_with_names(result, names, extra)
-    atomic_write(path, lambda tmp: idata.to_netcdf(tmp))
+    # libhdf5 does not fail cleanly on a full disk (it can crash the process): check the space first
+    nbytes = sum(int(v.nbytes) for g in idata.groups() for v in idata[g].variables.values())
+    atomic_write(path, lambda tmp: idata.to_netcdf(tmp), nbytes=int(1.1 * nbytes) + (1 << 16))
     return path
 
 

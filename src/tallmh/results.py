@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pickle
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -26,7 +24,6 @@ __all__ = ["Result", "Summary", "TrustWarning", "load_result", "method_label"]
 RHAT_MAX = 1.01
 ESS_MIN = 100.0
 EXCESS_MAX = 0.5
-_CHECKPOINT_VERSION = 1
 
 
 def method_label(test, control_variates=None) -> str:
@@ -437,32 +434,25 @@ class Result:
     def save(self, path: str) -> str:
         """Write the run (draws, statistics, final chain state, settings) to ``path`` atomically.
 
-        :func:`load_result` reads it back; ``tallmh.sample(model, data, resume=loaded)`` continues it.
-        The model and data are not stored: pass them again when resuming.
+        The format (:mod:`tallmh.checkpoint`) is an ``.npz`` archive of plain arrays with JSON metadata: loading
+        it runs no code. :func:`load_result` reads it back; ``tallmh.sample(model, data, resume=loaded)``
+        continues it, after checking that the data, model and settings are the run's (its fingerprint). The
+        model and data are not stored: pass them again when resuming. A failed write raises
+        :class:`tallmh.safe_io.WriteError` (an ``OSError``) and leaves any earlier file at ``path`` as it was.
         """
+        from . import checkpoint
+
         d = self.flat_samples.shape[-1]
         template = jax.tree_util.tree_map(np.asarray, self.unravel(np.zeros(d, self.flat_samples.dtype)))
         payload = {
-            "version": _CHECKPOINT_VERSION,
             "flat_samples": self.flat_samples, "stats": self.stats, "flat_warmup": self.flat_warmup,
-            "warmup_stats": self.warmup_stats, "template": template, "n": self.n, "method": self.method,
-            "test": self.test, "proposal": self.proposal, "timings": dict(self.timings),
+            "warmup_stats": self.warmup_stats, "template": template, "n": int(self.n), "method": self.method,
+            "test": self.test, "proposal": self.proposal, "timings": {k: float(v) for k, v in self.timings.items()},
             "setup_items": int(self.setup_items), "partial": bool(self.partial),
             "final_state": self.final_state, "notes": list(self.notes),
             "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
         }
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".tallmh-ckpt-", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        return path
+        return checkpoint.write(os.fspath(path), payload)
 
     def to_arviz(self):
         """ArviZ's container (``InferenceData``; a ``DataTree`` with ArviZ 1.x) with ``posterior``,
@@ -543,21 +533,28 @@ def error_target(test) -> Optional[float]:
 
 
 def load_result(path: str) -> Result:
-    """Read a run saved by :meth:`Result.save` (a checkpoint): resume it with ``sample(..., resume=r)``."""
+    """Read a run saved by :meth:`Result.save` (a checkpoint): resume it with ``sample(..., resume=r)``.
+
+    A checkpoint written while the run was still going (a run killed before it finished) loads with
+    ``partial = True``. Raises :class:`ConfigError` in one line for anything that is not such a file (a
+    pickle is refused unread)."""
     from jax.flatten_util import ravel_pytree
 
+    from . import checkpoint
+
+    path = os.fspath(path)
+    p = checkpoint.read(path)
+    need = ("flat_samples", "stats", "flat_warmup", "warmup_stats", "template", "n", "resume_info")
+    missing = [k for k in need if p.get(k) is None]
+    if missing:
+        raise ConfigError(f"{path} is an incomplete tallmh checkpoint (no {', '.join(missing)})")
     try:
-        with open(path, "rb") as f:
-            p = pickle.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"no saved run at {path}") from None
-    except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"{path} is not a tallmh checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(p, dict) or p.get("version") != _CHECKPOINT_VERSION:
-        raise ConfigError(f"{path} is not a tallmh checkpoint of this version")
-    _, unravel = ravel_pytree(jax.tree_util.tree_map(lambda a: np.asarray(a), p["template"]))
-    return Result(flat_samples=p["flat_samples"], stats=p["stats"], flat_warmup=p["flat_warmup"],
-                  warmup_stats=p["warmup_stats"], unravel=unravel, n=p["n"], method=p["method"], test=p["test"],
-                  proposal=p["proposal"], timings=p["timings"], setup_items=p["setup_items"], partial=p["partial"],
-                  final_state=p["final_state"], notes=p["notes"], resume_info=p["resume_info"],
-                  control_variates=p["control_variates"])
+        _, unravel = ravel_pytree(jax.tree_util.tree_map(lambda a: np.asarray(a), p["template"]))
+        return Result(flat_samples=p["flat_samples"], stats=p["stats"], flat_warmup=p["flat_warmup"],
+                      warmup_stats=p["warmup_stats"], unravel=unravel, n=int(p["n"]), method=p["method"],
+                      test=p["test"], proposal=p["proposal"], timings=p["timings"] or {},
+                      setup_items=int(p["setup_items"] or 0), partial=bool(p["partial"]),
+                      final_state=p["final_state"], notes=list(p["notes"] or []), resume_info=p["resume_info"],
+                      control_variates=p["control_variates"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{path} is not a usable tallmh checkpoint ({type(e).__name__}: {e})") from None

@@ -25,8 +25,11 @@ How a run is organised (issues 8, 9 and 12):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
+import signal
 import sys
 import threading
 import time
@@ -38,12 +41,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from . import checkpoint as ckpt
 from . import control_variates as cvm
 from . import datasource as ds
 from . import distributed
 from .acceptance import Exact
 from .data import num_items, validate_data
-from .errors import ConfigError, ModelError
+from .errors import ConfigError, DataChanged, ModelError, Stopped
 from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
@@ -231,6 +235,38 @@ def _in_thread(fn):
     return box["value"]
 
 
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM and SIGHUP (what schedulers, ``timeout`` and a closed terminal send) stop the run like Ctrl-C.
+
+    Only in the main thread, and only for a signal whose handler is the default (which would kill the
+    process with the draws in memory); a handler the caller installed is left alone. The previous handlers
+    are restored afterwards.
+    """
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def handler(signum, frame):
+            raise Stopped(signum)
+
+        for sig in STOP_SIGNALS:
+            try:
+                if signal.getsignal(sig) == signal.SIG_DFL:
+                    previous[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):  # pragma: no cover - not settable here
+                pass
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, OSError):  # pragma: no cover
+                pass
+
+
 def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
                   key, dtype, notes):
     """Mode, Laplace covariance, control-variate state and chain starts; returns a dict (passes counted)."""
@@ -368,6 +404,7 @@ def sample(
     checkpoint_every_s: float = 300.0,
     chunk_seconds: float = 1.0,
     mesh=None,
+    stream_draws: bool = False,
     min_ess: float = 400.0,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
@@ -418,9 +455,17 @@ def sample(
         (``num_samples`` is then a cap; the run is not marked partial)
     resume : a :class:`Result` (complete, partial or loaded with :func:`tallmh.load_result`) to continue:
         ``num_warmup`` and ``num_samples`` are the totals of the combined run, which the returned Result
-        holds whole; the test, proposal, chains and seed are the resumed run's
+        holds whole; the test, proposal, chains and seed are the resumed run's. Refused (``ConfigError``,
+        one line) when the data, model, test or proposal given is not the run's: other data of the same
+        shape (a keyed sample of rows differs), a data file modified since, another model or test
     checkpoint : a path; the run so far is saved there (atomically, :meth:`Result.save`) every
-        ``checkpoint_every_s`` seconds and at the end
+        ``checkpoint_every_s`` seconds and at the end. A checkpoint saved while the run goes on is marked
+        partial; a write that fails (a full disk) warns, keeps the draws in memory and is retried a
+        minute later
+    stream_draws : with ``checkpoint``, append each chunk's draws and statistics to files beside it
+        (``<checkpoint>.draws``, :mod:`tallmh.drawstore`) instead of holding them in memory: memory and
+        checkpoint size then stay flat however long the run; the returned Result's arrays are read-only
+        memory maps of those files
     callback : optional ``f(info: dict)`` called after each chunk with ``phase``, ``done``, ``total``,
         ``seconds``; it may raise ``KeyboardInterrupt`` to stop the run like Ctrl-C
     mesh : how the chains and the data are laid out over devices (:mod:`tallmh.distributed`): a
@@ -433,9 +478,14 @@ def sample(
 
     Returns a :class:`tallmh.results.Result`. Ctrl-C (at any time, compile and set-up included) returns
     every completed step within about a second, with ``result.partial = True``; such a result can be
-    resumed.
+    resumed. SIGTERM and SIGHUP do the same when ``sample`` runs in the main thread and their handlers are
+    the default ones (the previous handlers are restored on return).
     """
     if resume is not None:
+        for what, given, kept in (("test", test, resume.test), ("proposal", proposal, resume.proposal)):
+            if given is None and kept is None:
+                raise ConfigError(f"resume: the checkpoint could not store its {what} (not one of tallmh's own "
+                                  f"classes); pass {what}=... again")
         test = resume.test if test is None else test
         proposal = resume.proposal if proposal is None else proposal
         num_chains = resume.num_chains
@@ -514,6 +564,13 @@ def sample(
     states = None
     start_info = {}
 
+    saved_fp = resume.resume_info.get("fingerprint") if resume is not None else None
+    fingerprint = ckpt.run_fingerprint(model, data, n, test, proposal, control_variates, num_chains, seed, d, dtype,
+                                       salt=(saved_fp or {}).get("data", {}).get("salt"))
+    if saved_fp:
+        why = ckpt.mismatch(saved_fp, fingerprint)
+        if why is not None:
+            raise ConfigError(f"resume: refused: {why}")
     if resume is not None:
         if resume.n != n:
             raise ConfigError(f"resume: the run had N = {resume.n} items; this data has N = {n}")
@@ -536,17 +593,47 @@ def sample(
         notes = list(resume.notes)
         start_info = dict(info.get("start_info", {}))
 
+    store = None
+    if stream_draws and checkpoint is not None:
+        from .drawstore import SUFFIX, DrawStore
+
+        store = DrawStore(os.fspath(checkpoint) + SUFFIX, num_chains, d, dtype)
+        stat_dtypes = {k: np.asarray(v).dtype for k, v in StepInfo.empty(dtype)._asdict().items()}
+        mine = resume is not None and resume.flat_samples.shape[1] + resume.flat_warmup.shape[1] > 0 and all(
+            isinstance(a, np.memmap) and os.path.dirname(os.path.abspath(a.filename)) == store.folder
+            for a in (resume.flat_samples, resume.flat_warmup) if a.shape[1] > 0)
+        counts = {p: int(c) for p, c in done.items()}
+        try:
+            store.start(counts, stat_dtypes, keep=mine)
+        except OSError as e:
+            raise ConfigError(f"resume: {e}") from None
+        if not mine:
+            for pname in ("warmup", "sampling"):
+                for th, st in collected[pname]:
+                    store.add(pname, th, st)
+        collected = {"warmup": [], "sampling": []}
+
+    def parts(pname):
+        if store is None:
+            return collected[pname]
+        return [store.view(pname)] if store.counts[pname] else []
+
     def make_result():
         host_states = states if plan is None or states is None else \
             jax.tree_util.tree_map(distributed.to_host, states)
-        return _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items,
+        return _assemble({p: parts(p) for p in ("warmup", "sampling")}, num_chains, d, dtype, unravel, n, test,
+                         proposal, timings, setup_items,
                          partial, host_states, notes, dict(seed=seed, warmup_done=done["warmup"],
                                                       sampling_done=done["sampling"], num_warmup=num_warmup,
                                                       num_samples=num_samples, control_variates=control_variates,
-                                                      start_info=start_info), t0, control_variates,
+                                                      start_info=start_info, fingerprint=fingerprint), t0,
+                         control_variates,
                          getattr(model, "constrain", None))
 
     bar = None
+    changed_error = None
+    signals = _stop_signals()
+    signals.__enter__()
     try:
         if states is None:  # set-up: mode, Laplace covariance, control variates, starts, kernel init
             ts = time.perf_counter()
@@ -631,8 +718,8 @@ def sample(
             if done[pname] >= total:
                 continue
             if pname == "sampling" and control_variates is not None and control_variates.recenter \
-                    and collected["warmup"] and done["sampling"] == 0:
-                warm = np.concatenate([p[0] for p in collected["warmup"]], axis=1)
+                    and parts("warmup") and done["sampling"] == 0:
+                warm = np.concatenate([p[0] for p in parts("warmup")], axis=1)
                 center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
                 cv_new = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
                 setup_items += n
@@ -646,6 +733,9 @@ def sample(
             base_s = timings[f"{pname}_s"]
             count = min(length, total - done[pname], 4 if chunk_size is None else length)
             while done[pname] < total:
+                changed = _files_changed(fingerprint)  # (before each chunk reads the files again)
+                if changed is not None:
+                    raise DataChanged(changed)
                 stop = pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s
                 if plan is not None:  # several processes: all make the chunks and stop that process 0 chose
                     count, stop = distributed.agree(count, stop)
@@ -659,7 +749,10 @@ def sample(
                 dt = time.perf_counter() - tcall
                 out = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
                 states = new_states
-                collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
+                if store is not None:
+                    store.append(pname, out[0], {k: getattr(out[1], k) for k in out[1]._fields})
+                else:
+                    collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
                 done[pname] += count
                 timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
                 if bar is not None:
@@ -671,10 +764,11 @@ def sample(
                 if plan is not None and checkpoint is not None:  # gathering the states is collective
                     (due,) = distributed.agree(due)
                 if due:
-                    make_result().save(checkpoint)
-                    last_ckpt = time.perf_counter()
+                    # the run is not finished: a checkpoint left by a kill loads as partial
+                    last_ckpt = _save_checkpoint(make_result(), checkpoint, in_progress=True, every=checkpoint_every_s,
+                                                 store=store)
                 if auto_draws and pname == "sampling" and done[pname] >= next_check:
-                    reached = _auto_reached(collected["sampling"], min_ess)
+                    reached = _auto_reached(parts("sampling"), min_ess)
                     next_check = int(done[pname] * 1.25) + 1
                     if reached is not None:
                         auto_stop = reached
@@ -686,10 +780,16 @@ def sample(
                         want = min(want, max(1.0, (budget_s - timings["sampling_s"]) / per_step))
                     count = int(max(1, min(length, want, 4 * count)))
                 count = min(count, length, total - done[pname]) if done[pname] < total else count
-    except KeyboardInterrupt:
+    except DataChanged as e:
         partial = True
-        print("\ntallmh: interrupted; returning the draws made so far (result.partial = True)", file=sys.stderr)
+        changed_error = e
+        notes.append(f"stopped: {e}")
+    except KeyboardInterrupt as e:
+        partial = True
+        what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
+        print(f"\ntallmh: {what}; returning the draws made so far (result.partial = True)", file=sys.stderr)
     finally:
+        signals.__exit__(None, None, None)
         ds.advise(data, "normal")  # the files' default read-ahead again, for whatever reads them next
         if bar is not None:
             bar.close()
@@ -705,10 +805,61 @@ def sample(
         num_samples = done["sampling"]
     result = make_result()
     if checkpoint is not None and states is not None:
-        result.save(checkpoint)
+        _save_checkpoint(result, checkpoint, store=store)
+    if store is not None:
+        store.close()
+    if changed_error is not None:
+        kept = f"; the draws made before it ({done['warmup']} warmup steps, {done['sampling']} draws per chain) are " \
+               "in the exception's .result" + (f" and in {checkpoint}" if checkpoint is not None else "")
+        raise DataChanged(f"{changed_error}{kept}", result)
     for w in result.warnings:
         warnings.warn(_trust_warning()(w), stacklevel=2)
     return result
+
+
+def _files_changed(fingerprint):
+    """Why the run must stop (a data file's size or modification time is not what it was at the start), or
+    None. Checked before every chunk: a file truncated under a memory map would otherwise end the process
+    with SIGBUS at the next read of a lost page, and one changed in place would mix two data sets."""
+    import os
+
+    for leaf in fingerprint["data"]["leaves"]:
+        f = leaf.get("file")
+        if not f or f.get("size") is None:
+            continue
+        try:
+            st = os.stat(f["path"])
+        except OSError as e:
+            return f"the data file {f['path']} cannot be read any more ({e.strerror or e}); the run stopped"
+        if st.st_size != f["size"]:
+            return (f"the data file {f['path']} changed size during the run ({f['size']:,} -> {st.st_size:,} "
+                    "bytes); the run stopped")
+        if st.st_mtime_ns != f["mtime_ns"]:
+            return f"the data file {f['path']} was modified during the run; the run stopped"
+    return None
+
+
+CHECKPOINT_RETRY_S = 60.0  # a checkpoint that could not be written is tried again this much later
+
+
+def _save_checkpoint(result, path, in_progress=False, every=None, store=None):
+    """Save ``result`` to ``path``; a failed write (a full disk, an I/O error) warns in one line and loses
+    nothing: the draws stay in memory and the write is tried again. Returns the time to count the next
+    checkpoint from (``perf_counter``), earlier after a failure so that the retry comes sooner."""
+    now = time.perf_counter()
+    try:
+        if in_progress and not result.partial:
+            result = dataclasses.replace(result, partial=True)
+        if store is not None:
+            store.sync()  # the draws on disk before the checkpoint that refers to them
+        result.save(path)
+        return now
+    except OSError as e:
+        retry = CHECKPOINT_RETRY_S if every is None else min(CHECKPOINT_RETRY_S, every)
+        warnings.warn(f"tallmh: checkpoint not saved ({' '.join(str(e).split())}); the draws are kept in memory"
+                      + (f" and the checkpoint is tried again in {retry:.0f} s" if in_progress else ""),
+                      RuntimeWarning, stacklevel=3)
+        return now - (every if every is not None else 0.0) + retry
 
 
 def _trust_warning():
@@ -748,13 +899,16 @@ def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timin
                 st[k] = z.astype(bool)
             st["excess_error"] = z.astype(np.float32)
             return np.zeros((num_chains, 0, d), np.dtype(str(dtype))), st
-        theta = np.concatenate([p[0] for p in parts], axis=1)
+        def join(vals):  # (one part, e.g. draws streamed to disk: as it is, not copied)
+            return vals[0] if len(vals) == 1 and isinstance(vals[0], np.memmap) else np.concatenate(vals, axis=1)
+
+        theta = join([p[0] for p in parts])
         st = {}
         for k in fields:
             vals = [p[1].get(k) for p in parts]
             if any(v is None for v in vals):  # an older result without this statistic
                 vals = [v if v is not None else np.zeros(p[0].shape[:2], np.int32) for v, p in zip(vals, parts)]
-            st[k] = np.concatenate(vals, axis=1)
+            st[k] = join(vals)
         return theta, st
 
     flat_samples, sstats = stack(collected["sampling"])

@@ -10,7 +10,30 @@ from ..errors import ConfigError, DataError
 from ..model import Model
 from ._rounding import rounding_headroom
 
-__all__ = ["LogisticRegression"]
+__all__ = ["LogisticRegression", "softplus_diff"]
+
+# |x| above this is beyond float32's useful range for a margin x . theta (its square overflows float32 at 1.8e19)
+MAX_FEATURE = 1e15
+
+
+def softplus_diff(z, d):
+    """``softplus(z + d) - softplus(z)`` accurate to a few ulps relative for any margin ``z`` and step ``d``.
+
+    Two exact forms of the same number: ``log1p(sigmoid(z) expm1(d))``, used where ``v = sigmoid(z)
+    expm1(d) >= -1/2`` (no cancellation: ``log1p`` of an accurately computed ``v`` away from -1, and
+    accurate for tiny steps), and ``log(sigmoid(-z) + sigmoid(z) e^d) = logaddexp(-softplus(z),
+    d - softplus(-z))`` elsewhere (where the first form would take ``log1p`` of nearly -1, which in float
+    rounds to ``log(0) = -inf``: a large margin with a large step back, e.g. ``z = 20, d = -25``) and for
+    steps too large for ``expm1``. The plain difference of two softplus values loses all relative accuracy
+    for small steps at large margins.
+    """
+    z = jnp.asarray(z)
+    d = jnp.asarray(d)
+    big = 80.0  # expm1(80) = 5.5e34 stays below float32's largest value
+    v = jax.nn.sigmoid(z) * jnp.expm1(jnp.minimum(d, big))
+    near = jnp.log1p(jnp.maximum(v, -0.5))
+    far = jnp.logaddexp(-jax.nn.softplus(z), d - jax.nn.softplus(-z))
+    return jnp.where((v >= -0.5) & (d < big), near, far)
 
 
 class LogisticRegression(Model):
@@ -41,15 +64,13 @@ class LogisticRegression(Model):
         return -jax.nn.softplus(jnp.where(y > 0.5, -z, z))
 
     def log_lik_ratio(self, theta, theta_prop, batch):
-        """``l_i = y_i d_i - (softplus(z'_i) - softplus(z_i))`` with ``d_i = x_i . (theta' - theta)`` formed
-        directly and ``softplus(z + d) - softplus(z) = log1p(sigmoid(z) expm1(d))`` (no cancellation; the
-        plain difference where ``d > 30``)."""
+        """``l_i = log sigmoid(s_i z'_i) - log sigmoid(s_i z_i) = -(softplus(-s_i z'_i) - softplus(-s_i z_i))`` with
+        ``s_i = 2 y_i - 1``, ``z_i = x_i . theta`` and the step ``d_i = x_i . (theta' - theta)`` formed directly;
+        the softplus difference by :func:`softplus_diff` (no overflow, no cancellation)."""
         z = batch["X"] @ theta
         d = batch["X"] @ (theta_prop - theta)
-        y = batch["y"]
-        stable = jnp.log1p(jax.nn.sigmoid(z) * jnp.expm1(jnp.minimum(d, 30.0)))
-        plain = jax.nn.softplus(z + d) - jax.nn.softplus(z)
-        return jnp.where(y > 0.5, d, 0.0) - jnp.where(d > 30.0, plain, stable)
+        flip = batch["y"] > 0.5
+        return -softplus_diff(jnp.where(flip, -z, z), jnp.where(flip, -d, d))
 
     def init(self, data):
         X = data["X"]
@@ -63,7 +84,17 @@ class LogisticRegression(Model):
             raise DataError(f"LogisticRegression needs data['y'] of shape (N,); got {y.shape}")
         if not np.all((y == 0) | (y == 1)):
             raise DataError("LogisticRegression needs a binary target y with values 0 and 1")
-        return {"max_norm": jnp.max(jnp.linalg.norm(jnp.asarray(data["X"]), axis=1))}
+        X = jnp.asarray(data["X"])
+        a = jnp.abs(X)
+        finite = jnp.isfinite(a)
+        biggest = float(jnp.max(jnp.where(finite, a, 0.0))) if a.size else 0.0
+        if biggest > MAX_FEATURE:
+            raise DataError(f"LogisticRegression: data['X'] holds a value of magnitude {biggest:.3g}, beyond the "
+                            f"useful range of {X.dtype} margins (|x| <= {MAX_FEATURE:.0e}); rescale the features")
+        # rows with a non-finite value (only where the finiteness check was waived) are left out of the
+        # bound: their ratios are non-finite, counted and their proposals rejected
+        norms = jnp.linalg.norm(jnp.where(finite, X, 0.0), axis=1)
+        return {"max_norm": jnp.max(jnp.where(jnp.all(finite, axis=1), norms, 0.0))}
 
     def lik_ratio_bound(self, theta, theta_prop, stats):
         """``||theta' - theta|| max_i ||x_i||`` (Sec. 4.2) plus headroom for the float rounding of the ``l_i``.
