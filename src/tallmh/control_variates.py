@@ -126,6 +126,24 @@ _PASS_FNS: dict = {}
 _NEWTON_FNS: dict = {}  # per-chunk functions of the set-up passes (see _newton_chunk_fns)
 
 
+def _closed_form_vgh(model, unravel, th):
+    """The model's closed-form ``lik_value_grad_hess(theta, batch, mask)`` (value, gradient and Hessian
+    sums of the log-likelihood over a chunk, e.g. :class:`tallmh.models.LogisticRegression`), or None
+    (then autodiff). Used only when the class that defines it also defines ``log_lik`` (a subclass with
+    its own likelihood does not inherit derivatives of another) and the parameter is a flat vector."""
+    fn = getattr(model, "lik_value_grad_hess", None)
+    if not callable(fn):
+        return None
+    mro = type(model).__mro__
+    owner = next((c for c in mro if "lik_value_grad_hess" in vars(c)), None)
+    if owner is None or owner is not next((c for c in mro if "log_lik" in vars(c)), None):
+        return None
+    flat = unravel(th)
+    if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(th.shape)):
+        return None
+    return fn
+
+
 def _proxy_chunk_fn(model, unravel, order, center):
     """The per-chunk sums of :func:`proxy_sums`, one per model, parameter structure and order (cached like
     :func:`_newton_chunk_fns`, so that repeated calls reuse the compiled pass)."""
@@ -137,7 +155,13 @@ def _proxy_chunk_fn(model, unravel, order, center):
     if fn is not None:
         return fn
 
+    closed_form = _closed_form_vgh(model, unravel, center)
+
     def chunk_sums(center, batch, mask):
+        if closed_form is not None:
+            _, g, h = closed_form(unravel(center), batch, mask)
+            return g, (h if order == 2 else jnp.zeros((d, d), center.dtype))
+
         def total(th):
             return jnp.sum(jnp.where(mask, model.log_lik(unravel(th), batch), 0.0))
 
@@ -269,7 +293,12 @@ def _newton_chunk_fns(model, unravel, th):
         return fns
     from .acceptance.base import df_sum
 
+    closed_form = _closed_form_vgh(model, unravel, th)
+
     def chunk_vgh(t0, batch, mask):
+        if closed_form is not None:
+            return closed_form(unravel(t0), batch, mask)
+
         def total(t):
             return jnp.sum(jnp.where(mask, model.log_lik(unravel(t), batch), 0.0))
 
