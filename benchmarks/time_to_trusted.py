@@ -111,7 +111,10 @@ def _child(args):
     import numpy as np
 
     if args.method == "tallmh":
-        import jax  # noqa: F401
+        import jax
+
+        events = {}  # JAX's persistent-cache events, counted from before tallmh turns the cache on
+        jax.monitoring.register_event_listener(lambda e, **k: events.__setitem__(e, events.get(e, 0) + 1))
         import tallmh as tm
     else:
         import jax
@@ -137,6 +140,8 @@ def _child(args):
         theta = np.asarray(res.flat_samples)
         call = time.perf_counter() - t_run
         tim = {k: float(res.timings.get(k, 0.0)) for k in ("setup_s", "compile_s", "warmup_s", "sampling_s")}
+        out["cache_hits"] = events.get("/jax/compilation_cache/cache_hits", 0)
+        out["cache_misses"] = events.get("/jax/compilation_cache/cache_misses", 0)
         out.update(tim, verdict=res.verdict, call_s=call,
                    data_per_step=float(np.mean(res.stats["n_data"])), num_samples=int(theta.shape[1]),
                    num_warmup=warmup)
@@ -267,7 +272,12 @@ def run_cell(method, n, cache, args, say):
         for i in range(runs):
             load0 = _load()
             t = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                say(f"#   {method} N={_fmt_n(n)} cache={cache}: stopped at the time box, {args.timeout:.0f}s")
+                return dict(method=method, N=n, cache=cache, timed_out=True, process_s=float(args.timeout),
+                            load_before=load0, load_after=_load(), chains=CHAINS), None
             wall = time.perf_counter() - t
             if proc.returncode != 0:
                 raise RuntimeError(f"{method} N={n} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -304,7 +314,7 @@ def score(row, theta, ref):
 
 COLS = ["method", "N", "cache", "process_s", "import_s", "data_s", "setup_s", "compile_s", "warmup_s", "sampling_s",
         "other_s", "startup_exit_s", "draws", "ess_min", "rhat_max", "ess_per_process_s", "max_mean_err_sd",
-        "sd_ratio_min", "sd_ratio_max", "load_before"]
+        "sd_ratio_min", "sd_ratio_max", "cache_hits", "cache_misses", "load_before"]
 
 
 def _cell(r, k):
@@ -338,7 +348,7 @@ def ratios(rows):
         if r["method"] != "tallmh":
             continue
         for p in rows:
-            if p["method"] != "tallmh" and p["N"] == r["N"] and p["cache"] == r["cache"] and p["ess_per_process_s"] > 0:
+            if p["method"] != "tallmh" and p["N"] == r["N"] and p["cache"] == r["cache"] and p.get("ess_per_process_s", 0) > 0:
                 out.append(f"N={_fmt_n(r['N'])} cache={r['cache']}: tallmh / {p['method']} = "
                            f"{r['ess_per_process_s'] / p['ess_per_process_s']:.1f}x ESS per process second")
     return out
@@ -364,7 +374,8 @@ def parse(argv):
                    help="score against the Laplace approximation at the MAP (no reference run; --quick's default)")
     p.add_argument("--reference-only", action="store_true", help="only make the missing references")
     p.add_argument("--tag", default="", help="suffix of the output files")
-    p.add_argument("--timeout", type=float, default=1800, help="per-process hang guard, seconds")
+    p.add_argument("--timeout", type=float, default=1800,
+                   help="time box per process, seconds (a cell past it is recorded as timed out, without draws)")
     # internal
     p.add_argument("--child", choices=METHODS)
     p.add_argument("--make-reference", action="store_true")
@@ -420,6 +431,9 @@ def main(argv=None):
         for cache in args.cache:
             for method in args.methods:
                 row, theta = run_cell(method, n, cache, args, say)
+                if theta is None:  # time box: no draws
+                    rows.append(row)
+                    continue
                 row = score(row, theta, ref)
                 rows.append(row)
                 say(f"{method:7s} N={_fmt_n(n):4s} cache={cache:5s} process {row['process_s']:6.1f}s "
