@@ -100,12 +100,14 @@ def test_set_compilation_cache_in_process(tmp_path):
     import tallmh as tm
 
     before = jax.config.jax_compilation_cache_dir
+    before_min = jax.config.jax_persistent_cache_min_compile_time_secs
     try:
         path = tm.set_compilation_cache(str(tmp_path / "c"))
         assert path == str(tmp_path / "c") and tm.compilation_cache_dir() == path and os.path.isdir(path)
         assert tm.set_compilation_cache(None) is None and tm.compilation_cache_dir() is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before_min)
 
 
 @pytest.mark.slow
