@@ -88,3 +88,23 @@ def test_decision_error_smoke(smoke_runs):
     out = smoke_runs["decision_error"][2]
     png = out / "decision_error.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_to_trusted_quick(tmp_path):
+    """``time_to_trusted.py --quick`` runs tallmh in a fresh process (N = 2000, Laplace reference) and writes
+    the row with the whole-process time, its breakdown, ESS and the error against the reference."""
+    cmd = [sys.executable, os.path.join(BENCH, "time_to_trusted.py"), "--quick", "--methods", "tallmh",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "time_to_trusted_quick.json").read_text())
+    (row,) = res["rows"]
+    assert row["method"] == "tallmh" and row["N"] == 2000 and row["cache"] == "cold"
+    parts = ("import_s", "data_s", "setup_s", "compile_s", "warmup_s", "sampling_s", "other_s", "startup_exit_s")
+    for k in parts:
+        assert row[k] >= 0.0, (k, row[k])
+    # the breakdown adds up to the whole process measured from outside
+    assert abs(sum(row[k] for k in parts) + row["before_import_s"] - row["process_s"]) < 1e-6 * row["process_s"] + 1e-3
+    assert row["draws"] == 300 and row["ess_min"] > 0 and row["rhat_max"] > 0.9
+    assert 0.0 <= row["max_mean_err_sd"] < 1.0  # against the Laplace approximation at N = 2000
+    assert (tmp_path / "time_to_trusted_quick.md").exists()

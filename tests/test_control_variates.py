@@ -180,3 +180,34 @@ def test_mode_search_warm_start_and_reused_sums():
 
     model_setup = n if datasource.setup_stats(model, data, n) is not None else 0  # the model's own set-up pass
     assert res.setup_items == model_setup + warm.passes * n + warm.warm_items
+
+
+def test_logistic_closed_form_derivatives_equal_autodiff():
+    """LogisticRegression.lik_value_grad_hess (one matrix product each, used by the set-up passes) equals
+    autodiff of the masked log-likelihood sum; a subclass with its own log_lik falls back to autodiff."""
+    model = tm.models.LogisticRegression()
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((257, 5)) * np.array([0.1, 1.0, 3.0, 10.0, 1.0])
+    y = (rng.random(257) < 0.4).astype(float)
+    mask = rng.random(257) < 0.8
+    theta = rng.standard_normal(5) * 0.3
+    with enable_x64(True):
+        batch = {"X": jnp.asarray(X), "y": jnp.asarray(y)}
+        m, th = jnp.asarray(mask), jnp.asarray(theta)
+
+        def total(t):
+            return jnp.sum(jnp.where(m, model.log_lik(t, batch), 0.0))
+
+        v, g, h = model.lik_value_grad_hess(th, batch, m)
+        np.testing.assert_allclose(v, total(th), rtol=1e-13)
+        np.testing.assert_allclose(g, jax.grad(total)(th), rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(h, jax.hessian(total)(th), rtol=1e-11, atol=1e-11)
+        assert not np.allclose(g, jax.grad(lambda t: jnp.sum(model.log_lik(t, batch)))(th))  # the mask counts
+    _, unravel = ravel_pytree(jnp.zeros(5))
+    assert cvm._closed_form_vgh(model, unravel, jnp.zeros(5)) is not None
+
+    class Probit(tm.models.LogisticRegression):
+        def log_lik(self, theta, batch):
+            return jax.scipy.stats.norm.logcdf(jnp.where(batch["y"] > 0.5, 1.0, -1.0) * (batch["X"] @ theta))
+
+    assert cvm._closed_form_vgh(Probit(), unravel, jnp.zeros(5)) is None

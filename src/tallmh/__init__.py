@@ -22,8 +22,14 @@ from .sampling import decide, decision_fn, sample
 
 __version__ = "0.1.0"
 
+from . import _cache  # noqa: E402
+from ._cache import compilation_cache_dir, set_compilation_cache  # noqa: E402
+
+_cache.setup_default()  # JAX's persistent compilation cache in the user's cache folder (opt out: see _cache)
+
 __all__ = [
     "Model", "from_numpyro", "from_pymc", "from_bambi", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result",
     "Summary", "acceptance", "proposals", "models", "diagnostics", "blocks", "Cycle", "sample_program",
     "TallmhError", "DataError", "ModelError", "ConfigError", "TrustWarning", "load_result",
+    "set_compilation_cache", "compilation_cache_dir",
 ]

@@ -1107,7 +1107,9 @@ def _use_compile_cache(cache_dir: str):
     import jax
 
     if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        return
+        return  # the user's own, or tallmh's default (tallmh._cache), set at import
+    if os.environ.get("TALLMH_COMPILATION_CACHE", "").strip().lower() in ("0", "off", "false", "no"):
+        return  # opted out
     path = os.path.join(cache_dir, "jax")
     try:
         os.makedirs(path, exist_ok=True)

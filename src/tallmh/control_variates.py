@@ -126,6 +126,24 @@ _PASS_FNS: dict = {}
 _NEWTON_FNS: dict = {}  # per-chunk functions of the set-up passes (see _newton_chunk_fns)
 
 
+def _closed_form_vgh(model, unravel, th):
+    """The model's closed-form ``lik_value_grad_hess(theta, batch, mask)`` (value, gradient and Hessian
+    sums of the log-likelihood over a chunk, e.g. :class:`tallmh.models.LogisticRegression`), or None
+    (then autodiff). Used only when the class that defines it also defines ``log_lik`` (a subclass with
+    its own likelihood does not inherit derivatives of another) and the parameter is a flat vector."""
+    fn = getattr(model, "lik_value_grad_hess", None)
+    if not callable(fn):
+        return None
+    mro = type(model).__mro__
+    owner = next((c for c in mro if "lik_value_grad_hess" in vars(c)), None)
+    if owner is None or owner is not next((c for c in mro if "log_lik" in vars(c)), None):
+        return None
+    flat = unravel(th)
+    if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(th.shape)):
+        return None
+    return fn
+
+
 def _proxy_chunk_fn(model, unravel, order, center):
     """The per-chunk sums of :func:`proxy_sums`, one per model, parameter structure and order (cached like
     :func:`_newton_chunk_fns`, so that repeated calls reuse the compiled pass)."""
@@ -137,7 +155,13 @@ def _proxy_chunk_fn(model, unravel, order, center):
     if fn is not None:
         return fn
 
+    closed_form = _closed_form_vgh(model, unravel, center)
+
     def chunk_sums(center, batch, mask):
+        if closed_form is not None:
+            _, g, h = closed_form(unravel(center), batch, mask)
+            return g, (h if order == 2 else jnp.zeros((d, d), center.dtype))
+
         def total(th):
             return jnp.sum(jnp.where(mask, model.log_lik(unravel(th), batch), 0.0))
 
@@ -242,14 +266,14 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
         try:
             th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start")
             warm_items = m * (p_w + 1)  # the gather, and each of its passes
-            if bool(jnp.all(jnp.isfinite(th_w))):
+            if bool(np.all(np.isfinite(np.asarray(th_w)))):
                 th = th_w
         except ModelError:
             warm_items = m
         del sub
     th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol)
     sums = None
-    if last is not None and bool(jnp.all(last[0] == th)):
+    if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
         _, g_lik, h_lik = last
         h_lik = 0.5 * (h_lik + h_lik.T)
         sums = CVState(th, jnp.asarray(g_lik, th.dtype), jnp.asarray(h_lik, th.dtype))
@@ -269,7 +293,12 @@ def _newton_chunk_fns(model, unravel, th):
         return fns
     from .acceptance.base import df_sum
 
+    closed_form = _closed_form_vgh(model, unravel, th)
+
     def chunk_vgh(t0, batch, mask):
+        if closed_form is not None:
+            return closed_form(unravel(t0), batch, mask)
+
         def total(t):
             return jnp.sum(jnp.where(mask, model.log_lik(unravel(t), batch), 0.0))
 
@@ -287,6 +316,32 @@ def _newton_chunk_fns(model, unravel, th):
     return chunk_vgh, chunk_dv
 
 
+_PRIOR_FNS: dict = {}  # compiled log-prior derivatives of the set-up passes (see _prior_fns)
+
+
+def _prior_fns(model, unravel, th):
+    """The log prior's ``(value, gradient, Hessian)`` at ``t`` and its values at two points ``(t0, t1)``, each
+    one compiled program, cached per model (by value for tallmh's own models) and parameter structure:
+    evaluated eagerly, every operation of the prior and of its derivatives would be compiled apart
+    (dozens of small programs in a fresh process)."""
+    from .sampling import _shape_key, _value_key
+
+    key = (_value_key(model), _shape_key(unravel(th)), str(jnp.asarray(th).dtype))
+    fns = _PRIOR_FNS.get(key)
+    if fns is not None:
+        return fns
+
+    def lp(t):
+        return model.log_prior(unravel(t))
+
+    vgh = jax.jit(lambda t: (lp(t), jax.grad(lp)(t), jax.hessian(lp)(t)))
+    pair = jax.jit(lambda t0, t1: (lp(t0), lp(t1)))
+    if len(_PRIOR_FNS) >= 16:
+        _PRIOR_FNS.pop(next(iter(_PRIOR_FNS)))
+    _PRIOR_FNS[key] = (vgh, pair)
+    return vgh, pair
+
+
 def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
@@ -296,11 +351,11 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
 
     chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
 
+    prior_vgh, prior_pair = _prior_fns(model, unravel, th)
+
     def prior_parts(t0):
-        lp = float(model.log_prior(unravel(t0)))
-        g = np.asarray(jax.grad(lambda t: model.log_prior(unravel(t)))(t0), np.float64)
-        h = np.asarray(jax.hessian(lambda t: model.log_prior(unravel(t)))(t0), np.float64)
-        return lp, g, h
+        lp, g, h = prior_vgh(t0)
+        return float(lp), np.asarray(g, np.float64), np.asarray(h, np.float64)
 
     def lik_derivs(t0):
         v, g, h = 0.0, np.zeros(d, np.float64), np.zeros((d, d), np.float64)
@@ -311,7 +366,8 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
         return v, g, h
 
     def full_diff(t0, cand):
-        dv = float(model.log_prior(unravel(cand))) - float(model.log_prior(unravel(t0)))
+        lp0, lp1 = prior_pair(t0, cand)
+        dv = float(lp1) - float(lp0)
         lik = 0.0
         for hi, lo in _full_pass(chunk_dv, data, n, (t0, cand), what.replace("pass", "line search")):
             lik += float(hi) + float(lo)
@@ -343,12 +399,15 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
         t = 1.0
         stalled = False
         for _ in range(30):
-            cand = th + t * jnp.asarray(step, th.dtype)
+            # on the host: eager device arithmetic would compile a program per operation and shape
+            th_h = np.asarray(th)
+            cand_h = th_h + (t * step).astype(th_h.dtype)
+            cand = jnp.asarray(cand_h)
             dv = full_diff(th, cand)
             passes += 1
             # accept a step that does not lower the log posterior beyond float rounding of the difference
             if np.isfinite(dv) and dv >= -1e-6 * max(1.0, decrement):
-                stalled = bool(jnp.all(cand == th))
+                stalled = bool(np.array_equal(cand_h, th_h))
                 th = cand
                 break
             if t == 1.0 and decrement < _DECREMENT_FLOOR:
@@ -394,7 +453,7 @@ def proxy_sum_diff(cv: CVState, theta, theta_p, order=2):
 
 def laplace_cov(model, unravel, cv: CVState):
     """``(-(H + hess log prior(theta_hat)))^-1`` from the stored sums, or None if not positive definite."""
-    hp = jax.hessian(lambda t: model.log_prior(unravel(t)))(cv.center)
+    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
     prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
     try:
         np.linalg.cholesky(prec)
