@@ -79,7 +79,12 @@ def test_api_forms_and_labels():
     b = A(epsilon=0.05, batch_size=500)
     assert (b.error_target, b.label, b.name, a.name) == (None, "austerity(eps=0.05)", "austerity", "austerity")
     assert b.per_look_epsilon(5000) == 0.05
-    assert a.per_look_epsilon(5000) == pytest.approx(seq.per_look_level(0.05, 5000, 500))
+    # batch_size="auto" (the default): 100 items per look
+    assert a.batch_auto and a.batch_size == 100 and "batch_size='auto'" in repr(a)
+    assert a.per_look_epsilon(5000) == pytest.approx(seq.per_look_level(0.05, 5000, 100))
+    assert not A(0.05, 500).batch_auto
+    with pytest.raises(tm.ConfigError, match="'auto'"):
+        A(batch_size="big")
     with pytest.raises(tm.ConfigError, match="not both"):
         A(0.05, epsilon=0.05)
     for bad in (0.0, 0.5, 1.0, -0.1):
