@@ -139,7 +139,7 @@ def test_checkpoint_round_trip_and_resume_refuses_foreign_runs(tmp_path):
     model, data = _logistic()
     ck = str(tmp_path / "ck.npz")
     with pytest.warns(tm.TrustWarning):
-        tm.sample(model, data, num_samples=16, checkpoint=ck, seed=3, **_QUICK)
+        tm.sample(model, data, test=tm.acceptance.Exact(), num_samples=16, checkpoint=ck, seed=3, **_QUICK)
     loaded = tm.load_result(ck)
     assert loaded.flat_samples.shape == (2, 16, 3) and not loaded.partial
     assert type(loaded.test).__name__ == "Exact" and type(loaded.proposal).__name__ == "AdaptiveMetropolis"
@@ -378,7 +378,7 @@ def test_streamed_draws_keep_the_checkpoint_flat_and_resume_bit_for_bit(tmp_path
     assert isinstance(r1.flat_samples, np.memmap) and r1.flat_samples.shape == (2, 48, 3)
     loaded = tm.load_result(ck)
     with pytest.warns(tm.TrustWarning):
-        r2 = tm.sample(model, data, resume=loaded, num_samples=400, num_warmup=10, checkpoint=ck, stream_draws=True,
+        r2 = tm.sample(model, data, resume=loaded, num_samples=400, num_warmup=10, checkpoint=ck, stream_draws=True, audit=0.0,
                        checkpoint_every_s=1e-9, callback=callback, progress=False, chunk_size=16)
         straight = tm.sample(model, data, num_samples=400, **kw)
     np.testing.assert_array_equal(r2.flat_samples, straight.flat_samples)

@@ -498,12 +498,9 @@ def sample(
     if auto_draws:
         if num_samples != "auto":
             raise ConfigError(f"num_samples must be an integer >= 0 or 'auto'; got {num_samples!r}")
-        if resume is not None:
-            num_samples = max(int(resume.resume_info.get("num_samples", 0)), resume.num_draws)
-            auto_draws = False
-        else:
-            num_samples = AUTO_MAX_SAMPLES
-            budget_s = AUTO_BUDGET_S if budget_s is None else budget_s
+        # (a resumed run goes on until the goal is met by all its draws, the earlier ones included)
+        num_samples = AUTO_MAX_SAMPLES
+        budget_s = AUTO_BUDGET_S if budget_s is None else budget_s
         if not (min_ess > 0):
             raise ConfigError(f"min_ess must be positive; got {min_ess}")
     for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0), ("num_chains", num_chains, 1)):
