@@ -304,11 +304,122 @@ def test_run_end_to_end(tables, tmp_path, capsys):
 def test_run_reads_parquet_and_npz(tables, tmp_path, fmt, capsys):
     _, paths, _ = tables
     rc = main(["run", str(paths[fmt]), "--target", "late", "--features", "month,air_time", "distance",
-               "--samples", 20, "--warmup", 10, "--chains", 1, "--out", str(tmp_path / "o"), "--quiet"])
+               "--test", "exact", "--samples", 20, "--warmup", 10, "--chains", 1, "--out", str(tmp_path / "o"), "--quiet"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "exact" in captured.out and "distance" in captured.out
     assert (tmp_path / "o" / "posterior.nc").stat().st_size > 0
+
+
+def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
+    """No --test, --proposal or --samples: the recommended method (austerity with control variates and the
+    Langevin proposal, as tallmh.sample chooses) draws until min bulk ESS >= --min-ess and R-hat <= 1.01, then
+    stops; the same method with a fixed handful of draws is the negative control (not trusted)."""
+    _, paths, _ = tables
+    common = ["--target", "late", "--warmup", 300, "--chains", 2, "--quiet"]
+    rc = main(["run", paths["csv"], *common, "--min-ess", 150, "--out", tmp_path / "auto"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    res = json.loads((tmp_path / "auto" / "results.json").read_text())
+    assert res["settings"]["test"] == "auto" and res["settings"]["samples"] == "auto"
+    assert res["methods"][0]["method"] == "austerity-cv" and res["settings"]["label"].startswith("austerity(")
+    assert res["settings"]["proposal"] == "auto" and res["settings"]["proposal_used"] == "langevin"
+    s = res["summary"]
+    assert res["trusted"] and s["ess_min"] >= 150 and s["rhat_max"] <= 1.01
+    draws = s["draws"]
+    assert 50 <= draws < 20_000  # stopped when the goal was met, not at the cap
+    assert any(line.startswith("--samples auto: stopped after") for line in captured.out.splitlines())
+
+    rc = main(["run", paths["csv"], *common, "--samples", 8, "--out", tmp_path / "few"])
+    captured = capsys.readouterr()
+    few = json.loads((tmp_path / "few" / "results.json").read_text())
+    assert rc == 0 and few["methods"][0]["method"] == "austerity-cv"
+    assert not few["trusted"] and few["summary"]["draws"] == 8
+
+
+def test_run_npy_is_sampled_from_disk(tables, tmp_path, capsys, monkeypatch):
+    """A 2-D .npy table is never read whole: two streamed passes write the standardised design next to the
+    cache, which tallmh.data.from_npy opens; the in-memory reader is not used, the standardisation matches
+    the table's, and a second run reuses the design."""
+    import tallmh.data as tm_data
+    import tallmh.datasets as ds
+
+    _, _, df = tables
+    monkeypatch.setenv("TALLMH_CACHE", str(tmp_path / "cache"))
+    table = df.to_numpy(float)
+    table[:, :-1] = 2.0 * table[:, :-1] + 5.0  # features off centre and scale (the target is the last column)
+    np.save(tmp_path / "t.npy", table)
+
+    def no_read(*a, **k):
+        raise AssertionError("the .npy table was read into memory")
+
+    opened = []
+    real = tm_data.from_npy
+    monkeypatch.setattr(ds, "_read_frame", no_read)
+    monkeypatch.setattr(tm_data, "from_npy", lambda *a, **k: opened.append(a) or real(*a, **k))
+    argv = ["run", tmp_path / "t.npy", "--target", "-1", "--test", "exact", "--samples", 20, "--warmup", 10,
+            "--chains", 1]
+    rc = main(argv + ["--out", tmp_path / "o1"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    assert "pass 2 of 2" in captured.err and len(opened) == 1
+    assert "Shape validation" not in captured.err  # ArviZ's note on one chain stays off the terminal
+    res = json.loads((tmp_path / "o1" / "results.json").read_text())
+    st = res["standardisation"]
+    np.testing.assert_allclose(st["center"], table[:, :-1].mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(st["scale"], table[:, :-1].std(axis=0), rtol=1e-9)
+    X = np.load(os.path.join(st["out_of_core"], "X.npy"), mmap_mode="r")
+    z = (table[:, :-1] - table[:, :-1].mean(axis=0)) / table[:, :-1].std(axis=0)
+    np.testing.assert_allclose(X, np.column_stack([np.ones(len(z)), z]), rtol=1e-5, atol=1e-5)
+    rc = main(argv + ["--out", tmp_path / "o2"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "cached" in captured.err and "pass 1 of 2" not in captured.err
+    again = json.loads((tmp_path / "o2" / "results.json").read_text())
+    assert again["coefficients"] == res["coefficients"]
+
+
+# the refusals made before JAX (or pandas) is imported; each runs in one fresh process below
+QUICK = [
+    ["run", "{root}/nope.csv", "--target", "late"],
+    ["run", "{csv}"],
+    ["run", "{csv}", "--target", "late", "--test", "magic"],
+    ["run", "{csv}", "--target", "late", "--samples", "lots"],
+    ["run", "{csv}", "--target", "late", "--samples", "3"],
+    ["run", "{csv}", "--target", "late", "--min-ess", "0"],
+    ["run", "{csv}", "--target", "late", "--proposal", "hmc"],
+    ["run", "{root}/table.txt", "--target", "a"],
+    ["run", "{csv}", "--target", "late", "--error", "0.05", "--epsilon", "0.05"],
+    ["run", "{csv}", "--target", "late", "--noise-sd", "2"],
+    ["run", "{csv}", "--target", "late", "--out", "{root}/a_file"],
+    ["run", "{csv}", "--target", "late", "--out", "{root}/earlier"],
+    ["run", "--resume", "{root}"],
+    ["demo", "--methods", "exact,magic"],
+    ["demo", "--methods", "confidence", "--gamma", "0.5"],
+]
+
+
+def test_refusals_come_before_jax_is_imported(tables):
+    root, paths, _ = tables
+    argvs = [[a.format(root=root, csv=paths["csv"]) for a in argv] for argv in QUICK]
+    code = ("import json, sys\n"
+            "from tallmh.cli import main\n"
+            "out = []\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    out.append([main(argv), 'jax' in sys.modules, 'pandas' in sys.modules])\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], capture_output=True, text=True,
+                          timeout=120, env=_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == len(QUICK) and all(e.startswith("tallmh: error: ") for e in errors), proc.stderr
+    for argv, (rc, jax_loaded, pandas_loaded), err in zip(QUICK, got, errors):
+        assert rc != 0 and not jax_loaded and not pandas_loaded, (argv, err)
+    # the negative control: a run that gets past the checks does import it
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([["run", str(paths["csv"]), "--target", "month",
+                                                                     "--out", str(root / "never")]])],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert json.loads(proc.stdout) == [[1, True, True]] and "not binary" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -342,7 +453,8 @@ BAD = [
     ("unknown option", ["run", "{csv}", "--target", "late", "--frobnicate"], "unrecognized arguments"),
     ("unknown test", ["run", "{csv}", "--target", "late", "--test", "magic"], "invalid choice"),
     ("unknown method", ["demo", "--methods", "exact,magic"], "unknown method 'magic'"),
-    ("demo rows < batch", ["demo", "--rows", "300", "--methods", "exact,austerity"], "fewer than the largest batch"),
+    ("demo rows < batch", ["demo", "--rows", "300", "--methods", "exact,austerity", "--batch-size", "500"],
+     "fewer than the largest batch"),
 ]
 
 

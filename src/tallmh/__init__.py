@@ -9,15 +9,36 @@ Quick start::
     print(result.summary())
 """
 
-from . import acceptance, blocks, diagnostics, models, proposals
-from .blocks import Cycle, sample_program
-from .control_variates import ControlVariates
-from .errors import ConfigError, DataError, ModelError, TallmhError, TrustWarning
-from .kernel import build_kernel
-from .model import Model
-from .numpyro_model import from_numpyro
-from .results import Result, Summary, load_result
-from .sampling import decide, decision_fn, sample
+import importlib
+
+# Names are imported on first use (PEP 562), so that ``import tallmh`` (and the ``tallmh`` command's
+# argument checks) do not load JAX until something needs it.
+_SUBMODULES = ("acceptance", "blocks", "diagnostics", "models", "proposals", "data", "datasource", "compare",
+               "report", "results", "sampling", "distributed", "datasets", "errors", "kernel", "model",
+               "control_variates", "numpyro_model", "cli")
+_NAMES = {
+    "Cycle": "blocks", "sample_program": "blocks", "ControlVariates": "control_variates",
+    "ConfigError": "errors", "DataError": "errors", "ModelError": "errors", "TallmhError": "errors",
+    "TrustWarning": "errors", "build_kernel": "kernel", "Model": "model", "from_numpyro": "numpyro_model",
+    "Result": "results", "Summary": "results", "load_result": "results", "decide": "sampling",
+    "decision_fn": "sampling", "sample": "sampling",
+}
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        value = getattr(importlib.import_module("." + _NAMES[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES) | set(_SUBMODULES))
+
 
 __version__ = "0.1.0"
 

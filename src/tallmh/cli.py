@@ -94,6 +94,21 @@ def _fraction(name, lo_open=True):
     return f
 
 
+def _batch_size(s):
+    if str(s).strip().lower() == "auto":
+        return "auto"
+    return _int_at_least("--batch-size", 2)(s)
+
+
+def _samples(s):
+    if str(s).strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int_at_least("--samples", 4)(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--samples must be 'auto' or an integer of at least 4; got {s!r}") from None
+
+
 def _add_method_options(p, barker_batch_default=1000):
     g = p.add_argument_group("method options")
     g.add_argument("--error", type=_fraction("--error"), default=None,
@@ -102,8 +117,8 @@ def _add_method_options(p, barker_batch_default=1000):
     g.add_argument("--epsilon", type=_fraction("--epsilon"), default=None,
                    help="austerity: the paper's Alg. 1 instead, with this level for each sequential t-test look "
                         "(the whole step errs more often)")
-    g.add_argument("--batch-size", type=_int_at_least("--batch-size", 2), default=500,
-                   help="austerity: items added per look")
+    g.add_argument("--batch-size", type=_batch_size, default="auto",
+                   help="austerity: items added per look, or auto (chosen with the per-step error promise kept)")
     g.add_argument("--delta", type=_fraction("--delta"), default=0.01,
                    help="confidence: allowed probability that a decision differs from exact MH")
     g.add_argument("--bound", choices=BOUNDS, default="bernstein-serfling", help="confidence: concentration bound")
@@ -205,15 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
                           "prior log sigma ~ N(0, s^2), s = --noise-prior-scale)")
     run.add_argument("--noise-prior-scale", type=_positive_float("--noise-prior-scale"), default=5.0,
                      help="linear: sd of the normal prior on the log of the noise sd")
-    run.add_argument("--test", choices=METHODS, default="exact",
-                     help="acceptance test; a '-cv' suffix adds second-order Taylor control variates at the mode")
-    run.add_argument("--samples", type=_int_at_least("--samples", 4), default=None,
-                     help="draws kept per chain (default 2000; with --resume: the new total)")
+    run.add_argument("--test", choices=("auto",) + METHODS, default="auto",
+                     help="acceptance test. auto: the recommended one, austerity with a per-step error target "
+                          "(--error) and second-order Taylor control variates at the mode, as tallmh.sample "
+                          "chooses; exact: exact MH, reading every row at every step; a '-cv' suffix adds the "
+                          "control variates to an approximate test")
+    run.add_argument("--samples", type=_samples, default=None,
+                     help="draws kept per chain, or auto: draw until the smallest bulk ESS is at least --min-ess "
+                          "and every R-hat at most 1.01 (within 600 s of sampling) (default: auto; with "
+                          "--resume: the new total)")
+    run.add_argument("--min-ess", type=_positive_float("--min-ess"), default=400.0,
+                     help="--samples auto: the bulk ESS every coefficient must reach")
     run.add_argument("--warmup", type=_int_at_least("--warmup", 0), default=1000,
                      help="warmup steps per chain (proposal adaptation; discarded)")
-    run.add_argument("--proposal", choices=("adaptive", "laplace"), default="adaptive",
-                     help="adaptive Metropolis, or a random walk with covariance 2.38^2/d times the inverse "
-                          "Hessian at the mode")
+    run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
+                     help="auto: langevin with control variates, else adaptive; langevin: preconditioned adaptive "
+                          "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "
+                          "random walk with covariance 2.38^2/d times the inverse Hessian at the mode")
     run.add_argument("--start", choices=("mode", "zero"), default="mode",
                      help="mode: chains start dispersed around the posterior mode (Newton's method, its full passes "
                           "counted; Laplace draws); zero: all at the model's default start (zeros)")
@@ -360,21 +383,38 @@ def _disarm(previous):
             pass
 
 
+def _check_test_args(name: str, args):
+    """The method options' refusals, made before anything heavy is imported."""
+    name = name[:-3] if name.endswith("-cv") else name
+    if name in ("austerity", "auto") and args.epsilon is not None and args.error is not None:
+        raise CLIError("--error (per-step error target) and --epsilon (per-look level) exclude each other")
+    if name == "confidence" and not args.gamma > 1:
+        raise CLIError(f"--gamma must be greater than 1; got {args.gamma}")
+    if name not in ("auto",) + METHODS:
+        raise CLIError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+
+
+def _default_test_options(args) -> bool:
+    """Whether --test auto runs with tallmh.sample's own choice (no austerity option given)."""
+    return args.error is None and args.epsilon is None and args.batch_size == "auto"
+
+
 def _make_test(name: str, args):
+    """The test object; None for ``auto`` with default options (tallmh.sample then picks the recommended
+    one)."""
+    _check_test_args(name, args)
+    if name == "auto" and _default_test_options(args):
+        return None
     import tallmh as tm
 
     name = name[:-3] if name.endswith("-cv") else name
     if name == "exact":
         return tm.acceptance.Exact()
-    if name == "austerity":
-        if args.epsilon is not None and args.error is not None:
-            raise CLIError("--error (per-step error target) and --epsilon (per-look level) exclude each other")
+    if name in ("austerity", "auto"):
         if args.epsilon is not None:
             return tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch_size)
         return tm.acceptance.Austerity(error=0.05 if args.error is None else args.error, batch_size=args.batch_size)
     if name == "confidence":
-        if not args.gamma > 1:
-            raise CLIError(f"--gamma must be greater than 1; got {args.gamma}")
         return tm.acceptance.Confidence(delta=args.delta, bound=args.bound, p=2.0, gamma=args.gamma,
                                         initial_batch=args.initial_batch)
     if name == "barker":
@@ -384,11 +424,14 @@ def _make_test(name: str, args):
 
 def _batch_of(name: str, args) -> int:
     name = name[:-3] if name.endswith("-cv") else name
-    return {"exact": 1, "austerity": args.batch_size, "confidence": args.initial_batch,
+    austerity = 2 if args.batch_size == "auto" else args.batch_size  # "auto" fits the rows there are
+    return {"exact": 1, "austerity": austerity, "auto": austerity, "confidence": args.initial_batch,
             "barker": args.barker_batch}[name]
 
 
 def _method_config(name: str, args) -> dict:
+    if name == "auto":
+        return {**_method_config("austerity-cv", args), "chosen_by": "--test auto (the recommended method)"}
     if name.endswith("-cv"):
         return {**_method_config(name[:-3], args), "control_variates": "Taylor, order 2, at the posterior mode"}
     if name == "austerity":
@@ -442,8 +485,11 @@ def _cmd_demo(args, argv):
         _say(args, "tallmh demo: " + m)
 
     methods = _parse_methods(args.methods)
-    tests = {m: _make_test(m, args) for m in methods}
+    for m in methods:
+        _check_test_args(m, args)
     out = OutFolder(args.out, overwrite=args.overwrite)
+    _quiet_libraries()
+    tests = {m: _make_test(m, args) for m in methods}
     cache_dir = os.path.abspath(os.path.expanduser(args.cache or cmp.default_cache_dir()))
     _use_compile_cache(cache_dir)
 
@@ -585,7 +631,8 @@ def _split_features(values):
 # settings of a run saved in run.json and restored by --resume
 _RUN_KEYS = ("data", "target", "features", "model", "noise_sd", "noise_prior_scale", "test", "samples", "warmup",
              "proposal", "start", "no_standardize", "no_intercept", "epsilon", "batch_size", "delta", "bound",
-             "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale", "error")
+             "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale", "error",
+             "min_ess")
 
 
 def _load_design(args):
@@ -619,6 +666,156 @@ def _load_design(args):
                        "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
                                                   else ""))}
     return Z.astype(np.float32), t.y.astype(np.float32), names, scaling
+
+
+def _is_npy_table(args) -> bool:
+    """A plain 2-D ``.npy`` table: sampled from disk (:func:`_npy_design`) rather than read into memory."""
+    if getattr(args, "formula", None) is not None or not str(args.data).lower().endswith(".npy"):
+        return False
+    try:
+        mm = np.load(args.data, mmap_mode="r", allow_pickle=False)
+    except Exception:  # noqa: BLE001 - the in-memory reader gives the one-line error
+        return False
+    return isinstance(mm, np.ndarray) and mm.ndim == 2 and mm.dtype.names is None
+
+
+def _npy_design(args, say):
+    """The design of a 2-D ``.npy`` table built out of core: one streamed pass (in blocks of about 32 MB)
+    checks the columns and computes their means and sds, a second writes the standardised design (float32,
+    intercept first) and the target as ``.npy`` files in the cache folder, which are then opened with
+    :func:`tallmh.data.from_npy` (memory maps: the chains read only the rows they use). The cache is keyed
+    by the file (path, size, modification time) and the settings, so a second run on the same table skips
+    both passes.
+
+    Returns ``(data, on_disk, names, scaling, digest)``: the from_npy pytree, the same files as NumPy memory
+    maps, the names, the standardisation (as :func:`_load_design`) and a SHA-256 of the file and settings.
+    """
+    import hashlib
+    import types
+
+    from .compare import default_cache_dir
+    from .datasets import _column
+    from .errors import DataError
+
+    path = os.path.abspath(args.data)
+    mm = np.load(path, mmap_mode="r", allow_pickle=False)
+    n, p = mm.shape
+    if n == 0 or p == 0:
+        raise DataError(f"{path} holds no rows")
+    if not (np.issubdtype(mm.dtype, np.number) or mm.dtype == bool):
+        raise DataError(f"{path}: a .npy table must be numeric; got dtype {mm.dtype}")
+    frame = types.SimpleNamespace(columns=[str(j) for j in range(p)])
+    tcol = _column(frame, str(args.target), path)
+    feats = _split_features(args.features)
+    if not feats:
+        fcols = [c for c in frame.columns if c != tcol]
+    else:
+        fcols = []
+        for f in feats:
+            c = _column(frame, str(f), path)
+            if c == tcol:
+                raise DataError(f"column {f!r} is the target; it cannot also be a feature")
+            if c in fcols:
+                raise DataError(f"feature {f!r} is listed twice")
+            fcols.append(c)
+    if not fcols:
+        raise DataError(f"{path} has no feature columns besides the target {args.target!r}")
+    if n < _batch_of(args.test, args):
+        raise DataError(f"{path} has {n} rows, fewer than the batch size {_batch_of(args.test, args)}; use a "
+                        "smaller batch")
+    ti, fi = int(tcol), [int(c) for c in fcols]
+    intercept, standardise = not args.no_intercept, not args.no_standardize
+    binary = args.model == "logistic"
+    st = os.stat(path)
+    settings = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "target": ti, "features": fi,
+                "intercept": intercept, "standardise": standardise, "binary": binary, "version": 1}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:24]
+    root = os.path.join(os.path.abspath(os.path.expanduser(default_cache_dir())), "tables")
+    folder = os.path.join(root, key)
+    meta_path = os.path.join(folder, "design.json")
+    meta = None
+    if os.path.exists(meta_path):
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = None
+    if meta is None:
+        block = max(1, 2**25 // (8 * p))
+        h = hashlib.sha256(json.dumps({k: settings[k] for k in ("target", "features", "intercept", "standardise",
+                                                               "binary")}, sort_keys=True).encode())
+        h.update(str((mm.shape, str(mm.dtype))).encode())
+        shift = np.asarray(mm[0], np.float64)
+        s1 = np.zeros(p)
+        s2 = np.zeros(p)
+        say(f"{os.path.basename(path)}: {n:,} rows x {p} columns, read from disk in blocks (pass 1 of 2: checks, "
+            "means and sds)")
+        for a in range(0, n, block):
+            raw = np.ascontiguousarray(mm[a:a + block])
+            h.update(raw.tobytes())
+            z = raw.astype(np.float64)
+            bad = ~np.isfinite(z[:, [ti] + fi])
+            if bad.any():
+                r, c = np.argwhere(bad)[0]
+                col = ([ti] + fi)[c]
+                kind = "NaN or missing" if np.isnan(z[r, col]) else "infinite"
+                raise DataError(f"column '{col}' has {kind} value(s) (first at row {a + r}); drop or fill them first")
+            if binary and not np.all((z[:, ti] == 0) | (z[:, ti] == 1)):
+                v = z[:, ti][(z[:, ti] != 0) & (z[:, ti] != 1)][0]
+                raise DataError(f"target '{ti}' is not binary: logistic regression needs 0/1 values, found {v:g}")
+            z -= shift
+            s1 += z.sum(axis=0)
+            s2 += (z * z).sum(axis=0)
+        mean_c = s1 / n
+        var = np.maximum(s2 / n - mean_c**2, 0.0)
+        mean, sd = (mean_c + shift)[fi], np.sqrt(var)[fi]
+        for j, c in enumerate(fcols):
+            if not (sd[j] > 0):
+                raise DataError(f"feature {c!r} is constant (every row is {float(mm[0, fi[j]]):g}); drop it")
+        if standardise:
+            center, scale = (mean if intercept else np.zeros_like(mean)), sd
+        else:
+            center, scale = np.zeros_like(mean), np.ones_like(sd)
+        d = len(fi) + int(intercept)
+        tmp = f"{folder}.tmp-{os.getpid()}"
+        os.makedirs(tmp, exist_ok=True)
+        say(f"pass 2 of 2: writing the standardised design ({n * (d + 1) * 4 / 1e6:,.1f} MB) to {folder}")
+        X = np.lib.format.open_memmap(os.path.join(tmp, "X.npy"), mode="w+", dtype=np.float32, shape=(n, d))
+        y = np.lib.format.open_memmap(os.path.join(tmp, "y.npy"), mode="w+", dtype=np.float32, shape=(n,))
+        for a in range(0, n, block):
+            z = np.asarray(mm[a:a + block], np.float64)
+            b = min(a + block, n)
+            if intercept:
+                X[a:b, 0] = 1.0
+            X[a:b, int(intercept):] = (z[:, fi] - center) / scale
+            y[a:b] = z[:, ti]
+        X.flush()
+        y.flush()
+        del X, y
+        meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist()}
+        with open(os.path.join(tmp, "design.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # made meanwhile by another run: use it
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        say(f"{os.path.basename(path)}: the design cached in {folder}")
+    import tallmh as tm
+
+    files = {"X": os.path.join(folder, "X.npy"), "y": os.path.join(folder, "y.npy")}
+    data = tm.data.from_npy(files, check_finite=False)  # checked in the first pass
+    on_disk = {k: np.load(v, mmap_mode="r") for k, v in files.items()}
+    names = (["intercept"] if intercept else []) + list(fcols)
+    scaling = {"standardised": standardise, "intercept": intercept, "features": list(fcols),
+               "center": np.asarray(meta["center"]), "scale": np.asarray(meta["scale"]),
+               "how": ("x_std = (x - center) / scale for each feature; coefficients on the original scale: "
+                       "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
+                                                  else "")),
+               "out_of_core": folder}
+    return data, on_disk, names, scaling, meta["digest"]
 
 
 def _original_scale(draws, scaling):
@@ -667,6 +864,39 @@ def _restore_args(args):
     return saved, ck
 
 
+def _check_data_file(path):
+    """The refusals of a data path that need no reading (made before anything heavy is imported)."""
+    from .datasets import _SUFFIXES
+    from .errors import DataError
+
+    if not os.path.exists(path):
+        raise DataError(f"data file not found: {path}")
+    if os.path.isdir(path):
+        raise DataError(f"data path is a folder, not a file: {path}")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in _SUFFIXES:
+        raise DataError(f"cannot read {path}: unknown file type {suffix or '(none)'}; use .csv, .parquet, .npy or .npz")
+
+
+def _quiet_libraries():
+    """ArviZ's notes (e.g. that one chain gives no R-hat) and shape-validation warnings stay off the terminal;
+    imported here, after the arguments are checked, so that refusals are quick."""
+    import arviz  # imported now so that the level below holds (ArviZ sets its own on import)
+
+    logging.getLogger("arviz").setLevel(logging.ERROR)
+    if isinstance(getattr(arviz, "_log", None), logging.Logger):  # ArviZ logs through its own Logger instance
+        arviz._log.setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module="arviz")
+
+
+def _run_name(result, args) -> str:
+    """The method's short name (as in the demo): ``--test auto`` names what it chose, e.g. ``austerity-cv``."""
+    if args.test != "auto":
+        return args.test
+    name = str(getattr(result.test, "name", "auto"))
+    return name + ("-cv" if getattr(result, "control_variates", None) is not None else "")
+
+
 def _cmd_run(args, argv):
     import tallmh as tm
     from . import compare as cmp
@@ -684,12 +914,14 @@ def _cmd_run(args, argv):
             raise CLIError("the following arguments are required: DATA (or --resume DIR)")
         if args.target is None:
             raise CLIError("the following arguments are required: --target")
+        _check_data_file(args.data)
     if args.samples is None:
-        args.samples = 2000
+        args.samples = "auto"
     if args.model == "logistic" and args.noise_sd is not None:
         raise CLIError("--noise-sd is for --model linear")
-    test = _make_test(args.test, args)
+    _check_test_args(args.test, args)
     out = OutFolder(args.out, overwrite=args.overwrite, resuming=bool(args.resume))
+    test = _make_test(args.test, args)
     try:
         return _run(args, argv, test, out, saved, ck_path, say, t_all)
     except BaseException:
@@ -707,11 +939,16 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
     import tallmh as tm
     from . import compare as cmp
 
+    _quiet_libraries()
     _use_compile_cache(os.path.abspath(os.path.expanduser(cmp.default_cache_dir())))
-    X, y, names, scaling = _load_design(args)
-    data = {"X": X, "y": y}
-    n, d = X.shape
-    digest = cmp.data_digest(data)
+    on_disk = None
+    if _is_npy_table(args):
+        data, on_disk, names, scaling, digest = _npy_design(args, say)
+    else:
+        X, y, names, scaling = _load_design(args)
+        data = {"X": X, "y": y}
+        digest = cmp.data_digest(data)
+    n, d = data["X"].shape
     if saved is not None and saved.get("data_sha256") != digest:
         raise CLIError(f"--resume: {args.data} is not the data of the saved run (it changed since); cannot continue")
     if args.model == "logistic":
@@ -733,7 +970,8 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
         except Exception as e:  # noqa: BLE001 - one line
             raise CLIError(f"--resume: cannot read the checkpoint {ck_path}: {e}") from None
         done = resume.flat_samples.shape[1]
-        if done >= args.samples and not resume.partial and resume.flat_warmup.shape[1] >= args.warmup:
+        if (args.samples == "auto" or done >= args.samples) and not resume.partial \
+                and resume.flat_warmup.shape[1] >= args.warmup:
             raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
                            f"with a larger total to draw more")
         say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
@@ -744,12 +982,18 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
         kw = dict(resume=resume)
     else:
         if args.proposal == "laplace":
-            mode = cmp.posterior_mode(model, data)
+            mode = cmp.posterior_mode(model, data if on_disk is None else on_disk)
             say(f"posterior mode: {mode.passes} full pass(es) over the data, {mode.seconds:.1f} s")
         # --start mode: tm.sample finds the mode itself and starts the chains dispersed around it (Laplace)
         init = None if args.start == "mode" else model.init(data)
-        proposal = cmp.laplace_proposal(mode.cov) if args.proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
-        cvopt = tm.ControlVariates(order=2) if args.test.endswith("-cv") else None
+        # --proposal auto: tm.sample's default (Langevin with control variates, adaptive Metropolis without)
+        proposal = {"laplace": lambda: cmp.laplace_proposal(mode.cov),
+                    "adaptive": tm.proposals.AdaptiveMetropolis,
+                    "langevin": lambda: tm.proposals.Langevin(batch_size=min(100, n)),
+                    "auto": lambda: None}[args.proposal]()
+        # --test auto: control variates on (tm.sample turns them on itself when it picks the test)
+        cvopt = tm.ControlVariates(order=2) if args.test.endswith("-cv") or (args.test == "auto" and test is not None) \
+            else None
         kw = dict(test=test, proposal=proposal, num_chains=args.chains, seed=args.seed, init=init,
                   control_variates=cvopt)
         settings = {"command": "tallmh " + " ".join(argv), "created": _now(), "settings": _run_settings(args),
@@ -760,7 +1004,7 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
 
         write_json(out.file(RUN_SETTINGS), settings)
     ck = out.file(CHECKPOINT)
-    result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup,
+    result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
                        progress=False if args.quiet else None, checkpoint=ck,
                        checkpoint_every_s=args.checkpoint_every, **kw)
     prev = _arm_second_interrupt() if result.partial else None
@@ -798,10 +1042,14 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     warm_s, samp_s = float(t.get("warmup_s", 0.0)), float(t.get("sampling_s", 0.0))
     warm_times = np.tile((np.arange(1, kw + 1) / max(kw, 1)) * warm_s, (c, 1))
     times = np.tile(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, 1))
-    label = _label(result, args.test)
-    run = rp.MethodRun(name=args.test, result=result, times=times, warmup_times=warm_times,
+    name = _run_name(result, args)
+    label = _label(result, name)
+    config = _method_config(name if name in METHODS else args.test, args)
+    if args.test == "auto":
+        config["chosen_by"] = "--test auto (the recommended method)"
+    run = rp.MethodRun(name=name, result=result, times=times, warmup_times=warm_times,
                        seconds=warm_s + samp_s, compile_s=float(t.get("compile_s", 0.0)), steps=c * (k + kw),
-                       config={**_method_config(args.test, args), "label": label})
+                       config={**config, "label": label})
     trusted, verdict, warns = _verdict(result)
     row = rp.method_row(run)
     for key in ("max_mean_err_sd", "max_err_z"):
@@ -831,6 +1079,9 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     _print(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, N = {n:,}; "
            f"method {label}; {c} chain(s) x {k} draws ({kw} warmup)" + (" [PARTIAL]" if result.partial else ""))
     _print(f"verdict: {verdict}")
+    for note in getattr(result, "notes", None) or []:  # --samples auto: which goal was reached
+        if str(note).startswith("num_samples='auto'"):
+            _print("--samples auto" + str(note)[len("num_samples='auto'"):])
     from .results import audit_line
 
     audit_text = audit_line(result.summary().overall).strip()
@@ -869,13 +1120,15 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
         "model": {"name": f"{args.model} regression", "prior": prior_text, "prior_scale": args.prior_scale,
                   **({"noise_sd": args.noise_sd if args.noise_sd is not None else "sampled",
                       "noise_prior_scale": args.noise_prior_scale} if args.model == "linear" else {})},
-        "settings": {"test": args.test, "label": label, "samples": args.samples, "warmup": args.warmup,
+        "settings": {"test": args.test, "label": label, "samples": args.samples, "min_ess": args.min_ess,
+                     "warmup": args.warmup,
                      "chains": args.chains, "seed": args.seed, "start": args.start, "proposal": args.proposal,
+                     "proposal_used": str(getattr(result.proposal, "name", type(result.proposal).__name__)),
                      "checkpoint_every_s": args.checkpoint_every},
         "partial": bool(result.partial), "trusted": trusted, "verdict": verdict, "warnings": warns,
         "mode": None if mode is None else {"theta": mode.theta, "passes": mode.passes, "laplace_sd": mode.sd},
         "timings": t, "methods": [row], "summary": overall,
-        "parameters": param_names, "per_parameter": {args.test: cmp._per_param(run, param_names)},
+        "parameters": param_names, "per_parameter": {name: cmp._per_param(run, param_names)},
         "coefficients": {"names": coef_names, "scale": "original" if scaling["standardised"] else "as given",
                          "table": {nm: {kk: float(v) for kk, v in coef_tab.loc[nm].items()} for nm in coef_names}},
         "table_text": text,
@@ -958,9 +1211,6 @@ def _main(argv) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
-        import arviz  # noqa: F401 - imported now so that the level below holds (ArviZ sets its own on import)
-
-        logging.getLogger("arviz").setLevel(logging.ERROR)  # e.g. its note that one chain gives no R-hat
         with warnings.catch_warnings():
             # the verdict line says it: no repeated TrustWarning lines on the terminal
             try:

@@ -132,9 +132,11 @@ def param_table(x, names):
         import logging
 
         ds = az.convert_to_dataset({"theta": np.asarray(x, np.float64)})
-        log = logging.getLogger("arviz")
-        level = log.level
-        log.setLevel(logging.ERROR)  # ArviZ logs a warning for a single chain; R-hat is then left out
+        # ArviZ logs a warning for a single chain (R-hat is then left out), through its own Logger instance
+        logs = [lg for lg in (logging.getLogger("arviz"), getattr(az, "_log", None)) if isinstance(lg, logging.Logger)]
+        levels = [lg.level for lg in logs]
+        for lg in logs:
+            lg.setLevel(logging.ERROR)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -143,7 +145,8 @@ def param_table(x, names):
                 if c >= 2:
                     cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
         finally:
-            log.setLevel(level)
+            for lg, level in zip(logs, levels):
+                lg.setLevel(level)
     df = pd.DataFrame(cols, index=pd.Index(list(names), name="param"))
     return df
 
