@@ -21,7 +21,8 @@ from tallmh.compare import data_digest, posterior_mode, reference_posterior
 from tallmh.datasets import load_flights
 
 ROWS = 2500  # flights in the demo slice
-METHODS = ["exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv"]
+METHODS = ["recommended", "exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv"]
+DEFAULT = ["recommended", "exact", "austerity"]  # the demo's default methods
 
 
 def _env():
@@ -75,7 +76,7 @@ def _table_rows(stdout):
     return rows
 
 
-@pytest.mark.slow  # the demo of all seven methods: about a minute
+@pytest.mark.slow  # the demo: about a minute
 def test_demo_exits_zero_and_prints_the_table(demo):
     proc, _, _ = demo
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -84,34 +85,39 @@ def test_demo_exits_zero_and_prints_the_table(demo):
     for col in ("draws", "draws/s", "accept", "data/step", "ESS min", "ESS/s", "max|mean-ref|/sd"):
         assert col in header
     rows = _table_rows(proc.stdout)
-    assert sorted(rows) == sorted(METHODS)
+    assert sorted(rows) == sorted(DEFAULT)
+    assert header.split()[:3] == ["method", "trusted", "accurate"]  # the verdict and the accuracy apart
     # exact MH reads every row at every step; the approximate tests never read more
-    assert rows["exact"][6] == "100.000%"
-    for m in METHODS:
-        assert rows[m][1] in ("yes", "no")  # accurate
-        assert int(rows[m][2]) > 0  # draws
+    assert rows["exact"][7] == "100.000%"
+    for m in DEFAULT:
+        assert rows[m][1] in ("yes", "no") and rows[m][2] in ("yes", "no")  # trusted, accurate
+        assert int(rows[m][3]) > 0  # draws
     assert "compile seconds" in proc.stdout and "reference:" in proc.stdout
     # one verdict line per method
     verdicts = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
-    assert sorted(v.split(":")[0] for v in verdicts) == sorted(METHODS)
+    assert sorted(v.split(":")[0] for v in verdicts) == sorted(DEFAULT)
     assert all(v.split(": ", 1)[1].startswith(("trusted", "NOT trusted: ")) for v in verdicts)
+    # the last line: the lesson, computed from this run's table
+    res = json.loads((demo[1] / "results.json").read_text())
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("lesson: ") and last[len("lesson: "):] == res["lesson"]
 
 
-@pytest.mark.slow  # the demo of all seven methods: about a minute
+@pytest.mark.slow  # the demo: about a minute
 def test_demo_table_is_sorted_accurate_first_then_by_ess_per_s(demo):
     proc, out, _ = demo
     res = json.loads((out / "results.json").read_text())
     rows = res["methods"]
-    acc = [r["accurate"] for r in rows]
+    acc = [r["accurate"] and r["trusted"] for r in rows]
     assert acc == sorted(acc, reverse=True)  # True before False
     for group in (True, False):
-        eps = [r["ess_per_s"] or 0.0 for r in rows if r["accurate"] is group]
+        eps = [r["ess_per_s"] or 0.0 for r in rows if (r["accurate"] and r["trusted"]) is group]
         assert eps == sorted(eps, reverse=True)
     printed = [m for m in _table_rows(proc.stdout)]
     assert printed == [r["method"] for r in rows]
 
 
-@pytest.mark.slow  # the demo of all seven methods: about a minute
+@pytest.mark.slow  # the demo: about a minute
 def test_demo_writes_a_complete_report(demo):
     import arviz as az
 
@@ -126,10 +132,10 @@ def test_demo_writes_a_complete_report(demo):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
 
     res = json.loads((out / "results.json").read_text())
-    assert sorted(m["method"] for m in res["methods"]) == sorted(METHODS)
+    assert sorted(m["method"] for m in res["methods"]) == sorted(DEFAULT)
     printed = _table_rows(proc.stdout)
     for m in res["methods"]:
-        assert m["draws"] == int(printed[m["method"]][2])  # the JSON holds the numbers printed
+        assert m["draws"] == int(printed[m["method"]][3])  # the JSON holds the numbers printed
         assert 0 < m["data_fraction"] <= 1 and m["ess_min"] > 0 and m["seconds"] > 0
         assert m["max_mean_err_sd"] is not None and m["max_mean_err_sd"] >= 0
         assert 0 < m["sd_ratio_min"] <= m["sd_ratio_max"]
@@ -148,14 +154,14 @@ def test_demo_writes_a_complete_report(demo):
         assert "n_data" in idata.sample_stats
 
 
-@pytest.mark.slow  # the demo of all seven methods: about a minute
+@pytest.mark.slow  # the demo: about a minute
 def test_demo_keeps_existing_files_and_leaves_no_temporaries(demo):
     _, out, _ = demo
     assert (out / "keep.txt").read_text() == "written before the demo"
     assert not [p for p in os.listdir(out) if p.startswith(".tallmh")]
 
 
-@pytest.mark.slow  # the demo of all seven methods: about a minute
+@pytest.mark.slow  # the demo: about a minute
 def test_demo_refuses_to_replace_an_earlier_report(demo, tmp_path):
     _, out, _ = demo
     before = _snapshot(out)
@@ -164,7 +170,7 @@ def test_demo_refuses_to_replace_an_earlier_report(demo, tmp_path):
     assert _snapshot(out) == before
 
 
-@pytest.mark.slow  # the demo of all seven methods: about a minute
+@pytest.mark.slow  # the demo: about a minute
 def test_demo_caches_the_reference_with_how_it_was_made(demo):
     proc, out, cache = demo
     assert proc.returncode == 0

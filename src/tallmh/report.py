@@ -28,6 +28,7 @@ __all__ = [
 # (key in a row, header printed, format)
 COLUMNS = [
     ("method", "method", "{}"),
+    ("trusted_col", "trusted", "{}"),
     ("accurate_col", "accurate", "{}"),
     ("draws", "draws", "{:d}"),
     ("seconds", "seconds", "{:.1f}"),
@@ -44,9 +45,11 @@ COLUMNS = [
 
 
 COLUMNS_HELP = (
-    "<i>accurate</i>: the method's own checks passed (its verdict), and no posterior mean is more than 0.2 "
-    "reference sd from the reference mean and no sd outside 0.8-1.25 times the reference sd by more than 3 Monte "
-    "Carlo standard errors (this run's and the reference's); the table lists the accurate methods first, then "
+    "<i>trusted</i>: the method's own checks passed (its verdict: R-hat, ESS, the audited error rate, ...), "
+    "without looking at the reference; <i>accurate</i>: checked against the reference: no posterior mean is "
+    "more than 0.2 reference sd from the reference mean and no sd outside 0.8-1.25 times the reference sd by more "
+    "than 3 Monte Carlo standard errors (this run's and the reference's); the table lists the methods that are "
+    "both first, then "
     "by ESS/s. <i>draws</i>: kept sampling draws, all chains; <i>seconds</i>: "
     "warmup and sampling, compilation excluded; <i>accept</i>: acceptance rate; <i>data/step</i>: mean share of "
     "the N items read by one accept/reject decision; <i>ESS min</i>: smallest bulk effective sample size over "
