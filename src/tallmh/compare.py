@@ -59,6 +59,11 @@ ACCURATE_MEAN_SD = 0.2
 ACCURATE_SD_RATIO = (0.8, 1.25)
 
 
+def _n(count: int, word: str) -> str:
+    """``1 chain``, ``2 chains``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
@@ -264,11 +269,16 @@ def _accuracy_problems(row) -> List[str]:
     return out
 
 
+# a method with a smallest bulk ESS under this that shows no error against the reference is "unclear": its
+# Monte Carlo error is too large for the check to mean much (its marginals are greyed in the report)
+MIN_ESS_TO_TELL = 100
+
+
 def sort_rows(rows: Sequence[dict]) -> List[dict]:
     """Rows sorted by what matters: trusted and accurate first, then by ESS per second, largest first."""
     def key(r):
-        acc = r.get("accurate")
-        ok = bool(r.get("trusted", True)) and (acc is None or bool(acc))
+        acc = r.get("accurate", True)
+        ok = bool(r.get("trusted", True)) and bool(acc)
         eps = r.get("ess_per_s")
         eps = eps if isinstance(eps, (int, float)) and np.isfinite(eps) else -1.0
         return (0 if ok else 1, -eps)
@@ -427,7 +437,7 @@ def reference_posterior(model, data, mode: Mode, *, draws: int = 5000, chains: i
     rhat = [tm.diagnostics.rhat(arr[:, :, j]) for j in range(d)] if chains > 1 else [float("nan")] * d
     info = {
         "how": (f"exact Metropolis-Hastings (tallmh Exact test, all N = {n:,} rows every step), "
-                f"{chains} chain(s) x {draws} draws after {burn} burn-in steps each; each chain starts at an "
+                f"{_n(chains, 'chain')} x {_n(draws, 'draw')} after {_n(burn, 'burn-in step')} each; each chain starts at an "
                 f"independent draw from the Laplace approximation at the posterior mode; "
                 f"proposal: Gaussian random walk with covariance 2.38^2/d times the Laplace covariance"),
         "method": "exact-mh", "chains": chains, "draws_per_chain": draws, "burn_in": burn, "seed": seed,
@@ -572,9 +582,12 @@ class Comparison:
              "Each panel: one parameter of one method against seconds into the run; one colour per chain, "
              "warmup in grey."),
             ("Marginals against the reference" if self.reference is not None else "Marginals", "marginals.png",
-             "marginal histograms of each method", "Density of the draws of each parameter"
-             + ("; grey: the exact-MH reference." if self.reference is not None else ".")
-             + " Draws outside the plotted range are counted in the panel's note, not piled into the end bins."),
+             "marginal densities of each method", "Density of each parameter"
+             + (": the exact-MH reference as a grey area, each method as a line over it" if self.reference is not None
+                else ", each method as a line")
+             + " (kernel density estimates). A method with a bulk ESS under 100 is a grey dotted line, labelled "
+             "with its ESS: its curve is mostly noise. Draws outside the plotted range are counted in the panel's "
+             "note."),
             ("Data used per step", "data_per_step.png", "histograms of data items read per step",
              "Items read by each accept/reject decision, log-log axes (compare Fig. 2 of the minibatch Barker "
              "paper)."),
@@ -622,15 +635,18 @@ def finish_rows(runs, ref=None, names=None) -> List[dict]:
         problems = _accuracy_problems(row) if ref is not None else []
         row["problems"] = problems
         # two separate questions: does the method trust itself (its verdict), and do its draws agree with the
-        # reference (accuracy; None without a reference)
-        row["accurate"] = (not problems) if ref is not None else None
+        # reference (accuracy; None without a reference, or when too few effective draws can tell nothing)
+        ess_min = row.get("ess_min")
+        few = not (isinstance(ess_min, (int, float)) and ess_min >= MIN_ESS_TO_TELL)
+        row["accurate"] = None if ref is None or (few and not problems) else (not problems)
         all_ok = trusted and not problems
         reasons = ([verdict[len("NOT trusted: "):]] if not trusted and verdict.startswith("NOT trusted: ")
                    else ([] if trusted else [verdict])) + problems
         row["trusted_all"] = all_ok
         row["verdict_line"] = "trusted" if all_ok else "NOT trusted: " + "; ".join(reasons)
         row["trusted_col"] = "yes" if trusted else "no"
-        row["accurate_col"] = "-" if row["accurate"] is None else ("yes" if row["accurate"] else "no")
+        row["accurate_col"] = ("-" if ref is None else "unclear") if row["accurate"] is None else \
+            ("yes" if row["accurate"] else "no")
         if names is not None and "worst_param" in row:
             row["worst_param"] = names[row["worst_param"]]
         rows.append(row)
@@ -676,7 +692,8 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
     n = num_items(data)
     if (proposal == "laplace" or reference) and mode is None:
         mode = posterior_mode(model, data)
-        say(f"posterior mode: {mode.passes} full pass(es) over N = {n:,} items, {mode.seconds:.1f} s")
+        say(f"posterior mode: {mode.passes} full pass{'' if mode.passes == 1 else 'es'} over N = {n:,} items, "
+            f"{mode.seconds:.1f} s")
     ref = stem = None
     cached = False
     if reference:
@@ -696,9 +713,9 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
         if warm is None and (isinstance(prop, tm.proposals.AdaptiveMetropolis)
                              or getattr(prop, "adapt", False) is True):
             warm = 500  # adaptation (adaptive Metropolis, Langevin's step size) needs a warmup phase
-        say(f"{label}: compiling, then " + (f"{warm} warmup steps and {budget_s:g} s of sampling" if warm is not None
+        say(f"{label}: compiling, then " + (f"{_n(warm, 'warmup step')} and {budget_s:g} s of sampling" if warm is not None
                                              else f"{budget_s:g} s (the first {burn_in:.0%} burn-in)")
-            + f" ({num_chains} chain(s) side by side)")
+            + f" ({_n(num_chains, 'chain')} side by side)")
         run = run_budgeted(model, data, test, budget_s, proposal=prop, init=init, num_chains=num_chains,
                            num_warmup=warm, burn_in=burn_in, seed=seed, control_variates=cv, name=label,
                            progress=progress, **sample_kwargs)
