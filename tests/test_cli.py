@@ -512,8 +512,11 @@ def test_help_lists_every_option_with_its_default():
     assert proc.returncode == 0
     for opt in ("--budget", "--methods", "--rows", "--out", "--epsilon", "--delta", "--barker-batch", "--seed"):
         assert opt in proc.stdout
-    assert "(default: 8.0)" in " ".join(proc.stdout.split())  # --budget
+    assert "(default: 5.0)" in " ".join(proc.stdout.split())  # --budget
     proc = _cli("run", "--help")
     assert proc.returncode == 0
-    for opt in ("--target", "--features", "--model", "--test", "--samples", "--chains", "--seed", "--out"):
+    for opt in ("--target", "--features", "--model", "--test", "--samples", "--min-ess", "--proposal", "--chains",
+                "--seed", "--out"):
         assert opt in proc.stdout
+    flat = " ".join(proc.stdout.split())
+    assert "(default: auto)" in flat and "langevin" in flat  # --test auto, --proposal auto with langevin

@@ -208,15 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
         "run", formatter_class=_Formatter,
         help="sample the posterior of a regression on your own table",
         description="Sample the posterior of a logistic or linear regression of --target on --features of "
-                    "DATA (CSV, Parquet, .npy or .npz). Prints the summary with its verdict and writes a report, "
+                    "DATA (CSV, Parquet, .npy or .npz). By default it uses what tallmh.sample recommends (the "
+                    "austerity test with a per-step error target, Taylor control variates and the Langevin "
+                    "proposal) and draws until the result can be trusted (--samples auto); --test exact is the "
+                    "exact oracle. Prints the summary with its verdict and writes a report, "
                     "results.json and the draws as ArviZ NetCDF (posterior.nc) to --out, with a checkpoint "
                     "every few minutes. Features are standardised for sampling (coefficients are reported on "
                     "the original scale) and an intercept is added unless told otherwise. Ctrl-C keeps the "
                     "draws made so far; 'tallmh run --resume DIR' continues a stopped or killed run.",
     )
     run.add_argument("data", metavar="DATA", nargs="?",
-                     help="table file: .csv, .parquet, .npy (2-D; columns named 0, 1, ...) or .npz (1-D arrays as "
-                          "named columns)")
+                     help="table file: .csv, .parquet, .npy (2-D; columns named 0, 1, ...; read from disk in "
+                          "blocks and sampled from a memory-mapped copy of the design, never loaded whole) or .npz "
+                          "(1-D arrays as named columns)")
     run.add_argument("--target", default=None, help="column to predict (0/1 for --model logistic); required")
     run.add_argument("--features", nargs="+", default=None,
                      help="feature columns, space- or comma-separated (default: every other column)")

@@ -494,6 +494,7 @@ def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, r
             ax.plot(grid, np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), color="0.4", ls="--",
                     lw=1, label="Laplace approx.")
         order = sorted(range(len(runs)), key=lambda i: ess[i] >= MIN_ESS_SHOWN)  # greyed ones underneath
+        grey_styles = iter([":", "-.", (0, (1, 3)), "--"] * len(runs))
         for i in order:
             run, v = runs[i], pools[i]
             dens = _density(v, grid) if v.size else None
@@ -502,7 +503,7 @@ def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, r
             if ess[i] >= MIN_ESS_SHOWN:
                 ax.plot(grid, dens, lw=1.4, color=_color(run.name, i), label=run.name)
             else:
-                ax.plot(grid, dens, lw=0.9, ls=":", color="0.55",
+                ax.plot(grid, dens, lw=0.9, ls=next(grey_styles), color="0.55",
                         label=f"{run.name}: too few draws (ESS {ess[i]:.0f})")
             out = float(np.mean((v < lo) | (v > hi)))
             if out >= 0.0005:
