@@ -161,5 +161,6 @@ def test_run_report_in_chromium(run_report, tmp_path):
     for name in ("dose <mg>", "age & sex", 'x "quoted"'):  # column names shown as written, escaped once
         assert name in text
     # every plot on the original scale, as the table
-    assert "Each coefficient (on the original scale of the data" in text and "standardised scale)" not in text
+    assert "Each coefficient (on the original scale of the data" in text and "original scale)" in text
+    assert "Each sampled parameter (standardised scale)" not in text
     _screenshot(run_report, tmp_path)
