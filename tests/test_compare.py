@@ -75,6 +75,8 @@ def test_lesson_is_computed_from_the_table():
     text = lesson([row("recommended", False, 900.0, "R-hat 1.2 > 1.01"), row("exact", True, 3.0)])
     assert text.startswith("the recommended method") and "R-hat 1.2 > 1.01" in text and "faster" not in text
     assert "3.0x slower" in lesson([row("recommended", True, 1.0), row("exact", True, 3.0)])
+    unchecked = {**row("recommended", True, 900.0), "accurate": None}
+    assert "too few effective draws" in lesson([unchecked, row("exact", True, 3.0)])
 
 
 def test_data_digest_follows_the_data():

@@ -521,8 +521,11 @@ class Comparison:
         ratio = eps / beps
         how = f"{ratio:,.0f}x faster" if ratio >= 1.5 else (f"{ratio:.1f}x as fast" if ratio >= 0.67
                                                               else f"{1 / ratio:.1f}x slower")
+        checked = ("trusted and accurate against the reference" if rec.get("accurate", True) is not False
+                   and rec.get("accurate", True) is not None else
+                   "trusted (too few effective draws here to check it against the reference)")
         return (f"use {recommended} ({label}); it was {how} per ESS than {baseline} here "
-                f"({eps:,.0f} vs {beps:,.1f} ESS/s), trusted and accurate against the reference")
+                f"({eps:,.0f} vs {beps:,.1f} ESS/s), {checked}")
 
     def verdicts(self) -> List[str]:
         """One line per method: ``name: trusted`` or ``name: NOT trusted: why``."""
@@ -638,6 +641,8 @@ def finish_rows(runs, ref=None, names=None) -> List[dict]:
         # reference (accuracy; None without a reference, or when too few effective draws can tell nothing)
         ess_min = row.get("ess_min")
         few = not (isinstance(ess_min, (int, float)) and ess_min >= MIN_ESS_TO_TELL)
+        if ref is not None and not (float((ref.info or {}).get("ess_min", np.inf)) >= MIN_ESS_TO_TELL):
+            few = True  # a reference this short cannot confirm anything either
         row["accurate"] = None if ref is None or (few and not problems) else (not problems)
         all_ok = trusted and not problems
         reasons = ([verdict[len("NOT trusted: "):]] if not trusted and verdict.startswith("NOT trusted: ")
