@@ -61,6 +61,24 @@ def test_sort_rows_puts_accurate_methods_first_then_ess_per_s():
     assert [r["method"] for r in compare.sort_rows(rows)] == ["c", "b", "a", "d"]
 
 
+def test_lesson_is_computed_from_the_table():
+    def row(method, ok, eps, verdict="trusted"):
+        return {"method": method, "label": method + "(...)", "trusted_all": ok, "ess_per_s": eps,
+                "verdict_line": verdict if ok else "NOT trusted: " + verdict}
+
+    def lesson(rows):
+        return compare.Comparison(runs=[], rows=rows, names=["a"], n=10).lesson()
+
+    text = lesson([row("recommended", True, 900.0), row("exact", False, 3.0, "bulk ESS 20 < 100")])
+    assert text.startswith("use recommended (recommended(...)); it was 300x faster per ESS than exact here")
+    # negative control: a recommended method that failed here is not recommended
+    text = lesson([row("recommended", False, 900.0, "R-hat 1.2 > 1.01"), row("exact", True, 3.0)])
+    assert text.startswith("the recommended method") and "R-hat 1.2 > 1.01" in text and "faster" not in text
+    assert "3.0x slower" in lesson([row("recommended", True, 1.0), row("exact", True, 3.0)])
+    unchecked = {**row("recommended", True, 900.0), "accurate": None}
+    assert "too few effective draws" in lesson([unchecked, row("exact", True, 3.0)])
+
+
 def test_data_digest_follows_the_data():
     a = {"x": np.arange(10.0)}
     assert compare.data_digest(a) == compare.data_digest({"x": np.arange(10.0)})
@@ -91,7 +109,8 @@ def test_compare_flags_a_wrong_sampler_and_lists_it_last(comparison):
     assert wrong["verdict_line"].startswith("NOT trusted: ")
     assert wrong["sd_ratio_max"] > 2  # a random walk that never rejects spreads far too wide
     lines = comparison.table().splitlines()
-    assert lines[0].split()[:2] == ["method", "accurate"] and lines[2].split()[:2] == ["exact", "yes"]
+    assert lines[0].split()[:3] == ["method", "trusted", "accurate"]
+    assert lines[2].split()[:3] == ["exact", "yes" if exact["trusted"] else "no", "yes"]
     assert comparison.verdicts()[1].startswith("always-accept: NOT trusted")
     for r in comparison.runs:
         assert r.result.flat_samples.shape[1] > 0 and not r.result.partial

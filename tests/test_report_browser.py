@@ -140,7 +140,7 @@ def _screenshot(report, tmp_path):
     assert len(np.unique((rgb[::4, ::4] * 255).astype(np.uint8).reshape(-1, 3), axis=0)) > 200
 
 
-@pytest.mark.slow  # needs the demo of all seven methods (tests/test_cli.py)
+@pytest.mark.slow  # needs the demo (tests/test_cli.py)
 @needs_chromium
 def test_demo_report_in_chromium(demo_report, tmp_path):
     text = _check(demo_report, tmp_path, 4)
@@ -149,6 +149,7 @@ def test_demo_report_in_chromium(demo_report, tmp_path):
     res = json.loads((demo_report / "results.json").read_text())
     for row in res["methods"]:
         assert f"{row['method']}: {row['verdict_line']}" in text
+    assert "Lesson: " + res["lesson"] in text  # the lesson, computed from the run, at the top
     _screenshot(demo_report, tmp_path)
 
 
@@ -159,4 +160,7 @@ def test_run_report_in_chromium(run_report, tmp_path):
     assert text.index("Verdict") < text.index("Results")
     for name in ("dose <mg>", "age & sex", 'x "quoted"'):  # column names shown as written, escaped once
         assert name in text
+    # every plot on the original scale, as the table
+    assert "Each coefficient (on the original scale of the data" in text and "original scale)" in text
+    assert "Each sampled parameter (standardised scale)" not in text
     _screenshot(run_report, tmp_path)

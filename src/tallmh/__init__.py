@@ -9,23 +9,52 @@ Quick start::
     print(result.summary())
 """
 
-from . import acceptance, blocks, diagnostics, models, proposals
-from .blocks import Cycle, sample_program
-from .control_variates import ControlVariates
-from .errors import ConfigError, DataError, ModelError, TallmhError, TrustWarning
-from .kernel import build_kernel
-from .model import Model
-from .numpyro_model import from_numpyro
-from .pymc_model import from_bambi, from_pymc
-from .results import Result, Summary, load_result
-from .sampling import decide, decision_fn, sample
+import importlib
+
+# Names are imported on first use (PEP 562), so that ``import tallmh`` (and the ``tallmh`` command's
+# argument checks) do not load JAX until something needs it.
+_SUBMODULES = ("acceptance", "blocks", "diagnostics", "models", "proposals", "data", "datasource", "compare",
+               "report", "results", "sampling", "distributed", "datasets", "errors", "kernel", "model",
+               "control_variates", "numpyro_model", "pymc_model", "formula", "informed", "cli")
+_NAMES = {
+    "Cycle": "blocks", "sample_program": "blocks", "ControlVariates": "control_variates",
+    "ConfigError": "errors", "DataError": "errors", "ModelError": "errors", "TallmhError": "errors",
+    "TrustWarning": "errors", "build_kernel": "kernel", "Model": "model", "from_numpyro": "numpyro_model",
+    "Result": "results", "Summary": "results", "load_result": "results", "decide": "sampling",
+    "decision_fn": "sampling", "sample": "sampling", "from_pymc": "pymc_model", "from_bambi": "pymc_model",
+    "set_compilation_cache": "_cache", "compilation_cache_dir": "_cache",
+}
+# modules that never compile anything: loading them does not set up JAX's compilation cache
+_NO_JAX = ("errors", "cli")
+
+
+def _setup_cache():
+    from . import _cache
+
+    _cache.setup_default()  # JAX's persistent compilation cache in the user's cache folder (see _cache)
+
+
+def __getattr__(name):
+    if _NAMES.get(name, name) not in _NO_JAX and name in set(_NAMES) | set(_SUBMODULES):
+        _setup_cache()
+    if name in _NAMES:
+        value = getattr(importlib.import_module("." + _NAMES[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES) | set(_SUBMODULES))
+
 
 __version__ = "0.1.0"
 
-from . import _cache  # noqa: E402
-from ._cache import compilation_cache_dir, set_compilation_cache  # noqa: E402
-
-_cache.setup_default()  # JAX's persistent compilation cache in the user's cache folder (opt out: see _cache)
+if "jax" in __import__("sys").modules:  # JAX already in use: set the cache up now, before it compiles
+    _setup_cache()
 
 __all__ = [
     "Model", "from_numpyro", "from_pymc", "from_bambi", "ControlVariates", "sample", "decide", "decision_fn", "build_kernel", "Result",

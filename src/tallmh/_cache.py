@@ -88,8 +88,15 @@ def compilation_cache_dir() -> Optional[str]:
     return jax.config.jax_compilation_cache_dir
 
 
+_SET_UP = []
+
+
 def setup_default() -> Optional[str]:
-    """At import: turn the cache on in the default folder, unless opted out or the user has their own."""
+    """Once per process, before tallmh first compiles: turn the cache on in the default folder, unless opted
+    out or the user has their own (a later ``set_compilation_cache`` call is never overridden)."""
+    if _SET_UP:
+        return compilation_cache_dir()
+    _SET_UP.append(True)
     value = os.environ.get(ENV, "").strip()
     if value.lower() in _OFF:
         return None

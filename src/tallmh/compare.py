@@ -59,6 +59,11 @@ ACCURATE_MEAN_SD = 0.2
 ACCURATE_SD_RATIO = (0.8, 1.25)
 
 
+def _n(count: int, word: str) -> str:
+    """``1 chain``, ``2 chains``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
@@ -264,10 +269,16 @@ def _accuracy_problems(row) -> List[str]:
     return out
 
 
+# a method with a smallest bulk ESS under this that shows no error against the reference is "unclear": its
+# Monte Carlo error is too large for the check to mean much (its marginals are greyed in the report)
+MIN_ESS_TO_TELL = 100
+
+
 def sort_rows(rows: Sequence[dict]) -> List[dict]:
-    """Rows sorted by what matters: accurate (and trusted) first, then by ESS per second, largest first."""
+    """Rows sorted by what matters: trusted and accurate first, then by ESS per second, largest first."""
     def key(r):
-        ok = bool(r.get("accurate", r.get("trusted", False)))
+        acc = r.get("accurate", True)
+        ok = bool(r.get("trusted", True)) and bool(acc)
         eps = r.get("ess_per_s")
         eps = eps if isinstance(eps, (int, float)) and np.isfinite(eps) else -1.0
         return (0 if ok else 1, -eps)
@@ -409,7 +420,7 @@ def reference_posterior(model, data, mode: Mode, *, draws: int = 5000, chains: i
     compile_s = 0.0
     for c in range(chains):
         start = (mode.theta + L @ rng.standard_normal(d)).astype(np.float32)
-        say(f"reference: exact MH chain {c + 1}/{chains}, {burn} burn-in + {draws} draws on N = {n:,}")
+        say(f"reference: exact MH chain {c + 1}/{chains}, {burn} burn-in steps + {draws} draws on N = {n:,}")
         with warnings.catch_warnings():  # one chain alone cannot show R-hat; the chains are judged together below
             warnings.simplefilter("ignore", getattr(tm, "TrustWarning", UserWarning))
             r = tm.sample(model, data, test=tm.acceptance.Exact(), proposal=prop, num_samples=draws,
@@ -426,8 +437,8 @@ def reference_posterior(model, data, mode: Mode, *, draws: int = 5000, chains: i
     rhat = [tm.diagnostics.rhat(arr[:, :, j]) for j in range(d)] if chains > 1 else [float("nan")] * d
     info = {
         "how": (f"exact Metropolis-Hastings (tallmh Exact test, all N = {n:,} rows every step), "
-                f"{chains} chain(s) x {draws} draws after {burn} burn-in steps each; each chain starts at an "
-                f"independent draw from the Laplace approximation at the posterior mode; "
+                f"{_n(chains, 'chain')} x {_n(draws, 'draw')} after {_n(burn, 'burn-in step')} each; each chain "
+                f"starts at an independent draw from the Laplace approximation at the posterior mode; "
                 f"proposal: Gaussian random walk with covariance 2.38^2/d times the Laplace covariance"),
         "method": "exact-mh", "chains": chains, "draws_per_chain": draws, "burn_in": burn, "seed": seed,
         "N": n, "d": d, "data_sha256": digest, "settings": settings,
@@ -489,6 +500,33 @@ class Comparison:
 
         return format_table(self.rows)
 
+    def lesson(self, recommended: str = "recommended", baseline: str = "exact") -> str:
+        """One line computed from this comparison: which method to use and how much faster per effective
+        draw it was than ``baseline``, or, where the recommended method failed here, that and why."""
+        rows = {r["method"]: r for r in self.rows}
+        rec = rows.get(recommended)
+        if rec is None:
+            good = [r for r in self.rows if r["trusted_all"]]
+            return (f"use {good[0]['method']}: the fastest per ESS of the methods trusted and accurate here"
+                    if good else "no method was both trusted and accurate here: give them a larger budget")
+        label = rec.get("label", recommended)
+        if not rec["trusted_all"]:
+            why = rec["verdict_line"][len("NOT trusted: "):] if rec["verdict_line"].startswith("NOT") else ""
+            return (f"the recommended method ({label}) was not trusted and accurate here ({why}); give it a larger "
+                    "budget before relying on it")
+        base = rows.get(baseline)
+        eps, beps = rec.get("ess_per_s"), (base or {}).get("ess_per_s")
+        if base is None or not (isinstance(beps, (int, float)) and np.isfinite(beps) and beps > 0):
+            return f"use {recommended} ({label}): trusted and accurate against the reference here"
+        ratio = eps / beps
+        how = f"{ratio:,.0f}x faster" if ratio >= 1.5 else (f"{ratio:.1f}x as fast" if ratio >= 0.67
+                                                              else f"{1 / ratio:.1f}x slower")
+        checked = ("trusted and accurate against the reference" if rec.get("accurate", True) is not False
+                   and rec.get("accurate", True) is not None else
+                   "trusted (too few effective draws here to check it against the reference)")
+        return (f"use {recommended} ({label}); it was {how} per ESS than {baseline} here "
+                f"({eps:,.0f} vs {beps:,.1f} ESS/s), {checked}")
+
     def verdicts(self) -> List[str]:
         """One line per method: ``name: trusted`` or ``name: NOT trusted: why``."""
         return [f"{r['method']}: {r['verdict_line']}" for r in self.rows]
@@ -547,9 +585,12 @@ class Comparison:
              "Each panel: one parameter of one method against seconds into the run; one colour per chain, "
              "warmup in grey."),
             ("Marginals against the reference" if self.reference is not None else "Marginals", "marginals.png",
-             "marginal histograms of each method", "Density of the draws of each parameter"
-             + ("; grey: the exact-MH reference." if self.reference is not None else ".")
-             + " Draws outside the plotted range are counted in the panel's note, not piled into the end bins."),
+             "marginal densities of each method", "Density of each parameter"
+             + (": the exact-MH reference as a grey area, each method as a line over it" if self.reference is not None
+                else ", each method as a line")
+             + " (kernel density estimates). A method with a bulk ESS under 100 is a grey dotted line, labelled "
+             "with its ESS: its curve is mostly noise. Draws outside the plotted range are counted in the panel's "
+             "note."),
             ("Data used per step", "data_per_step.png", "histograms of data items read per step",
              "Items read by each accept/reject decision, log-log axes (compare Fig. 2 of the minibatch Barker "
              "paper)."),
@@ -596,13 +637,21 @@ def finish_rows(runs, ref=None, names=None) -> List[dict]:
         row.update({"trusted": trusted, "verdict": verdict, "warnings": warns})
         problems = _accuracy_problems(row) if ref is not None else []
         row["problems"] = problems
-        row["accurate"] = (not problems) and trusted if ref is not None else trusted
+        # two separate questions: does the method trust itself (its verdict), and do its draws agree with the
+        # reference (accuracy; None without a reference, or when too few effective draws can tell nothing)
+        ess_min = row.get("ess_min")
+        few = not (isinstance(ess_min, (int, float)) and ess_min >= MIN_ESS_TO_TELL)
+        if ref is not None and not (float((ref.info or {}).get("ess_min", np.inf)) >= MIN_ESS_TO_TELL):
+            few = True  # a reference this short cannot confirm anything either
+        row["accurate"] = None if ref is None or (few and not problems) else (not problems)
         all_ok = trusted and not problems
         reasons = ([verdict[len("NOT trusted: "):]] if not trusted and verdict.startswith("NOT trusted: ")
                    else ([] if trusted else [verdict])) + problems
         row["trusted_all"] = all_ok
         row["verdict_line"] = "trusted" if all_ok else "NOT trusted: " + "; ".join(reasons)
-        row["accurate_col"] = "yes" if row["accurate"] else "no"
+        row["trusted_col"] = "yes" if trusted else "no"
+        row["accurate_col"] = ("-" if ref is None else "unclear") if row["accurate"] is None else \
+            ("yes" if row["accurate"] else "no")
         if names is not None and "worst_param" in row:
             row["worst_param"] = names[row["worst_param"]]
         rows.append(row)
@@ -648,7 +697,8 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
     n = num_items(data)
     if (proposal == "laplace" or reference) and mode is None:
         mode = posterior_mode(model, data)
-        say(f"posterior mode: {mode.passes} full pass(es) over N = {n:,} items, {mode.seconds:.1f} s")
+        say(f"posterior mode: {mode.passes} full pass{'' if mode.passes == 1 else 'es'} over N = {n:,} items, "
+            f"{mode.seconds:.1f} s")
     ref = stem = None
     cached = False
     if reference:
@@ -665,11 +715,12 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
         if prop is None:
             prop = laplace_proposal(mode.cov) if proposal == "laplace" else tm.proposals.AdaptiveMetropolis()
         warm = num_warmup
-        if warm is None and isinstance(prop, tm.proposals.AdaptiveMetropolis):
-            warm = 500  # adaptation needs a warmup phase
-        say(f"{label}: compiling, then " + (f"{warm} warmup steps and {budget_s:g} s of sampling" if warm is not None
+        if warm is None and (isinstance(prop, tm.proposals.AdaptiveMetropolis)
+                             or getattr(prop, "adapt", False) is True):
+            warm = 500  # adaptation (adaptive Metropolis, Langevin's step size) needs a warmup phase
+        say(f"{label}: compiling, then " + (f"{_n(warm, 'warmup step')} and {budget_s:g} s of sampling" if warm is not None
                                              else f"{budget_s:g} s (the first {burn_in:.0%} burn-in)")
-            + f" ({num_chains} chain(s) side by side)")
+            + f" ({_n(num_chains, 'chain')} side by side)")
         run = run_budgeted(model, data, test, budget_s, proposal=prop, init=init, num_chains=num_chains,
                            num_warmup=warm, burn_in=burn_in, seed=seed, control_variates=cv, name=label,
                            progress=progress, **sample_kwargs)

@@ -12,8 +12,12 @@ import numpy as np
 def _arviz():
     import arviz as az
 
-    # ArviZ logs a shape warning for single-chain input (set on import, so set after it)
+    # ArviZ logs a shape warning for single-chain input (set on import, so set after it); its messages go
+    # through its own Logger instance (arviz._log), which logging.getLogger("arviz") does not return
     logging.getLogger("arviz").setLevel(logging.ERROR)
+    own = getattr(az, "_log", None)
+    if isinstance(own, logging.Logger):
+        own.setLevel(logging.ERROR)
     return az
 
 __all__ = ["ess", "rhat", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",

@@ -27,6 +27,7 @@ __all__ = [
 # (key in a row, header printed, format)
 COLUMNS = [
     ("method", "method", "{}"),
+    ("trusted_col", "trusted", "{}"),
     ("accurate_col", "accurate", "{}"),
     ("draws", "draws", "{:d}"),
     ("seconds", "seconds", "{:.1f}"),
@@ -43,9 +44,12 @@ COLUMNS = [
 
 
 COLUMNS_HELP = (
-    "<i>accurate</i>: the method's own checks passed (its verdict), and no posterior mean is more than 0.2 "
-    "reference sd from the reference mean and no sd outside 0.8-1.25 times the reference sd by more than 3 Monte "
-    "Carlo standard errors (this run's and the reference's); the table lists the accurate methods first, then "
+    "<i>trusted</i>: the method's own checks passed (its verdict: R-hat, ESS, the audited error rate, ...), "
+    "without looking at the reference; <i>accurate</i>: checked against the reference: no posterior mean is "
+    "more than 0.2 reference sd from the reference mean and no sd outside 0.8-1.25 times the reference sd by more "
+    "than 3 Monte Carlo standard errors (this run's and the reference's); <i>unclear</i> where no error shows "
+    "but the method's bulk ESS is under 100 (too few effective draws to tell); the table lists the methods that "
+    "are both trusted and accurate first, then "
     "by ESS/s. <i>draws</i>: kept sampling draws, all chains; <i>seconds</i>: "
     "warmup and sampling, compilation excluded; <i>accept</i>: acceptance rate; <i>data/step</i>: mean share of "
     "the N items read by one accept/reject decision; <i>ESS min</i>: smallest bulk effective sample size over "
@@ -133,9 +137,11 @@ def param_table(x, names):
         import logging
 
         ds = az.convert_to_dataset({"theta": np.asarray(x, np.float64)})
-        log = logging.getLogger("arviz")
-        level = log.level
-        log.setLevel(logging.ERROR)  # ArviZ logs a warning for a single chain; R-hat is then left out
+        # ArviZ logs a warning for a single chain (R-hat is then left out), through its own Logger instance
+        logs = [lg for lg in (logging.getLogger("arviz"), getattr(az, "_log", None)) if isinstance(lg, logging.Logger)]
+        levels = [lg.level for lg in logs]
+        for lg in logs:
+            lg.setLevel(logging.ERROR)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -144,7 +150,8 @@ def param_table(x, names):
                 if c >= 2:
                     cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
         finally:
-            log.setLevel(level)
+            for lg, level in zip(logs, levels):
+                lg.setLevel(level)
     df = pd.DataFrame(cols, index=pd.Index(list(names), name="param"))
     return df
 
@@ -330,6 +337,11 @@ def _plt():
 COLORS = {"exact": "#000000", "austerity": "#1f77b4", "confidence": "#2ca02c", "barker": "#d62728"}
 
 
+def _n(count: int, word: str) -> str:
+    """``1 chain``, ``2 chains``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
 def _color(name, i):
     return COLORS.get(name, f"C{i % 10}")
 
@@ -369,7 +381,8 @@ def plot_traces(runs: Sequence[MethodRun], names: Sequence[str], path: str, max_
         tw = max(1, kw // max_points)
         ts = max(1, k // max_points)
         axes = sub.subplots(rows_per, ncol, squeeze=False, sharex=True)
-        sub.suptitle(f"{run.name}: {c} chain(s) x {k} draws" + (f" after {kw} warmup steps (grey)" if kw else "")
+        sub.suptitle(f"{run.name}: {_n(c, 'chain')} x {_n(k, 'draw')}"
+                     + (f" after {_n(kw, 'warmup step')} (grey)" if kw else "")
                      + (" (PARTIAL: interrupted)" if getattr(r, "partial", False) else "") + note
                      + "; one colour per chain",
                      fontsize=9, fontweight="bold", x=0.01, ha="left", y=1 - 0.08 / hgt, va="top")
@@ -410,41 +423,86 @@ def _plot_range(pools, ref_flat=None):
     return lo - 0.08 * span, hi + 0.08 * span
 
 
+MIN_ESS_SHOWN = 100  # a method whose smallest bulk ESS is below this is drawn grey in the marginals
+
+
+def _density(v, grid, max_points: int = 4000):
+    """Gaussian kernel density estimate of draws ``v`` on ``grid`` (Scott's bandwidth; at most
+    ``max_points`` draws, evenly thinned)."""
+    v = np.asarray(v, np.float64)
+    v = v[np.isfinite(v)]
+    if v.size < 2:
+        return None
+    if v.size > max_points:
+        v = v[np.linspace(0, v.size - 1, max_points).astype(int)]
+    sd = v.std(ddof=1)
+    iqr = np.subtract(*np.quantile(v, [0.75, 0.25]))
+    spread = min(sd, iqr / 1.349) if iqr > 0 else sd
+    if not (spread > 0):
+        return None
+    h = 1.06 * spread * v.size ** (-0.2)
+    z = (grid[:, None] - v[None, :]) / h
+    return np.exp(-0.5 * z * z).sum(axis=1) / (v.size * h * np.sqrt(2 * np.pi))
+
+
+def _run_ess_min(run) -> float:
+    x = run.result.flat_samples
+    if x.shape[1] < 4:
+        return 0.0
+    try:
+        return float(np.nanmin([diagnostics.ess(x[:, :, j]) for j in range(x.shape[-1])]))
+    except Exception:  # noqa: BLE001 - a plot, not a verdict
+        return 0.0
+
+
 def plot_marginals(runs: Sequence[MethodRun], names: Sequence[str], path: str, ref: Optional[Reference] = None,
                    laplace=None, max_params: int = 12) -> str:
-    """Density histogram of each parameter (one panel each, methods overlaid) against the reference (or a
-    Laplace curve). The range covers the central 99.8% of every method's draws; draws outside it are left
-    out (never piled into the end bins) and their share is written in the panel."""
+    """Density of each parameter (one panel each): the reference (exact MH) as a grey area, each method as
+    a line over it (a Gaussian kernel density estimate), or a dashed Laplace curve without a reference. A
+    method whose smallest bulk ESS is under :data:`MIN_ESS_SHOWN` is drawn as a thin grey dotted line,
+    labelled with its ESS: its curve is mostly noise. The range covers the central 99.8% of every method's
+    draws; draws outside it are left out and their share is written in the panel."""
     plt = _plt()
     d = runs[0].result.flat_samples.shape[-1]
     idx, shown = _shown_params(d, names, max_params)
     ncol = min(4, len(idx))
     nrow = int(math.ceil(len(idx) / ncol))
     fig, axes = plt.subplots(nrow, ncol, figsize=(FIG_WIDTH, 2.3 * nrow + 0.9), squeeze=False)
+    ess = [_run_ess_min(run) for run in runs]
     for p, j in enumerate(idx):
         ax = axes[p // ncol, p % ncol]
         pools = [run.result.flat_samples[:, :, j].ravel() for run in runs]
         base = ref.flat[:, j] if ref is not None else None
         lo, hi = _plot_range(pools, base)
-        bins = np.linspace(lo, hi, 41)
+        grid = np.linspace(lo, hi, 200)
         outside = []
         if base is not None:
-            ax.hist(base, bins=bins, density=True, color="0.8", label="reference (exact MH)")
-        if laplace is not None:
+            dens = _density(base, grid, max_points=20000)
+            if dens is not None:
+                ax.fill_between(grid, dens, color="0.82", lw=0, label="reference (exact MH)")
+        if laplace is not None and np.isfinite(laplace[0][j]) and np.isfinite(laplace[1][j]):
             mu, sd = laplace[0][j], laplace[1][j]
-            g = np.linspace(lo, hi, 200)
-            ax.plot(g, np.exp(-0.5 * ((g - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), color="0.4", ls="--",
+            ax.plot(grid, np.exp(-0.5 * ((grid - mu) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), color="0.4", ls="--",
                     lw=1, label="Laplace approx.")
-        for i, (run, v) in enumerate(zip(runs, pools)):
-            if v.size:
-                ax.hist(v, bins=bins, density=True, histtype="step", lw=1.2, color=_color(run.name, i),
-                        label=run.name)
-                out = float(np.mean((v < lo) | (v > hi)))
-                if out >= 0.0005:
-                    outside.append(f"{run.name}: {out:.1%}")
+        order = sorted(range(len(runs)), key=lambda i: ess[i] >= MIN_ESS_SHOWN)  # greyed ones underneath
+        grey_styles = iter([":", "-.", (0, (1, 3)), "--"] * len(runs))
+        for i in order:
+            run, v = runs[i], pools[i]
+            dens = _density(v, grid) if v.size else None
+            if dens is None:
+                continue
+            if ess[i] >= MIN_ESS_SHOWN:
+                ax.plot(grid, dens, lw=1.4, color=_color(run.name, i), label=run.name)
+            else:
+                ax.plot(grid, dens, lw=0.9, ls=next(grey_styles), color="0.55",
+                        label=f"{run.name}: too few draws (ESS {ess[i]:.0f})")
+            out = float(np.mean((v < lo) | (v > hi)))
+            if out >= 0.0005:
+                outside.append(f"{run.name}: {out:.1%}")
         if outside:
             ax.text(0.02, 0.97, "outside: " + ", ".join(outside), transform=ax.transAxes, fontsize=6, va="top",
                     color="0.3")
+        ax.set_ylim(bottom=0)
         ax.set_title(shown[p], fontsize=9)
         ax.tick_params(labelsize=7)
         ax.locator_params(axis="x", nbins=4)
@@ -619,35 +677,37 @@ def write_html(path: str, *, title: str, intro: Sequence[str], rows, table_text:
     return atomic_write(path, w)
 
 
-def idata_with_names(result, names, extra: Optional[Dict[str, tuple]] = None):
-    """``result.to_arviz()`` with the parameter axis of ``theta`` named ``parameter`` and labelled by
-    ``names``; ``extra``: more posterior variables ``{name: (draws (chain, draw, k), coordinate labels)}``
-    (e.g. coefficients on the original scale of the data), or ``(chain, draw)`` arrays with labels None."""
+def idata_with_names(result, names, extra: Optional[Dict[str, tuple]] = None, dim: str = "parameter"):
+    """``result.to_arviz()`` with the parameter axis of ``theta`` named ``dim`` and labelled by ``names``;
+    ``extra``: more posterior variables ``{name: (draws (chain, draw, k), coordinate labels)}`` (e.g.
+    coefficients on the original scale of the data; the axis is named ``<name>_dim``, or the third item
+    of the tuple when given), or ``(chain, draw)`` arrays with labels None."""
     from .diagnostics import label_dim
 
     idata = result.to_arviz()
     if len(names) == result.flat_samples.shape[-1]:
         try:
-            idata = label_dim(idata, "theta_dim_0", "parameter", names)
+            idata = label_dim(idata, "theta_dim_0", dim, names)
         except Exception:  # noqa: BLE001 - names are a convenience; the draws are written regardless
             idata = result.to_arviz()
     if extra:
         import xarray as xr
 
-        for var, (arr, labels) in extra.items():
-            arr = np.asarray(arr)
+        for var, spec in extra.items():
+            arr, labels = np.asarray(spec[0]), spec[1]
             if arr.ndim == 3:
-                dim = f"{var}_dim"
-                da = xr.DataArray(arr, dims=("chain", "draw", dim), coords={dim: list(labels)})
+                axis = spec[2] if len(spec) > 2 else f"{var}_dim"
+                da = xr.DataArray(arr, dims=("chain", "draw", axis), coords={axis: list(labels)})
             else:
                 da = xr.DataArray(arr, dims=("chain", "draw"))
             idata.posterior[var] = da
     return idata
 
 
-def write_netcdf(path: str, result, names, extra: Optional[Dict[str, tuple]] = None) -> str:
-    """The draws as ArviZ InferenceData in NetCDF (``arviz.from_netcdf``), written atomically."""
-    idata = idata_with_names(result, names, extra)
+def write_netcdf(path: str, result, names, extra: Optional[Dict[str, tuple]] = None, dim: str = "parameter") -> str:
+    """The draws as ArviZ InferenceData in NetCDF (``arviz.from_netcdf``), written atomically
+    (:func:`idata_with_names`)."""
+    idata = idata_with_names(result, names, extra, dim=dim)
     # libhdf5 does not fail cleanly on a full disk (it can crash the process): check the space first
     nbytes = sum(int(v.nbytes) for g in idata.groups() for v in idata[g].variables.values())
     atomic_write(path, lambda tmp: idata.to_netcdf(tmp), nbytes=int(1.1 * nbytes) + (1 << 16))

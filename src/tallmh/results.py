@@ -140,7 +140,8 @@ class Summary:
     def __str__(self):
         o = self.overall
         head = (
-            f"method {o['label']}: {o['chains']} chain(s) x {o['draws']} draws, N = {o['N']}"
+            f"method {o['label']}: {o['chains']} chain{'' if o['chains'] == 1 else 's'} x {o['draws']} "
+            f"draw{'' if o['draws'] == 1 else 's'}, N = {o['N']}"
             + (" [PARTIAL: interrupted]" if o["partial"] else "")
             + f"\nacceptance {o['acceptance_rate']:.3f}, mean data fraction per step {o['data_fraction']:.4g}"
             f" (mean items {o['mean_n_data']:.1f}), ESS min {o['ess_min']:.1f}, ESS/s {o['ess_per_s']:.2f}"
