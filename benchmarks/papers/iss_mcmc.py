@@ -21,7 +21,7 @@ n/100), 4 chains x (1000 warmup + 4000 draws), AM proposal. Bias: max over coord
 ``|mean - ref mean| / ref sd`` and the sd ratios, against the posterior's Laplace approximation (float64
 Newton; at N = 1e5 and d = 3 its error is far below the numbers measured here: the exact-MH row shows it),
 with the Gaussian-mixture prediction of the sd inflation ``sqrt(1 + 1/(n/(N-n) + 2 eps))`` (module
-docstring of ``tallmh.acceptance.informed``).
+docstring of ``tallmh.informed``).
 
 ``peers``: the posteriors of ``benchmarks/peers.py`` (synthetic logistic regression, d = 10 + intercept,
 N = 1e5 and 1e6, ``LogisticRegression.simulate(N, d=10, seed=0)``, prior sd 10) and their saved

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .cache_keys import shape_key, value_key
 from .data import take
 from .errors import ConfigError, ModelError
 
@@ -147,10 +148,9 @@ def _closed_form_vgh(model, unravel, th):
 def _proxy_chunk_fn(model, unravel, order, center):
     """The per-chunk sums of :func:`proxy_sums`, one per model, parameter structure and order (cached like
     :func:`_newton_chunk_fns`, so that repeated calls reuse the compiled pass)."""
-    from .sampling import _shape_key, _value_key
 
     d = center.shape[0]
-    key = ("proxy", order, _value_key(model), _shape_key(unravel(center)))
+    key = ("proxy", order, value_key(model), shape_key(unravel(center)))
     fn = _NEWTON_FNS.get(key)
     if fn is not None:
         return fn
@@ -285,9 +285,8 @@ def _newton_chunk_fns(model, unravel, th):
     """The per-chunk functions of :func:`_newton` (value, gradient and Hessian; compensated log-likelihood
     difference), one pair per model (by value for tallmh's own models) and parameter structure, so that
     :func:`_full_pass` finds its compiled passes again on the next call instead of compiling new ones."""
-    from .sampling import _shape_key, _value_key
 
-    key = (_value_key(model), _shape_key(unravel(th)))
+    key = (value_key(model), shape_key(unravel(th)))
     fns = _NEWTON_FNS.get(key)
     if fns is not None:
         return fns
@@ -324,9 +323,8 @@ def _prior_fns(model, unravel, th):
     one compiled program, cached per model (by value for tallmh's own models) and parameter structure:
     evaluated eagerly, every operation of the prior and of its derivatives would be compiled apart
     (dozens of small programs in a fresh process)."""
-    from .sampling import _shape_key, _value_key
 
-    key = (_value_key(model), _shape_key(unravel(th)), str(jnp.asarray(th).dtype))
+    key = (value_key(model), shape_key(unravel(th)), str(jnp.asarray(th).dtype))
     fns = _PRIOR_FNS.get(key)
     if fns is not None:
         return fns

@@ -51,6 +51,7 @@ from .errors import ConfigError, DataChanged, ModelError, Stopped
 from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
+from .cache_keys import shape_key as _shape_key, value_key as _value_key
 from .results import Result, audit_power, audits_for_power, error_target, method_label
 
 __all__ = ["sample", "decide", "decision_fn"]
@@ -176,30 +177,6 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     stats = ds.setup_stats(model, data, n)
     setup_items = n if stats is not None else 0
     return data, n, init, stats, setup_items
-
-
-def _value_key(obj):
-    """A hashable key for a model/proposal/test: by value for tallmh's own classes, else by identity."""
-    try:
-        hash(obj)
-        if dataclasses.is_dataclass(obj):
-            return (type(obj), obj)
-    except TypeError:
-        pass
-    if type(obj).__module__.startswith("tallmh.") and hasattr(obj, "__dict__"):
-        try:
-            items = tuple(sorted((k, v) for k, v in vars(obj).items()))
-            hash(items)
-            return (type(obj), items)
-        except TypeError:
-            pass
-    return (type(obj), id(obj))
-
-
-def _shape_key(tree):
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return (treedef, tuple((tuple(np.shape(a)), str(np.asarray(a).dtype) if not hasattr(a, "dtype") else str(a.dtype))
-                           for a in leaves))
 
 
 def _wait(x):

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 import tallmh as tm
-from tallmh.acceptance.informed import _distinct_draw
+from tallmh.informed import _distinct_draw
 
 from ..stats_helpers import posterior_check
 

@@ -75,8 +75,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import take
-from ..errors import ConfigError, ModelError
+from .data import take
+from .acceptance.none import AlwaysAccept
+from .errors import ConfigError, ModelError
+from .kernel import Kernel, KernelState, StepInfo, build_kernel
 
 __all__ = ["Informed", "ISSState"]
 
@@ -240,9 +242,6 @@ class Informed:
 
     # ---------------------------------------------------------------------------------------------
     def build_kernel(self, model, proposal, n_items, unravel, stats=None, cv_order=None):
-        from ..kernel import Kernel, KernelState, StepInfo, build_kernel
-        from .none import AlwaysAccept
-
         if cv_order:
             raise ConfigError("Informed does not use control variates (its subset is fixed between subset "
                               "moves); leave control_variates=None")

@@ -1,0 +1,100 @@
+"""The package's import structure: no circles among module-level imports, no private names across modules."""
+
+import ast
+import os
+
+import tallmh
+
+SRC = os.path.dirname(tallmh.__file__)
+
+
+def _modules():
+    for root, _, files in os.walk(SRC):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, os.path.dirname(SRC))[:-3].replace(os.sep, ".")
+                yield (rel[: -len(".__init__")] if rel.endswith(".__init__") else rel), path
+
+
+def _resolve(mod, is_pkg, node):
+    """The absolute tallmh module an ImportFrom names (None: not tallmh's)."""
+    if node.level == 0:
+        return node.module if (node.module or "").startswith("tallmh") else None
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(top_level_only):
+    names = dict(_modules())
+    out = {}
+    for mod, path in names.items():
+        tree = ast.parse(open(path).read())
+        is_pkg = path.endswith("__init__.py")
+        nodes = tree.body if top_level_only else list(ast.walk(tree))
+        deps = []
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(mod, is_pkg, node)
+                if target is None:
+                    continue
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    # a submodule imported by name is a module, not a private name of another module
+                    deps.append((sub, None) if sub in names else (target, alias.name))
+            elif isinstance(node, ast.Import):
+                deps += [(a.name, None) for a in node.names if a.name.startswith("tallmh")]
+        out[mod] = deps
+    return names, out
+
+
+def _cycles(top_level_only):
+    names, deps = _imports(top_level_only)
+    graph = {m: {d for d, _ in ds if d in names and d != m} for m, ds in deps.items()}
+    # a package's own __init__ importing its submodules is how packages work: not an edge back up
+    for m in graph:
+        graph[m] = {d for d in graph[m] if not m.startswith(d + ".")}
+    seen, stack, cycles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            cycles.append(stack[stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for d in sorted(graph[m]):
+            visit(d)
+        stack.pop()
+
+    for m in sorted(graph):
+        visit(m)
+    return cycles
+
+
+def test_no_import_circles_at_module_level():
+    assert not _cycles(True)
+
+
+def test_no_private_names_imported_across_modules():
+    names, deps = _imports(top_level_only=False)
+    bad = [(m, d, n) for m, ds in deps.items() for d, n in ds
+           if n and n.startswith("_") and not n.startswith("__") and d != m and d in names]
+    assert not bad, bad
+
+
+def test_acceptance_does_not_import_the_kernel_or_the_runner():
+    names, deps = _imports(top_level_only=False)
+    for m, ds in deps.items():
+        if m.startswith("tallmh.acceptance"):
+            assert not any(d.startswith(("tallmh.kernel", "tallmh.sampling", "tallmh.informed")) for d, _ in ds
+                           if not (m == "tallmh.acceptance" and d == "tallmh.informed")), (m, ds)
+
+
+def test_negative_control_a_circle_is_found(tmp_path):
+    # the same walk on a two-module circle finds it
+    a = ast.parse("from .b import f\n")
+    node = a.body[0]
+    assert _resolve("tallmh.a", False, node) == "tallmh.b"
