@@ -834,7 +834,7 @@ def _npy_design(args, say):
     import types
 
     from .compare import default_cache_dir
-    from .datasets import _column
+    from .datasets import column_of
     from .errors import DataError
 
     path = os.path.abspath(args.data)
@@ -845,14 +845,14 @@ def _npy_design(args, say):
     if not (np.issubdtype(mm.dtype, np.number) or mm.dtype == bool):
         raise DataError(f"{path}: a .npy table must be numeric; got dtype {mm.dtype}")
     frame = types.SimpleNamespace(columns=[str(j) for j in range(p)])
-    tcol = _column(frame, str(args.target), path)
+    tcol = column_of(frame, str(args.target), path)
     feats = _split_features(args.features)
     if not feats:
         fcols = [c for c in frame.columns if c != tcol]
     else:
         fcols = []
         for f in feats:
-            c = _column(frame, str(f), path)
+            c = column_of(frame, str(f), path)
             if c == tcol:
                 raise DataError(f"column {f!r} is the target; it cannot also be a feature")
             if c in fcols:
@@ -1034,7 +1034,7 @@ def _restore_args(args):
 
 def _check_data_file(path):
     """The refusals of a data path that need no reading (made before anything heavy is imported)."""
-    from .datasets import _SUFFIXES
+    from .datasets import TABLE_SUFFIXES
     from .errors import DataError
 
     if not os.path.exists(path):
@@ -1042,7 +1042,7 @@ def _check_data_file(path):
     if os.path.isdir(path):
         raise DataError(f"data path is a folder, not a file: {path}")
     suffix = os.path.splitext(path)[1].lower()
-    if suffix not in _SUFFIXES:
+    if suffix not in TABLE_SUFFIXES:
         raise DataError(f"cannot read {path}: unknown file type {suffix or '(none)'}; use .csv, .parquet, .npy or .npz")
 
 

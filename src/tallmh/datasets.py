@@ -143,7 +143,7 @@ def train_test_split(table: Table, test_size=0.03, seed: int = 0, max_test: Opti
 # ---------------------------------------------------------------------------------------------------
 # the user's own table
 
-_SUFFIXES = (".csv", ".parquet", ".pq", ".npy", ".npz")
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".npy", ".npz")
 
 
 def _read_frame(path: str):
@@ -155,7 +155,7 @@ def _read_frame(path: str):
     if os.path.isdir(path):
         raise DataError(f"data path is a folder, not a file: {path}")
     suffix = os.path.splitext(path)[1].lower()
-    if suffix not in _SUFFIXES:
+    if suffix not in TABLE_SUFFIXES:
         raise DataError(f"cannot read {path}: unknown file type {suffix or '(none)'}; use .csv, .parquet, .npy or .npz")
     try:
         if suffix == ".csv":
@@ -197,7 +197,7 @@ def _read_frame(path: str):
         raise DataError(f"cannot read {path}: {msg}") from None
 
 
-def _column(frame, name: str, path: str):
+def column_of(frame, name: str, path: str):
     if name in frame.columns:
         return name
     # .npy columns are named "0", "1", ...; allow a negative index like "-1" for the last one
@@ -241,13 +241,13 @@ def load_table(path: str, target: str, features: Optional[Sequence[str]] = None,
     frame = _read_frame(path)
     if len(frame.columns) == 0 or len(frame) == 0:
         raise DataError(f"{path} holds no rows")
-    tcol = _column(frame, str(target), path)
+    tcol = column_of(frame, str(target), path)
     if features is None or len(features) == 0:
         fcols = [c for c in frame.columns if c != tcol]
     else:
         fcols = []
         for f in features:
-            c = _column(frame, str(f), path)
+            c = column_of(frame, str(f), path)
             if c == tcol:
                 raise DataError(f"column {f!r} is the target; it cannot also be a feature")
             if c in fcols:
