@@ -24,8 +24,9 @@ _NAMES = {
     "decision_fn": "sampling", "sample": "sampling", "from_pymc": "pymc_model", "from_bambi": "pymc_model",
     "set_compilation_cache": "_cache", "compilation_cache_dir": "_cache",
 }
-# modules that never compile anything: loading them does not set up JAX's compilation cache
-_NO_JAX = ("errors", "cli")
+# modules that compile programs: loading one through the package sets up JAX's compilation cache first
+_COMPILES = ("sampling", "kernel", "blocks", "control_variates", "informed", "numpyro_model", "pymc_model",
+             "distributed")
 
 
 def _setup_cache():
@@ -35,7 +36,7 @@ def _setup_cache():
 
 
 def __getattr__(name):
-    if _NAMES.get(name, name) not in _NO_JAX and name in set(_NAMES) | set(_SUBMODULES):
+    if _NAMES.get(name, name) in _COMPILES:
         _setup_cache()
     if name in _NAMES:
         value = getattr(importlib.import_module("." + _NAMES[name], __name__), name)

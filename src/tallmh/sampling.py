@@ -42,6 +42,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from . import checkpoint as ckpt
+from . import _cache
 from . import control_variates as cvm
 from . import datasource as ds
 from . import distributed
@@ -53,6 +54,8 @@ from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .cache_keys import shape_key as _shape_key, value_key as _value_key
 from .results import Result, audit_power, audits_for_power, error_target, method_label
+
+_cache.setup_default()  # JAX's persistent compilation cache, before the runner first compiles
 
 __all__ = ["sample", "decide", "decision_fn"]
 
