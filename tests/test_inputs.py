@@ -126,3 +126,23 @@ def test_random_walk_bad_scale():
         tm.proposals.RandomWalk(scale=-1.0)
     with pytest.raises(tm.ConfigError, match="positive definite"):
         tm.proposals.RandomWalk(scale=np.array([[1.0, 2.0], [2.0, 1.0]]))
+
+
+def test_api_mistakes_are_one_line_errors_naming_what_was_expected():
+    data, _ = tm.models.LogisticRegression.simulate(500, d=3, seed=0)
+    model = tm.models.LogisticRegression()
+    kw = dict(num_samples=5, num_warmup=5, num_chains=1, progress=False)
+    cases = [
+        (dict(data=(data["X"], data["y"])), "data must be a dict of arrays"),
+        (dict(data={"features": data["X"], "target": data["y"]}), r"reads data\['X'\], which this data does not have"),
+        (dict(data=data, test="fast"), "one of 'exact', 'austerity'"),
+        (dict(data=data, init=np.zeros(7)), r"init has shape \(7,\); this model's parameter has shape \(4,\)"),
+        (dict(data=data, num_samples="many"), "num_samples must be an integer >= 0 or 'auto'"),
+    ]
+    for args, match in cases:
+        with pytest.raises(tm.ConfigError, match=match) as e:
+            tm.sample(model, **{**kw, **args})
+        assert "\n" not in str(e.value)
+    # a test given by name is that test with its default settings (negative control: it runs)
+    r = tm.sample(model, data, test="exact", **kw)
+    assert type(r.test).__name__ == "Exact"

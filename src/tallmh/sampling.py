@@ -159,7 +159,10 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     if init is None and cv_center is not None:
         init = cv_center
     default = None
-    if callable(getattr(model, "init", None)):
+    # the model's own start: the start, or (in memory) the shape a given init must have; for data on disk a
+    # given init is not checked this way (a model's init may read the data)
+    on_disk = any(isinstance(a, (ds.HostArray, np.memmap)) for a in ds.leaves_of(data))
+    if callable(getattr(model, "init", None)) and (init is None or not on_disk):
         try:
             default = model.init(data)
         except (KeyError, TypeError, IndexError) as e:
