@@ -30,7 +30,7 @@ Accuracy against the reference: the largest distance of a posterior mean from th
 reference sd, the same in Monte Carlo standard errors (z), and the range of sd ratios. A method counts as
 *accurate* when no mean is more than 0.2 reference sd off and no sd outside 0.8-1.25 of the reference's
 (thresholds :data:`ACCURATE_MEAN_SD` and :data:`ACCURATE_SD_RATIO`) by more than 3 Monte Carlo standard
-errors, and it is *trusted* by its own checks (``result.trusted``: R-hat, ESS, audited error, CLT, non-finite items, partial run).
+errors, and it is *trusted* by its own checks (``result.trusted``: R-hat, ESS, audited error, the estimated normal-approximation error, non-finite items, partial run, approximate target).
 """
 
 from __future__ import annotations

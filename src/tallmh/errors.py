@@ -22,7 +22,7 @@ class ConfigError(TallmhError):
 
 
 class TrustWarning(UserWarning):
-    """A run's own evidence says its answer should not be trusted (R-hat, ESS, audit, CLT, support)."""
+    """A run's own evidence says its answer should not be trusted (R-hat, ESS, audit, normal approximation, support)."""
 
 
 class Stopped(KeyboardInterrupt):
