@@ -73,7 +73,7 @@ def test_cli_gaussian_formula_matches_the_closed_form(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err[-2000:]
     idata = tm.diagnostics.read_netcdf(str(out / "posterior.nc"))
     names = ["intercept", "x", "C(g)[T.b]", "C(g)[T.c]"]
-    assert list(idata.posterior["beta"]["beta_dim"].values) == names
+    assert list(idata.posterior["beta"]["coefficient"].values) == names
     # closed form on the sampler's (standardised) scale: b ~ N(0, 10^2 I), y | b ~ N(Z b, 1)
     X = np.column_stack([df["x"], df["g"] == "b", df["g"] == "c"]).astype(float)
     Z = np.column_stack([np.ones(len(X)), (X - X.mean(axis=0)) / X.std(axis=0)])
