@@ -834,7 +834,7 @@ def _npy_design(args, say):
     import types
 
     from .compare import default_cache_dir
-    from .datasets import column_of
+    from .datasets import choose_columns
     from .errors import DataError
 
     path = os.path.abspath(args.data)
@@ -845,21 +845,7 @@ def _npy_design(args, say):
     if not (np.issubdtype(mm.dtype, np.number) or mm.dtype == bool):
         raise DataError(f"{path}: a .npy table must be numeric; got dtype {mm.dtype}")
     frame = types.SimpleNamespace(columns=[str(j) for j in range(p)])
-    tcol = column_of(frame, str(args.target), path)
-    feats = _split_features(args.features)
-    if not feats:
-        fcols = [c for c in frame.columns if c != tcol]
-    else:
-        fcols = []
-        for f in feats:
-            c = column_of(frame, str(f), path)
-            if c == tcol:
-                raise DataError(f"column {f!r} is the target; it cannot also be a feature")
-            if c in fcols:
-                raise DataError(f"feature {f!r} is listed twice")
-            fcols.append(c)
-    if not fcols:
-        raise DataError(f"{path} has no feature columns besides the target {args.target!r}")
+    tcol, fcols = choose_columns(frame, args.target, _split_features(args.features), path)
     if n < _batch_of(args.test, args):
         raise DataError(f"{path} has {n} rows, fewer than the batch size {_batch_of(args.test, args)}; use a "
                         "smaller batch")

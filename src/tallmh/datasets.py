@@ -197,6 +197,26 @@ def _read_frame(path: str):
         raise DataError(f"cannot read {path}: {msg}") from None
 
 
+def choose_columns(frame, target, features, path: str):
+    """``(target column, feature columns)`` of a table with ``frame.columns``: the features named (each once,
+    not the target), or every other column; one-line :class:`DataError` otherwise."""
+    tcol = column_of(frame, str(target), path)
+    if features is None or len(features) == 0:
+        fcols = [c for c in frame.columns if c != tcol]
+    else:
+        fcols = []
+        for f in features:
+            c = column_of(frame, str(f), path)
+            if c == tcol:
+                raise DataError(f"column {f!r} is the target; it cannot also be a feature")
+            if c in fcols:
+                raise DataError(f"feature {f!r} is listed twice")
+            fcols.append(c)
+    if not fcols:
+        raise DataError(f"{path} has no feature columns besides the target {target!r}")
+    return tcol, fcols
+
+
 def column_of(frame, name: str, path: str):
     if name in frame.columns:
         return name
@@ -241,20 +261,7 @@ def load_table(path: str, target: str, features: Optional[Sequence[str]] = None,
     frame = _read_frame(path)
     if len(frame.columns) == 0 or len(frame) == 0:
         raise DataError(f"{path} holds no rows")
-    tcol = column_of(frame, str(target), path)
-    if features is None or len(features) == 0:
-        fcols = [c for c in frame.columns if c != tcol]
-    else:
-        fcols = []
-        for f in features:
-            c = column_of(frame, str(f), path)
-            if c == tcol:
-                raise DataError(f"column {f!r} is the target; it cannot also be a feature")
-            if c in fcols:
-                raise DataError(f"feature {f!r} is listed twice")
-            fcols.append(c)
-    if not fcols:
-        raise DataError(f"{path} has no feature columns besides the target {target!r}")
+    tcol, fcols = choose_columns(frame, target, features, path)
     y = _numeric(frame[tcol].to_numpy(), str(tcol), "target")
     cols = [_numeric(frame[c].to_numpy(), str(c), "feature") for c in fcols]
     for name, v in [(str(tcol), y)] + list(zip(map(str, fcols), cols)):
