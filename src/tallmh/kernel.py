@@ -18,7 +18,7 @@ Such kernels keep the same ``init``/``step`` signatures and may keep their own s
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +60,8 @@ class Kernel(NamedTuple):
     step: Callable
     full_log_lik: Callable
     grad_estimate: Callable  # (data, cv) -> grad_fn(theta, idx): minibatch estimate of grad log posterior
+    empty_info: Optional[Callable] = None  # (dtype) -> the statistics of a step not taken; None: StepInfo.empty
+    map_chains: bool = False  # run the chains one after another (lax.map) rather than side by side (vmap)
 
 
 def oracle_of(test):

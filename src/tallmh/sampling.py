@@ -327,6 +327,13 @@ def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None
         return _RUNNERS[key]
     if plan is not None:
         fn = distributed.sharded_runner(lambda m: _chain_run(kernel_of(m), length, audit_on), plan, model, n)
+    elif getattr(kernel, "map_chains", False):  # chains one after another (a program's member lists)
+        chain = _chain_run(kernel, length, audit_on)
+
+        def chains(states, keys, akey, *rest):
+            return jax.lax.map(lambda sk: chain(sk[0], sk[1], akey, *rest), (states, keys))
+
+        fn = jax.jit(chains)
     else:
         fn = jax.jit(jax.vmap(_chain_run(kernel, length, audit_on),
                               in_axes=(0, 0, None, None, None, None, None, None, None)))
@@ -338,6 +345,7 @@ def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None
 
 def _chain_run(kernel, length, audit_on):
     """One chain's chunk: ``length`` scan steps of ``kernel``, of which the first ``count`` are made."""
+    empty = getattr(kernel, "empty_info", None) or StepInfo.empty
 
     def chain_run(state, ckey, akey, start, count, phase, audit_rate, data, stats):
         pkey = jax.random.fold_in(ckey, phase)
@@ -355,10 +363,10 @@ def _chain_run(kernel, length, audit_on):
                 return kernel.step(jax.random.fold_in(pkey, g), st, data, g, adapt, stats, audit)
 
             def skip(st):
-                return st, StepInfo.empty(st.theta.dtype)
+                return st, empty(st.theta.dtype)
 
             st, info = jax.lax.cond(i < count, do, skip, st)
-            return st, (st.theta, info)
+            return st, (st.theta, info_dict(info))
 
         return jax.lax.scan(body, state, jnp.arange(length, dtype=jnp.int32))
 
@@ -389,6 +397,7 @@ def sample(
     mesh=None,
     stream_draws: bool = False,
     min_ess: float = 400.0,
+    program=None,
 ) -> Result:
     """Run ``num_chains`` MH chains on the posterior of ``model`` given ``data``.
 
@@ -459,342 +468,507 @@ def sample(
         ``tallmh.distributed.initialize``), the chains are split over as many of them as evenly divide
         ``num_chains``, data replicated; ``False``: one device, as without JAX devices to spare
 
+    program : an inference program (:class:`tallmh.Cycle` of blocks, :mod:`tallmh.blocks`) for a model
+        written to the blocks' protocol (``tm.blocks.from_numpyro(...)`` or a hand-written one): the
+        program is the kernel, and the run has everything above (chunks, progress, Ctrl-C, resume,
+        checkpoints, verdict, ArviZ output by site name) except the self-audit and ``mesh``. Chains start
+        from the model's ``init(key, data)`` (one key per chain) or ``init=(values, aux)``; each draw is
+        ``model.record(values, aux)`` (or every site). ``test``, ``proposal`` and ``control_variates``
+        belong to the blocks and are not taken here.
+
     Returns a :class:`tallmh.results.Result`. Ctrl-C (at any time, compile and set-up included) returns
     every completed step within about a second, with ``result.partial = True``; such a result can be
     resumed. SIGTERM and SIGHUP do the same when ``sample`` runs in the main thread and their handlers are
     the default ones (the previous handlers are restored on return).
     """
-    if resume is not None:
-        for what, given, kept in (("test", test, resume.test), ("proposal", proposal, resume.proposal)):
-            if given is None and kept is None:
-                raise ConfigError(f"resume: the checkpoint could not store its {what} (not one of tallmh's own "
-                                  f"classes); pass {what}=... again")
-        test = resume.test if test is None else test
-        proposal = resume.proposal if proposal is None else proposal
-        num_chains = resume.num_chains
-        seed = resume.resume_info["seed"]
-        control_variates = resume.resume_info.get("control_variates") if control_variates is None \
-            else control_variates
-    test = _as_test(test)
-    auto_test = test is None
-    auto_draws = isinstance(num_samples, str)
-    if auto_draws:
-        if num_samples != "auto":
-            raise ConfigError(f"num_samples must be an integer >= 0 or 'auto'; got {num_samples!r}")
-        # (a resumed run goes on until the goal is met by all its draws, the earlier ones included)
-        num_samples = AUTO_MAX_SAMPLES
-        budget_s = AUTO_BUDGET_S if budget_s is None else budget_s
-        if not (min_ess > 0):
-            raise ConfigError(f"min_ess must be positive; got {min_ess}")
-    for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0), ("num_chains", num_chains, 1)):
-        if int(v) != v or v < lo:
-            raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
-    if num_samples + num_warmup == 0:
-        raise ConfigError("num_samples + num_warmup must be positive")
-    if budget_s is not None and not (budget_s > 0):
-        raise ConfigError(f"budget_s must be positive; got {budget_s}")
-    if chunk_size is not None and int(chunk_size) < 1:
-        raise ConfigError(f"chunk_size must be a positive integer; got {chunk_size}")
-    if audit is not None and not (0.0 <= float(audit) <= 1.0):
-        raise ConfigError(f"audit must be a rate in [0, 1]; got {audit}")
-
-    t0 = time.perf_counter()
-    notes: list = []
-    init_given = init
-    data, n, init, stats, setup_items = _prepare(model, data, Exact() if auto_test else test, init)
-    if auto_test:
-        test, cv_auto, why = recommended(model, data, n, init)
-        test.check(n)
-        control_variates = cv_auto if control_variates is None else (control_variates or None)
-        notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
-                     f"test=tm.acceptance.Exact() is the oracle")
-    elif control_variates is False:
-        control_variates = None
-    is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
-    if control_variates is not None and getattr(test, "tracks_log_lik", False):
-        raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
-    if getattr(test, "batch_auto", False):
-        notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
-                     f"boundary keeps the error promise at any batch; where the items need more, it reads more)")
-    if proposal is None:
-        # with control variates the model is differentiable (their Taylor terms need its gradient and
-        # Hessian) and the minibatch gradient is nearly exact near the mode: preconditioned adaptive MALA
-        # gives 14-38x the ESS per step of adaptive Metropolis there (README, "Which proposal")
-        from .proposals import Langevin
-
-        proposal = Langevin(batch_size=min(100, n)) if control_variates is not None else AdaptiveMetropolis()
-    flat0, unravel = ravel_pytree(init)
-    dtype = flat0.dtype
-    d = flat0.shape[0]
-    key = jax.random.PRNGKey(seed)
-    k_chains, k_jit, k_audit = jax.random.split(key, 3)
-    chain_keys = jax.random.split(k_chains, num_chains)
-    cv_order = control_variates.order if control_variates is not None else None
-    kernel = build_kernel(model, proposal, test, n, unravel, None, cv_order)
-    if mesh is None:
-        mesh = distributed.default_mesh(num_chains)
-    plan = distributed.plan_for(mesh, num_chains, n)
-    if plan is not None and plan.rows > 1 and callable(getattr(test, "build_kernel", None)):
-        raise ConfigError(f"the {getattr(test, 'name', type(test).__name__)} test brings its own kernel, which "
-                          "reads the data directly: row sharding (a mesh with rows > 1) is not supported for it")
-    timings = {"setup_s": 0.0, "compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
-    collected = {"warmup": [], "sampling": []}
-    done = {"warmup": 0, "sampling": 0}
-    partial = False
-    states = None
-    start_info = {}
-
-    saved_fp = resume.resume_info.get("fingerprint") if resume is not None else None
-    fingerprint = ckpt.run_fingerprint(model, data, n, test, proposal, control_variates, num_chains, seed, d, dtype,
-                                       salt=(saved_fp or {}).get("data", {}).get("salt"))
-    if saved_fp:
-        why = ckpt.mismatch(saved_fp, fingerprint)
-        if why is not None:
-            raise ConfigError(f"resume: refused: {why}")
-    if resume is not None:
-        if resume.n != n:
-            raise ConfigError(f"resume: the run had N = {resume.n} items; this data has N = {n}")
-        if resume.flat_samples.shape[-1] != d:
-            raise ConfigError(f"resume: the run's parameter has {resume.flat_samples.shape[-1]} coordinates; "
-                              f"this model's has {d}")
-        info = resume.resume_info
-        states = jax.tree_util.tree_map(jnp.asarray, resume.final_state)
-        done = {"warmup": int(info["warmup_done"]), "sampling": int(info["sampling_done"])}
-        if done["warmup"] > num_warmup or done["sampling"] > num_samples:
-            raise ConfigError(f"resume: the run already has {done['warmup']} warmup steps and {done['sampling']} "
-                              f"draws; ask for at least as many (num_warmup={num_warmup}, num_samples={num_samples})")
-        if done["sampling"] > 0 and done["warmup"] < num_warmup:
-            raise ConfigError("resume: sampling had started; the warmup cannot be extended")
-        collected = {"warmup": [(resume.flat_warmup, resume.warmup_stats)] if resume.flat_warmup.shape[1] else [],
-                     "sampling": [(resume.flat_samples, resume.stats)] if resume.flat_samples.shape[1] else []}
-        setup_items = resume.setup_items + (n if stats is not None else 0)  # model.setup ran again
-        timings = {k: float(v) for k, v in resume.timings.items() if k != "total_s"}
-        timings["_before_s"] = float(resume.timings.get("total_s", 0.0))  # wall time of the earlier run(s)
-        notes = list(resume.notes)
-        start_info = dict(info.get("start_info", {}))
-
-    store = None
+    run = _Run(model, num_chains=num_chains, seed=seed, callback=callback, checkpoint=checkpoint,
+               checkpoint_every_s=checkpoint_every_s, chunk_seconds=chunk_seconds, chunk_size=chunk_size,
+               budget_s=budget_s, min_ess=min_ess)
+    run.options(test, proposal, num_samples, num_warmup, control_variates, audit, resume, program)
+    run.t0 = time.perf_counter()
+    if run.program is not None:
+        run.method_of_program(data, init)
+    else:
+        run.method(data, init)
+    run.plan_devices(mesh)
+    run.restore(resume)
     if stream_draws and checkpoint is not None:
+        run.open_store(resume)
+    run.go(init, init_jitter, progress)
+    return run.finish()
+
+
+class _Run:
+    """One call of :func:`sample`, in named stages: options -> method (or program) -> devices -> restore ->
+    set-up -> audit -> compile -> chunks -> result. Its attributes are what the stages hand each other."""
+
+    def __init__(self, model, **kw):
+        self.model = model
+        self.__dict__.update(kw)
+        self.notes: list = []
+        self.timings = {"setup_s": 0.0, "compile_s": 0.0, "warmup_s": 0.0, "sampling_s": 0.0}
+        self.collected = {"warmup": [], "sampling": []}
+        self.done = {"warmup": 0, "sampling": 0}
+        self.partial = False
+        self.states = None
+        self.start_info: dict = {}
+        self.store = None
+        self.plan = None
+        self.stats = None
+        self.constrain = getattr(model, "constrain", None)
+        self.empty_info = None
+
+    # ---- options -----------------------------------------------------------------------------------
+
+    def options(self, test, proposal, num_samples, num_warmup, control_variates, audit, resume, program):
+        """Check the arguments; a resumed run's test, proposal, chains, seed and control variates are kept."""
+        if resume is not None:
+            if program is None and resume.resume_info.get("program"):
+                program = resume.test
+            for what, given, kept in (("test", test if program is None else program, resume.test),
+                                      ("proposal", proposal, resume.proposal)):
+                if given is None and kept is None and not (what == "proposal" and program is not None):
+                    raise ConfigError(f"resume: the checkpoint could not store its {what} (not one of tallmh's "
+                                      f"own classes); pass {what}=... again")
+            if program is None:
+                test = resume.test if test is None else test
+                proposal = resume.proposal if proposal is None else proposal
+            self.num_chains = resume.num_chains
+            self.seed = resume.resume_info["seed"]
+            control_variates = resume.resume_info.get("control_variates") if control_variates is None \
+                else control_variates
+        self.program = program
+        if program is not None and (test is not None or proposal is not None or control_variates):
+            raise ConfigError("with program=..., the blocks carry their own tests and proposals: pass no test, "
+                              "proposal or control_variates")
+        self.test = _as_test(test)
+        self.auto_test = self.test is None and program is None
+        self.auto_draws = isinstance(num_samples, str)
+        if self.auto_draws:
+            if num_samples != "auto":
+                raise ConfigError(f"num_samples must be an integer >= 0 or 'auto'; got {num_samples!r}")
+            # (a resumed run goes on until the goal is met by all its draws, the earlier ones included)
+            num_samples = AUTO_MAX_SAMPLES
+            self.budget_s = AUTO_BUDGET_S if self.budget_s is None else self.budget_s
+            if not (self.min_ess > 0):
+                raise ConfigError(f"min_ess must be positive; got {self.min_ess}")
+        for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0),
+                            ("num_chains", self.num_chains, 1)):
+            if int(v) != v or v < lo:
+                raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
+        if num_samples + num_warmup == 0:
+            raise ConfigError("num_samples + num_warmup must be positive")
+        if self.budget_s is not None and not (self.budget_s > 0):
+            raise ConfigError(f"budget_s must be positive; got {self.budget_s}")
+        if self.chunk_size is not None and int(self.chunk_size) < 1:
+            raise ConfigError(f"chunk_size must be a positive integer; got {self.chunk_size}")
+        if audit is not None and not (0.0 <= float(audit) <= 1.0):
+            raise ConfigError(f"audit must be a rate in [0, 1]; got {audit}")
+        self.proposal, self.num_samples, self.num_warmup = proposal, num_samples, num_warmup
+        self.control_variates, self.audit = control_variates, audit
+
+    # ---- the method: test, control variates, proposal, kernel ----------------------------------------
+
+    def method(self, data, init):
+        model, notes = self.model, self.notes
+        self.init_given = init
+        test = self.test
+        self.data, n, init, self.stats, self.setup_items = _prepare(model, data, Exact() if self.auto_test else test,
+                                                                    init)
+        control_variates = self.control_variates
+        if self.auto_test:
+            test, cv_auto, why = recommended(model, self.data, n, init)
+            test.check(n)
+            control_variates = cv_auto if control_variates is None else (control_variates or None)
+            notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
+                         f"test=tm.acceptance.Exact() is the oracle")
+        elif control_variates is False:
+            control_variates = None
+        self.is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
+        if control_variates is not None and getattr(test, "tracks_log_lik", False):
+            raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
+        if getattr(test, "batch_auto", False):
+            notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
+                         f"boundary keeps the error promise at any batch; where the items need more, it reads more)")
+        proposal = self.proposal
+        if proposal is None:
+            # with control variates the model is differentiable (their Taylor terms need its gradient and
+            # Hessian) and the minibatch gradient is nearly exact near the mode: preconditioned adaptive MALA
+            # gives 14-38x the ESS per step of adaptive Metropolis there (README, "Which proposal")
+            from .proposals import Langevin
+
+            proposal = Langevin(batch_size=min(100, n)) if control_variates is not None else AdaptiveMetropolis()
+        self.flat0, self.unravel = ravel_pytree(init)
+        self.init_tree = init
+        self.n, self.test, self.proposal, self.control_variates = n, test, proposal, control_variates
+        self.cv_order = control_variates.order if control_variates is not None else None
+        self.kernel = build_kernel(model, proposal, test, n, self.unravel, None, self.cv_order)
+        self._keys(self.flat0.dtype, self.flat0.shape[0])
+
+    def method_of_program(self, data, init):
+        """An inference program (:class:`tallmh.Cycle` of blocks) as the kernel: its chains start from the
+        model's ``init(key, data)`` (or ``init=(values, aux)``) and record ``model.record`` (or every site)."""
+        from .blocks.kernel import build_program_kernel
+
+        self.data = validate_data(data)
+        self.n = num_items(self.data)
+        self.setup_items = 0
+        self.init_given = init
+        self.kernel, self.init_states, self.unravel, self.init_tree, program = build_program_kernel(
+            self.program, self.model, self.data, self.n, init)
+        self.program = self.test = program
+        self.proposal = self.control_variates = self.cv_order = None
+        self.is_exact = False
+        self.constrain = None
+        self.empty_info = self.kernel.empty_info
+        self.notes.append("program: no self-audit (the blocks' tests are not checked against exact decisions "
+                          "during the run)")
+        flat, _ = ravel_pytree(self.init_tree)
+        self._keys(flat.dtype, flat.shape[0])
+
+    def _keys(self, dtype, d):
+        self.dtype, self.d = dtype, d
+        k_chains, self.k_jit, self.k_audit = jax.random.split(jax.random.PRNGKey(self.seed), 3)
+        self.chain_keys = jax.random.split(k_chains, self.num_chains)
+
+    # ---- devices, resume, draws on disk ---------------------------------------------------------------
+
+    def plan_devices(self, mesh):
+        if self.program is not None:
+            if mesh not in (None, False):
+                raise ConfigError("programs run on one device: pass no mesh")
+            return
+        if mesh is None:
+            mesh = distributed.default_mesh(self.num_chains)
+        self.plan = distributed.plan_for(mesh, self.num_chains, self.n)
+        if self.plan is not None and self.plan.rows > 1 and callable(getattr(self.test, "build_kernel", None)):
+            raise ConfigError(f"the {getattr(self.test, 'name', type(self.test).__name__)} test brings its own kernel, "
+                              "which reads the data directly: row sharding (a mesh with rows > 1) is not supported "
+                              "for it")
+
+    def restore(self, resume):
+        """The fingerprint of this run; a resumed run's draws, states, counts and notes."""
+        saved_fp = resume.resume_info.get("fingerprint") if resume is not None else None
+        self.fingerprint = ckpt.run_fingerprint(self.model, self.data, self.n, self.test, self.proposal,
+                                                self.control_variates, self.num_chains, self.seed, self.d, self.dtype,
+                                                salt=(saved_fp or {}).get("data", {}).get("salt"))
+        if saved_fp:
+            why = ckpt.mismatch(saved_fp, self.fingerprint)
+            if why is not None:
+                raise ConfigError(f"resume: refused: {why}")
+        if resume is None:
+            return
+        if resume.n != self.n:
+            raise ConfigError(f"resume: the run had N = {resume.n} items; this data has N = {self.n}")
+        if resume.flat_samples.shape[-1] != self.d:
+            raise ConfigError(f"resume: the run's parameter has {resume.flat_samples.shape[-1]} coordinates; "
+                              f"this model's has {self.d}")
+        info = resume.resume_info
+        self.states = jax.tree_util.tree_map(jnp.asarray, resume.final_state)
+        done = self.done = {"warmup": int(info["warmup_done"]), "sampling": int(info["sampling_done"])}
+        if done["warmup"] > self.num_warmup or done["sampling"] > self.num_samples:
+            raise ConfigError(f"resume: the run already has {done['warmup']} warmup steps and {done['sampling']} "
+                              f"draws; ask for at least as many (num_warmup={self.num_warmup}, "
+                              f"num_samples={self.num_samples})")
+        if done["sampling"] > 0 and done["warmup"] < self.num_warmup:
+            raise ConfigError("resume: sampling had started; the warmup cannot be extended")
+        self.collected = {
+            "warmup": [(resume.flat_warmup, resume.warmup_stats)] if resume.flat_warmup.shape[1] else [],
+            "sampling": [(resume.flat_samples, resume.stats)] if resume.flat_samples.shape[1] else []}
+        self.setup_items = resume.setup_items + (self.n if self.stats is not None else 0)  # model.setup ran again
+        self.timings = {k: float(v) for k, v in resume.timings.items() if k != "total_s"}
+        self.timings["_before_s"] = float(resume.timings.get("total_s", 0.0))  # wall time of the earlier run(s)
+        self.notes[:] = list(resume.notes)
+        self.start_info = dict(info.get("start_info", {}))
+
+    def open_store(self, resume):
+        """Draws appended to files beside the checkpoint (:mod:`tallmh.drawstore`) instead of memory."""
         from .drawstore import SUFFIX, DrawStore
 
-        store = DrawStore(os.fspath(checkpoint) + SUFFIX, num_chains, d, dtype)
-        stat_dtypes = {k: np.asarray(v).dtype for k, v in StepInfo.empty(dtype)._asdict().items()}
+        store = DrawStore(os.fspath(self.checkpoint) + SUFFIX, self.num_chains, self.d, self.dtype)
+        stat_dtypes = {k: np.asarray(v).dtype for k, v in self._empty_info().items()}
         mine = resume is not None and resume.flat_samples.shape[1] + resume.flat_warmup.shape[1] > 0 and all(
             isinstance(a, np.memmap) and os.path.dirname(os.path.abspath(a.filename)) == store.folder
             for a in (resume.flat_samples, resume.flat_warmup) if a.shape[1] > 0)
-        counts = {p: int(c) for p, c in done.items()}
         try:
-            store.start(counts, stat_dtypes, keep=mine)
+            store.start({p: int(c) for p, c in self.done.items()}, stat_dtypes, keep=mine)
         except OSError as e:
             raise ConfigError(f"resume: {e}") from None
         if not mine:
             for pname in ("warmup", "sampling"):
-                for th, st in collected[pname]:
+                for th, st in self.collected[pname]:
                     store.add(pname, th, st)
-        collected = {"warmup": [], "sampling": []}
+        self.collected = {"warmup": [], "sampling": []}
+        self.store = store
 
-    def parts(pname):
-        if store is None:
-            return collected[pname]
-        return [store.view(pname)] if store.counts[pname] else []
+    def _empty_info(self) -> dict:
+        return info_dict(self.empty_info(self.dtype) if self.empty_info is not None else StepInfo.empty(self.dtype))
 
-    def make_result():
-        host_states = states if plan is None or states is None else \
+    def parts(self, pname):
+        if self.store is None:
+            return self.collected[pname]
+        return [self.store.view(pname)] if self.store.counts[pname] else []
+
+    def result(self):
+        states = self.states
+        host_states = states if self.plan is None or states is None else \
             jax.tree_util.tree_map(distributed.to_host, states)
-        return _assemble({p: parts(p) for p in ("warmup", "sampling")}, num_chains, d, dtype, unravel, n, test,
-                         proposal, timings, setup_items,
-                         partial, host_states, notes, dict(seed=seed, warmup_done=done["warmup"],
-                                                      sampling_done=done["sampling"], num_warmup=num_warmup,
-                                                      num_samples=num_samples, control_variates=control_variates,
-                                                      start_info=start_info, fingerprint=fingerprint), t0,
-                         control_variates,
-                         getattr(model, "constrain", None))
+        info = dict(seed=self.seed, warmup_done=self.done["warmup"], sampling_done=self.done["sampling"],
+                    num_warmup=self.num_warmup, num_samples=self.num_samples,
+                    control_variates=self.control_variates, start_info=self.start_info,
+                    fingerprint=self.fingerprint, program=self.program is not None)
+        return _assemble({p: self.parts(p) for p in ("warmup", "sampling")}, self.num_chains, self.d, self.dtype,
+                         self.unravel, self.n, self.test, self.proposal, self.timings, self.setup_items,
+                         self.partial, host_states, self.notes, info, self.t0, self.control_variates,
+                         self.constrain, self._empty_info())
 
-    bar = None
-    changed_error = None
-    signals = _stop_signals()
-    signals.__enter__()
-    try:
-        if states is None:  # set-up: mode, Laplace covariance, control variates, starts, kernel init
-            ts = time.perf_counter()
-            st = _in_thread(lambda: _start_points(model, data, n, unravel, flat0, control_variates, num_chains,
-                                                  init_given, init_jitter, k_jit, dtype, notes))
-            setup_items += st["passes"] * n + st["extra_items"]
-            cv0 = st["cv"]
-            if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
-                cv0 = st.get("sums")
-            hint = st["cov"] if (isinstance(proposal, AdaptiveMetropolis) or getattr(proposal, "uses_cov_hint", False)) \
-                else None
-            start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
-                          "newton_passes": int(st["passes"])}
-            init_v = jax.jit(jax.vmap(kernel.init, in_axes=(0, None, None, None)))
-            states = _wait(init_v(st["starts"], data, cv0, hint))
-            if tracks_log_lik(test, model):
-                setup_items += n * num_chains  # the exact test's initial full pass, one per chain
-            if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
-                setup_items += test.setup_items_of(states, n)
-            timings["setup_s"] = time.perf_counter() - ts
+    # ---- the run -------------------------------------------------------------------------------------
 
-        # audit rates per phase
-        if audit is None:
-            tgt = error_target(test) or 0.05
-            wanted = audits_for_power(tgt, AUDIT_POWER)
-            planned = AUTO_PLANNED_SAMPLES if auto_draws else num_samples  # ("auto": a typical run's draws)
-            steps = max(1, num_chains * (num_warmup + planned))
-            n_audits = min(wanted, DEFAULT_AUDIT_ITEMS // max(1, n))
-            rate = 0.0 if is_exact else min(MAX_AUDIT_RATE, n_audits / steps)
-            rates = (rate, rate)
-            msg = None
-            got = int(round(rate * steps))
-            if not is_exact and got < wanted:
-                why = (f"each reads all N = {n:,} items and the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}"
-                       if n_audits < wanted else f"at most {MAX_AUDIT_RATE:g} of the {steps:,} chain-steps")
-                msg = (f"self-audit: about {got} audited chain-step(s) by default ({why}); they flag a wrong-decision "
-                       f"rate of twice the target with probability {audit_power(got, tgt):.2f} (pass audit=rate "
-                       f"for more: {wanted} give {AUDIT_POWER:g})")
-            if msg is not None and msg not in notes:  # (a resumed run carries its notes already)
-                notes.append(msg)
-        else:
-            rates = (0.0 if is_exact else float(audit),) * 2
-        audit_on = any(r > 0 for r in rates)
+    def go(self, init, init_jitter, progress):
+        """Set-up, compile and the chunks; Ctrl-C, SIGTERM/SIGHUP and changed data files end it with the
+        draws made so far (``partial``)."""
+        self.bar = None
+        self.changed_error = None
+        self.auto_stop = None
+        signals = _stop_signals()
+        signals.__enter__()
+        try:
+            if self.states is None:
+                ts = time.perf_counter()
+                self.states = _wait(self._set_up(init_jitter))
+                self.timings["setup_s"] = time.perf_counter() - ts
+            self._audit_rates()
+            self._compile()
+            if progress is None:
+                progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+            if progress:
+                self.bar = _Bar(None if self.auto_draws else self.num_warmup + self.num_samples,
+                                self.done["warmup"] + self.done["sampling"], getattr(self.test, "name", "mcmc"))
+            self.last_ckpt = time.perf_counter()
+            self.next_check = 100
+            for pname, total, phase in (("warmup", self.num_warmup, 0), ("sampling", self.num_samples, 1)):
+                if self.done[pname] < total and self._phase(pname, total, phase):
+                    break
+        except DataChanged as e:
+            self.partial = True
+            self.changed_error = e
+            self.notes.append(f"stopped: {e}")
+        except KeyboardInterrupt as e:
+            self.partial = True
+            what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
+            print(f"\ntallmh: {what}; returning the draws made so far (result.partial = True)", file=sys.stderr)
+        finally:
+            signals.__exit__(None, None, None)
+            ds.advise(self.data, "normal")  # the files' default read-ahead again, for whatever reads them next
+            if self.bar is not None:
+                self.bar.close()
 
-        length = int(chunk_size) if chunk_size else int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
-        rkey = (_value_key(model), _value_key(proposal), _value_key(test), n, _shape_key(data), _shape_key(stats),
-                cv_order, num_chains, length, audit_on, d, str(dtype), _shape_key(states), _shape_key(init),
-                plan.key() if plan is not None else None)
-        entry = _runner(kernel, rkey, num_chains, length, audit_on, plan,
-                        lambda m: build_kernel(m, proposal, test, n, unravel, None, cv_order), model, n)
+    def _set_up(self, init_jitter):
+        """The chains' start states: for a program, its blocks' init from the model's; else the mode, the
+        Laplace covariance, the control variates (:func:`_start_points`) and the kernel's init."""
+        if self.program is not None:
+            return self.init_states(jax.random.split(self.k_jit, self.num_chains))
+        model, data, n, test, proposal = self.model, self.data, self.n, self.test, self.proposal
+        st = _in_thread(lambda: _start_points(model, data, n, self.unravel, self.flat0, self.control_variates,
+                                              self.num_chains, self.init_given, init_jitter, self.k_jit, self.dtype,
+                                              self.notes))
+        self.setup_items += st["passes"] * n + st["extra_items"]
+        cv0 = st["cv"]
+        if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
+            cv0 = st.get("sums")
+        hint = st["cov"] if (isinstance(proposal, AdaptiveMetropolis) or getattr(proposal, "uses_cov_hint", False)) \
+            else None
+        self.start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
+                           "newton_passes": int(st["passes"])}
+        init_v = jax.jit(jax.vmap(self.kernel.init, in_axes=(0, None, None, None)))
+        states = _wait(init_v(st["starts"], data, cv0, hint))
+        if tracks_log_lik(test, model):
+            self.setup_items += n * self.num_chains  # the exact test's initial full pass, one per chain
+        if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
+            self.setup_items += test.setup_items_of(states, n)
+        return states
+
+    def _audit_rates(self):
+        """Self-audit rate per phase (warmup, sampling): see ``audit`` in :func:`sample`."""
+        n, test = self.n, self.test
+        if self.audit is not None or self.is_exact or self.program is not None:
+            rate = 0.0 if (self.is_exact or self.program is not None) else float(self.audit or 0.0)
+            self.rates = (rate, rate)
+            self.audit_on = rate > 0
+            return
+        tgt = error_target(test) or 0.05
+        wanted = audits_for_power(tgt, AUDIT_POWER)
+        planned = AUTO_PLANNED_SAMPLES if self.auto_draws else self.num_samples  # ("auto": a typical run's draws)
+        steps = max(1, self.num_chains * (self.num_warmup + planned))
+        n_audits = min(wanted, DEFAULT_AUDIT_ITEMS // max(1, n))
+        rate = min(MAX_AUDIT_RATE, n_audits / steps)
+        self.rates = (rate, rate)
+        self.audit_on = rate > 0
+        got = int(round(rate * steps))
+        if got < wanted:
+            why = (f"each reads all N = {n:,} items and the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}"
+                   if n_audits < wanted else f"at most {MAX_AUDIT_RATE:g} of the {steps:,} chain-steps")
+            msg = (f"self-audit: about {got} audited chain-step(s) by default ({why}); they flag a wrong-decision "
+                   f"rate of twice the target with probability {audit_power(got, tgt):.2f} (pass audit=rate "
+                   f"for more: {wanted} give {AUDIT_POWER:g})")
+            if msg not in self.notes:  # (a resumed run carries its notes already)
+                self.notes.append(msg)
+
+    def _compile(self):
+        """The compiled chunk (cached across calls by model, proposal, test, shapes and options)."""
+        n, d, num_chains = self.n, self.d, self.num_chains
+        plan, test, proposal = self.plan, self.test, self.proposal
+        self.length = length = int(self.chunk_size) if self.chunk_size else \
+            int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
+        rkey = (_value_key(self.model), _value_key(proposal), _value_key(test), n, _shape_key(self.data),
+                _shape_key(self.stats), self.cv_order, num_chains, length, self.audit_on, d, str(self.dtype),
+                _shape_key(self.states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
+        entry = _runner(self.kernel, rkey, num_chains, length, self.audit_on, plan,
+                        lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order), self.model, n)
         if plan is None:
             def arg(v, dt):
                 return jnp.asarray(v, dt)
 
-            run_data, run_stats, run_keys, run_akey = data, stats, chain_keys, k_audit
+            self.run_data, self.run_stats, self.run_keys, self.run_akey = \
+                self.data, self.stats, self.chain_keys, self.k_audit
         else:  # lay the chains, keys and data out over the mesh (the set-up above ran on local devices)
             def arg(v, dt):
                 return distributed.scalar(plan, v, dt)
 
-            states, run_keys, run_akey, run_data, run_stats = distributed.place_inputs(
-                plan, states, chain_keys, k_audit, data, stats)
+            self.states, self.run_keys, self.run_akey, self.run_data, self.run_stats = distributed.place_inputs(
+                plan, self.states, self.chain_keys, self.k_audit, self.data, self.stats)
             layout = f"layout: {distributed.describe(plan)}"
-            if layout not in notes:
-                notes.append(layout)
-        args0 = (states, run_keys, run_akey, arg(0, jnp.int32), arg(0, jnp.int32), arg(0, jnp.int32),
-                 arg(0.0, jnp.float32), run_data, run_stats)
+            if layout not in self.notes:
+                self.notes.append(layout)
+        self.arg = arg
+        args0 = (self.states, self.run_keys, self.run_akey, arg(0, jnp.int32), arg(0, jnp.int32), arg(0, jnp.int32),
+                 arg(0.0, jnp.float32), self.run_data, self.run_stats)
         if entry["compiled"] is None:
             tc = time.perf_counter()
             entry["compiled"] = _in_thread(lambda: entry["fn"].lower(*args0).compile())
-            timings["compile_s"] += time.perf_counter() - tc
-        compiled = entry["compiled"]
+            self.timings["compile_s"] += time.perf_counter() - tc
+        self.compiled = entry["compiled"]
 
-        if progress is None:
-            progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        total_steps = num_warmup + num_samples
-        if progress:
-            bar = _Bar(None if auto_draws else total_steps, done["warmup"] + done["sampling"],
-                       getattr(test, "name", "mcmc"))
-        last_ckpt = time.perf_counter()
-        next_check, auto_stop = 100, None
-        for pname, total, phase in (("warmup", num_warmup, 0), ("sampling", num_samples, 1)):
-            if done[pname] >= total:
-                continue
-            if pname == "sampling" and control_variates is not None and control_variates.recenter \
-                    and parts("warmup") and done["sampling"] == 0:
-                warm = np.concatenate([p[0] for p in parts("warmup")], axis=1)
-                center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
-                cv_new = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
-                setup_items += n
-                states = states._replace(cv=jax.tree_util.tree_map(
-                    lambda a: jnp.broadcast_to(a, (num_chains,) + a.shape), cv_new))
-                if plan is not None:
-                    states = distributed.place_inputs(plan, states, chain_keys, k_audit, None, None)[0]
-            # on-disk data: rows are read at random, unless this phase's audits read all of them in order
-            ds.advise(data, "random" if rates[phase] == 0 else "normal")
-            tp = time.perf_counter()
-            base_s = timings[f"{pname}_s"]
-            count = min(length, total - done[pname], 4 if chunk_size is None else length)
-            while done[pname] < total:
-                changed = _files_changed(fingerprint)  # (before each chunk reads the files again)
-                if changed is not None:
-                    raise DataChanged(changed)
-                stop = pname == "sampling" and budget_s is not None and timings["sampling_s"] >= budget_s
-                if plan is not None:  # several processes: all make the chunks and stop that process 0 chose
-                    count, stop = distributed.agree(count, stop)
-                if stop:
-                    break
-                tcall = time.perf_counter()
-                new_states, out = compiled(states, run_keys, run_akey, arg(done[pname], jnp.int32),
-                                           arg(count, jnp.int32), arg(phase, jnp.int32),
-                                           arg(rates[phase], jnp.float32), run_data, run_stats)
-                _wait(new_states)
-                dt = time.perf_counter() - tcall
-                out = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
-                states = new_states
-                if store is not None:
-                    store.append(pname, out[0], {k: getattr(out[1], k) for k in out[1]._fields})
-                else:
-                    collected[pname].append((out[0], {k: getattr(out[1], k) for k in out[1]._fields}))
-                done[pname] += count
-                timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
-                if bar is not None:
-                    bar.update(count, pname, out[1], n)
-                if callback is not None:
-                    callback({"phase": pname, "done": done[pname], "total": total,
-                              "seconds": timings[f"{pname}_s"]})
-                due = checkpoint is not None and time.perf_counter() - last_ckpt >= checkpoint_every_s
-                if plan is not None and checkpoint is not None:  # gathering the states is collective
-                    (due,) = distributed.agree(due)
-                if due:
-                    # the run is not finished: a checkpoint left by a kill loads as partial
-                    last_ckpt = _save_checkpoint(make_result(), checkpoint, in_progress=True, every=checkpoint_every_s,
-                                                 store=store)
-                if auto_draws and pname == "sampling" and done[pname] >= next_check:
-                    reached = _auto_reached(parts("sampling"), min_ess)
-                    next_check = int(done[pname] * 1.25) + 1
-                    if reached is not None:
-                        auto_stop = reached
-                        break
-                if chunk_size is None:  # next chunk: about chunk_seconds long
-                    per_step = max(dt / count, 1e-7)
-                    want = chunk_seconds / per_step
-                    if pname == "sampling" and budget_s is not None:
-                        want = min(want, max(1.0, (budget_s - timings["sampling_s"]) / per_step))
-                    count = int(max(1, min(length, want, 4 * count)))
-                count = min(count, length, total - done[pname]) if done[pname] < total else count
-    except DataChanged as e:
-        partial = True
-        changed_error = e
-        notes.append(f"stopped: {e}")
-    except KeyboardInterrupt as e:
-        partial = True
-        what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
-        print(f"\ntallmh: {what}; returning the draws made so far (result.partial = True)", file=sys.stderr)
-    finally:
-        signals.__exit__(None, None, None)
-        ds.advise(data, "normal")  # the files' default read-ahead again, for whatever reads them next
-        if bar is not None:
-            bar.close()
-    if auto_draws:
-        if auto_stop is not None:
-            notes.append(f"num_samples='auto': stopped after {done['sampling']:,} draws per chain, with min bulk ESS "
-                         f"{auto_stop[0]:.0f} >= {min_ess:g} and max R-hat {auto_stop[1]:.3f} <= {AUTO_RHAT}")
-        elif not partial:
-            why = (f"the sampling budget ({budget_s:g} s)" if done["sampling"] < num_samples
-                   else f"the cap of {num_samples:,} draws per chain")
-            notes.append(f"num_samples='auto': {why} ran out before min bulk ESS {min_ess:g} and R-hat {AUTO_RHAT} "
-                         f"were reached")
-        num_samples = done["sampling"]
-    result = make_result()
-    if checkpoint is not None and states is not None:
-        _save_checkpoint(result, checkpoint, store=store)
-    if store is not None:
-        store.close()
-    if changed_error is not None:
-        kept = f"; the draws made before it ({done['warmup']} warmup steps, {done['sampling']} draws per chain) are " \
-               "in the exception's .result" + (f" and in {checkpoint}" if checkpoint is not None else "")
-        raise DataChanged(f"{changed_error}{kept}", result)
-    for w in result.warnings:
-        warnings.warn(_trust_warning()(w), stacklevel=2)
-    return result
+    def _recenter(self):
+        """Control variates re-centred at the warmup's mean before sampling (``ControlVariates(recenter=True)``)."""
+        cvo = self.control_variates
+        warm = np.concatenate([p[0] for p in self.parts("warmup")], axis=1)
+        center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
+        cv_new = cvm.proxy_sums(self.model, self.data, self.n, self.unravel, center, cvo.order)
+        self.setup_items += self.n
+        self.states = self.states._replace(cv=jax.tree_util.tree_map(
+            lambda a: jnp.broadcast_to(a, (self.num_chains,) + a.shape), cv_new))
+        if self.plan is not None:
+            self.states = distributed.place_inputs(self.plan, self.states, self.chain_keys, self.k_audit,
+                                                   None, None)[0]
+
+    def _phase(self, pname, total, phase) -> bool:
+        """Run phase ``pname`` in chunks until ``total`` steps; True when ``num_samples='auto'`` met its goal."""
+        cvo = self.control_variates
+        if pname == "sampling" and cvo is not None and cvo.recenter and self.parts("warmup") \
+                and self.done["sampling"] == 0:
+            self._recenter()
+        # on-disk data: rows are read at random, unless this phase's audits read all of them in order
+        ds.advise(self.data, "random" if self.rates[phase] == 0 else "normal")
+        tp = time.perf_counter()
+        base_s = self.timings[f"{pname}_s"]
+        done, length = self.done, self.length
+        count = min(length, total - done[pname], 4 if self.chunk_size is None else length)
+        while done[pname] < total:
+            changed = _files_changed(self.fingerprint)  # (before each chunk reads the files again)
+            if changed is not None:
+                raise DataChanged(changed)
+            stop = pname == "sampling" and self.budget_s is not None and self.timings["sampling_s"] >= self.budget_s
+            if self.plan is not None:  # several processes: all make the chunks and stop that process 0 chose
+                count, stop = distributed.agree(count, stop)
+            if stop:
+                break
+            dt = self._chunk(pname, phase, count)
+            self.timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
+            if self._after_chunk(pname, total):
+                return True
+            if self.chunk_size is None:  # next chunk: about chunk_seconds long
+                per_step = max(dt / count, 1e-7)
+                want = self.chunk_seconds / per_step
+                if pname == "sampling" and self.budget_s is not None:
+                    want = min(want, max(1.0, (self.budget_s - self.timings["sampling_s"]) / per_step))
+                count = int(max(1, min(length, want, 4 * count)))
+            count = min(count, length, total - done[pname]) if done[pname] < total else count
+        return False
+
+    def _chunk(self, pname, phase, count) -> float:
+        """One compiled call of ``count`` steps; its draws and statistics kept. Returns its wall time."""
+        arg = self.arg
+        tcall = time.perf_counter()
+        new_states, out = self.compiled(self.states, self.run_keys, self.run_akey, arg(self.done[pname], jnp.int32),
+                                        arg(count, jnp.int32), arg(phase, jnp.int32),
+                                        arg(self.rates[phase], jnp.float32), self.run_data, self.run_stats)
+        _wait(new_states)
+        dt = time.perf_counter() - tcall
+        theta, info = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
+        self.states = new_states
+        if self.store is not None:
+            self.store.append(pname, theta, dict(info))
+        else:
+            self.collected[pname].append((theta, dict(info)))
+        self.done[pname] += count
+        if self.bar is not None:
+            self.bar.update(count, pname, info, self.n)
+        return dt
+
+    def _after_chunk(self, pname, total) -> bool:
+        """Callback, checkpoint and the ``num_samples='auto'`` check after a chunk; True to stop sampling."""
+        done = self.done
+        if self.callback is not None:
+            self.callback({"phase": pname, "done": done[pname], "total": total,
+                           "seconds": self.timings[f"{pname}_s"]})
+        due = self.checkpoint is not None and time.perf_counter() - self.last_ckpt >= self.checkpoint_every_s
+        if self.plan is not None and self.checkpoint is not None:  # gathering the states is collective
+            (due,) = distributed.agree(due)
+        if due:
+            # the run is not finished: a checkpoint left by a kill loads as partial
+            self.last_ckpt = _save_checkpoint(self.result(), self.checkpoint, in_progress=True,
+                                              every=self.checkpoint_every_s, store=self.store)
+        if self.auto_draws and pname == "sampling" and done[pname] >= self.next_check:
+            reached = _auto_reached(self.parts("sampling"), self.min_ess)
+            self.next_check = int(done[pname] * 1.25) + 1
+            if reached is not None:
+                self.auto_stop = reached
+                return True
+        return False
+
+    def finish(self) -> Result:
+        """The Result (saved to the checkpoint), with ``num_samples='auto'``'s note and the trust warnings."""
+        done = self.done
+        if self.auto_draws:
+            if self.auto_stop is not None:
+                self.notes.append(f"num_samples='auto': stopped after {done['sampling']:,} draws per chain, with min "
+                                  f"bulk ESS {self.auto_stop[0]:.0f} >= {self.min_ess:g} and max R-hat "
+                                  f"{self.auto_stop[1]:.3f} <= {AUTO_RHAT}")
+            elif not self.partial:
+                why = (f"the sampling budget ({self.budget_s:g} s)" if done["sampling"] < self.num_samples
+                       else f"the cap of {self.num_samples:,} draws per chain")
+                self.notes.append(f"num_samples='auto': {why} ran out before min bulk ESS {self.min_ess:g} and R-hat "
+                                  f"{AUTO_RHAT} were reached")
+            self.num_samples = done["sampling"]
+        result = self.result()
+        if self.checkpoint is not None and self.states is not None:
+            _save_checkpoint(result, self.checkpoint, store=self.store)
+        if self.store is not None:
+            self.store.close()
+        if self.changed_error is not None:
+            kept = (f"; the draws made before it ({done['warmup']} warmup steps, {done['sampling']} draws per chain) "
+                    "are in the exception's .result"
+                    + (f" and in {self.checkpoint}" if self.checkpoint is not None else ""))
+            raise DataChanged(f"{self.changed_error}{kept}", result)
+        for w in result.warnings:
+            warnings.warn(_trust_warning()(w), stacklevel=3)
+        return result
+
+
+def info_dict(info) -> dict:
+    """A step's statistics as a dict (a kernel's :class:`StepInfo`, or a program's dict as it is)."""
+    return info._asdict() if hasattr(info, "_asdict") else dict(info)
 
 
 def _files_changed(fingerprint):
@@ -858,8 +1032,8 @@ class _Bar:
                         dynamic_ncols=True, mininterval=0.5, smoothing=0.1)
 
     def update(self, k, phase, info, n):
-        acc = float(np.mean(info.accepted)) if np.size(info.accepted) else float("nan")
-        frac = float(np.mean(info.n_data)) / n if np.size(info.n_data) else float("nan")
+        acc = float(np.mean(info["accepted"])) if np.size(info["accepted"]) else float("nan")
+        frac = float(np.mean(info["n_data"])) / n if np.size(info["n_data"]) else float("nan")
         self.bar.set_postfix_str(f"{phase}, accept {acc:.2f}, data/step {frac:.3g}", refresh=False)
         self.bar.update(k)
 
@@ -868,16 +1042,13 @@ class _Bar:
 
 
 def _assemble(collected, num_chains, d, dtype, unravel, n, test, proposal, timings, setup_items, partial,
-              states, notes, resume_info, t0, control_variates, constrain=None):
-    fields = StepInfo._fields
+              states, notes, resume_info, t0, control_variates, constrain=None, empty=None):
+    empty = info_dict(StepInfo.empty(dtype)) if empty is None else empty
+    fields = tuple(empty)
 
     def stack(parts):
         if not parts:
-            z = np.zeros((num_chains, 0), np.int32)
-            st = {k: z.copy() for k in fields}
-            for k in ("accepted", "audited", "audit_exact"):
-                st[k] = z.astype(bool)
-            st["excess_error"] = z.astype(np.float32)
+            st = {k: np.zeros((num_chains, 0), np.asarray(v).dtype) for k, v in empty.items()}
             return np.zeros((num_chains, 0, d), np.dtype(str(dtype))), st
         def join(vals):  # (one part, e.g. draws streamed to disk: as it is, not copied)
             return vals[0] if len(vals) == 1 and isinstance(vals[0], np.memmap) else np.concatenate(vals, axis=1)

@@ -50,7 +50,6 @@ an argument). ``tm.Cycle`` and ``tm.sample_program`` are re-exported at the top 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
@@ -672,9 +671,15 @@ class Cycle:
             if not callable(getattr(b, "step", None)):
                 raise ConfigError(f"Cycle: {b!r} is not a block (it has no step method)")
 
+    name = "program"
+
     @property
     def labels(self):
         return [b.label for b in self.blocks]
+
+    @property
+    def label(self):
+        return "cycle(" + ", ".join(self.labels) + ")"
 
     def grouped_sites(self):
         """{per-item site: grouped site} for every SubsampledMH with group_by (they need member lists)."""
@@ -798,6 +803,7 @@ class ProgramResult:
     timings: Dict[str, float]
     final_state: Any = None
     n: int = 0
+    run: Any = None  # the tallmh.Result of the run
 
     def to_arviz(self):
         from ..diagnostics import idata_from_dict
@@ -821,37 +827,44 @@ class ProgramResult:
 
 
 def sample_program(program, model, data, num_samples: int = 1000, num_warmup: int = 0, num_chains: int = 1,
-                   seed: int = 0, thin: int = 1, init=None) -> ProgramResult:
-    """Run an inference program (a :class:`Cycle` of blocks) on ``model`` and ``data``.
+                   seed: int = 0, thin: int = 1, init=None, **kwargs) -> ProgramResult:
+    """Run an inference program; a thin alias of ``tm.sample(model, data, program=program, ...)``.
 
-    ``num_warmup`` steps are run and discarded first; then ``num_samples * thin`` steps, recording
-    ``model.record(values, aux)`` (or all sites) every ``thin`` steps. Chains start from
-    ``model.init(key, data)`` (one key per chain) or from ``init=(values, aux)``. Wall times (compile
-    included, as a user waits) are in ``result.timings``.
+    It returns the older :class:`ProgramResult` view (``samples`` by site, ``stats`` by block label): the
+    run itself is :func:`tallmh.sample`'s (chunks, progress, Ctrl-C, checkpoints, verdict), and
+    ``result.run`` is its :class:`tallmh.Result`. ``thin`` > 1 keeps every ``thin``-th draw (the stats are
+    summed over the steps between kept draws). Other keyword arguments go to :func:`tallmh.sample`.
     """
+    from ..sampling import sample
+    from .kernel import block_stats
+
+    thin = int(thin)
+    if thin < 1:
+        raise ConfigError(f"thin must be at least 1; got {thin}")
     if int(num_samples) < 1 or int(num_chains) < 1 or int(num_warmup) < 0:
         raise ConfigError("num_samples and num_chains must be at least 1, num_warmup at least 0")
-    t0 = time.perf_counter()
-    runner = Runner(program, model)
-    states, data = runner.init(data, num_chains, seed, init)
-    key = jax.random.PRNGKey(seed + 1)
-    k_w, k_s = jax.random.split(key)
-    t1 = time.perf_counter()
-    if num_warmup:
-        states, _, _ = runner.run(states, data, num_warmup, k_w, 1)
-        jax.block_until_ready(states)
-    t2 = time.perf_counter()
-    states, records, infos = runner.run(states, data, int(num_samples) * int(thin), k_s, thin)
-    jax.block_until_ready(records)
-    t3 = time.perf_counter()
-    labels = runner.program.labels
-    stats = {}
-    for lab, inf in zip(labels, infos):
-        stats[lab] = {"n_data": np.asarray(inf.n_data), "proposals": np.asarray(inf.proposals),
-                      "accepted": np.asarray(inf.accepted)}
-    samples = {k: np.asarray(v) for k, v in records.items()}
-    timings = {"init": t1 - t0, "warmup": t2 - t1, "sampling": t3 - t2, "total": t3 - t0, "thin": thin}
-    return ProgramResult(samples, stats, labels, timings, states, runner.n)
+    kwargs.setdefault("progress", False)
+    run = sample(model, data, program=program, num_samples=int(num_samples) * thin, num_warmup=int(num_warmup),
+                 num_chains=int(num_chains), seed=seed, init=init, **kwargs)
+    prog = run.test
+    stats = {lab: {k: _thin_sum(v, thin) for k, v in d.items()}
+             for lab, d in block_stats(run.stats, prog.labels).items()}
+    samples = {k: np.asarray(v)[:, thin - 1::thin] for k, v in run.samples.items()}
+    t = run.timings
+    timings = {"init": t.get("setup_s", 0.0) + t.get("compile_s", 0.0), "warmup": t.get("warmup_s", 0.0),
+               "sampling": t.get("sampling_s", 0.0), "total": t.get("total_s", 0.0), "thin": thin}
+    final = run.final_state.program if run.final_state is not None else None
+    out = ProgramResult(samples, stats, prog.labels, timings, final, run.n)
+    out.run = run
+    return out
+
+
+def _thin_sum(a, thin):
+    a = np.asarray(a)
+    if thin == 1:
+        return a
+    k = a.shape[1] // thin
+    return a[:, :k * thin].reshape(a.shape[0], k, thin, *a.shape[2:]).sum(axis=2)
 
 
 from . import models  # noqa: E402  (the built-in models use the blocks' protocol)
