@@ -88,3 +88,41 @@ def test_sample_program_alias_thins_and_sums_stats():
     np.testing.assert_array_equal(res.stats["gibbs(z)"]["n_data"], 3 * len(X))
     assert res.items_per_step()["gibbs(z)"] == len(X)
     np.testing.assert_array_equal(res.samples["mu"], res.run.samples["mu"][:, 2::3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["sv", "jointdpm"])
+def test_numpyro_programs_through_sample_resume_bit_exactly(which, tmp_path):
+    """The NumPyro stochastic-volatility and JointDPM programs: Ctrl-C, checkpoint, bit-exact resume, names."""
+    from tallmh.blocks import numpyro_models as nm
+    from tallmh.blocks.models import JointDPM, StochasticVolatility
+
+    if which == "sv":
+        x, _ = StochasticVolatility.simulate(40, 5, phi=0.95, sigma=0.1, seed=0)
+        model, data = tm.blocks.from_numpyro(nm.stochastic_volatility, x)
+        test = tm.acceptance.Austerity(epsilon=0.05, batch_size=20)
+        program = tm.Cycle([tm.blocks.ParticleGibbs("eps", particles=4, window=3, series_per_step=10),
+                            tm.blocks.SubsampledMH("phi", test=test, scale=0.3),
+                            tm.blocks.SubsampledMH("sigma2", test=test, scale=0.3)])
+        names = {"phi", "sigma2"}
+    else:
+        train, _ = JointDPM.simulate(200, n_test=10, seed=0)
+        model, data = tm.blocks.from_numpyro(nm.joint_dpm, train["X"], train["y"], K=4, state=("z",))
+        program = tm.Cycle([tm.blocks.Gibbs("z", items_per_step=50),
+                            tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(epsilon=0.3, batch_size=20),
+                                                   scale=0.2, group_by="z")])
+        names = {"w"}
+    kw = dict(program=program, num_samples=40, num_warmup=8, num_chains=2, seed=1, progress=False, chunk_size=8)
+    full = tm.sample(model, data, **kw)
+
+    def stop(info):
+        if info["phase"] == "sampling" and info["done"] >= 16:
+            raise KeyboardInterrupt
+
+    path = os.fspath(tmp_path / "run.npz")
+    cut = tm.sample(model, data, callback=stop, checkpoint=path, **kw)
+    assert cut.partial and cut.flat_samples.shape[1] == 16
+    resumed = tm.sample(model, data, resume=tm.load_result(path), num_samples=40, num_warmup=8, progress=False)
+    np.testing.assert_array_equal(resumed.flat_samples, full.flat_samples)
+    assert names <= set(resumed.to_arviz().posterior.data_vars)
+    assert resumed.verdict
