@@ -174,13 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--formula", default=None,
                      help="instead of --target/--features/--model: a formula 'y ~ x + C(g)' (formulaic; C() codes "
                           "a categorical column; '0 +' drops the intercept), with --family")
-    run.add_argument("--family", choices=("bernoulli", "gaussian", "poisson"), default=None,
-                     help="with --formula: the response's distribution (logistic, linear or log-link Poisson)")
+    run.add_argument("--family", choices=("bernoulli", "gaussian", "poisson", "negativebinomial"), default=None,
+                     help="with --formula: the response's distribution (logistic, linear, log-link Poisson, or "
+                          "NB2 negative binomial with a log link and its dispersion sampled on the log scale)")
     run.add_argument("--noise-sd", type=positive_float("--noise-sd"), default=None,
                      help="linear: fix the noise sd of the target at this value (default: sample it, with the "
                           "prior log sigma ~ N(0, s^2), s = --noise-prior-scale)")
     run.add_argument("--noise-prior-scale", type=positive_float("--noise-prior-scale"), default=5.0,
-                     help="linear: sd of the normal prior on the log of the noise sd")
+                     help="linear: sd of the normal prior on the log of the noise sd; negativebinomial: on the "
+                          "log of the dispersion alpha")
     run.add_argument("--test", choices=("auto",) + METHODS, default="auto",
                      help="acceptance test. auto: the recommended one, austerity with a per-step error target "
                           "(--error) and second-order Taylor control variates at the mode, as tallmh.sample "

@@ -13,8 +13,8 @@ import numpy as np
 
 from .method_options import batch_of
 
-__all__ = ["split_features", "scaling_of", "load_design", "original_scale", "original_scale_run",
-           "original_scale_laplace"]
+__all__ = ["split_features", "scaling_of", "load_design", "extra_parameter_of", "original_scale",
+           "original_scale_run", "original_scale_laplace"]
 
 
 def split_features(values):
@@ -72,6 +72,15 @@ def load_design(args):
     return Z.astype(np.float32), yv.astype(np.float32), names, scaling
 
 
+def extra_parameter_of(model):
+    """``(sampled name, reported name)`` of a regression's parameter after the coefficients, sampled on the
+    log scale and reported as its exponential (the linear model's noise sd, the negative binomial's
+    dispersion); None when there is none."""
+    if getattr(model, "samples_noise", False):
+        return ("log_noise_sd", "noise_sd")
+    return getattr(model, "extra_parameter", None)
+
+
 def original_scale(draws, scaling):
     """Draws ``(chain, draw, d)`` of the standardised coefficients on the original scale of the features."""
     x = np.asarray(draws, np.float64)
@@ -89,13 +98,13 @@ def original_scale(draws, scaling):
 
 def original_scale_run(run, result, scaling, d, model):
     """``run`` with its draws (warmup included) on the original scale of the data: the coefficients as in
-    :func:`original_scale` and, for a linear model that samples it, the noise sd (not its log)."""
+    :func:`original_scale` and the parameter of :func:`extra_parameter_of` (e.g. the noise sd, not its log)."""
     import dataclasses
 
     def conv(x):
         x = np.asarray(x)
         parts = [original_scale(x[..., :d], scaling)]
-        if getattr(model, "samples_noise", False):
+        if extra_parameter_of(model):
             parts.append(np.exp(np.asarray(x[..., d:d + 1], np.float64)))
         return np.concatenate(parts, axis=-1).astype(np.float64)
 

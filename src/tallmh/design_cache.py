@@ -250,8 +250,7 @@ def should_stream(args) -> bool:
     """Whether ``tallmh run`` streams a CSV/Parquet table into the on-disk cache: always with ``--stream``,
     never with ``--no-stream``, and otherwise when the table's size in memory is more than 1/MEMORY_SHARE of
     the available memory (reading it whole takes about four times its size at the peak)."""
-    if not str(args.data).lower().endswith(STREAM_SUFFIXES) or getattr(args, "stream", None) is False \
-            or getattr(args, "formula", None):
+    if not str(args.data).lower().endswith(STREAM_SUFFIXES) or getattr(args, "stream", None) is False:
         return False
     if getattr(args, "stream", None):
         return True
@@ -291,10 +290,9 @@ def _as_numbers(frame, columns, roles):
     return out
 
 
-def table_blocks(path: str, columns, rows: int, progress=None):
-    """The ``columns`` of a CSV or Parquet table as float64 arrays of at most ``rows`` rows each, read in
+def table_frames(path: str, columns, rows: int, progress=None):
+    """The ``columns`` of a CSV or Parquet table as pandas DataFrames of at most ``rows`` rows each, read in
     order and never whole; ``progress(rows_so_far, share_of_the_file)`` after each block."""
-    roles = ["target"] + ["feature"] * (len(columns) - 1)
     done = 0
     if path.lower().endswith(".csv"):
         import pandas as pd
@@ -302,22 +300,27 @@ def table_blocks(path: str, columns, rows: int, progress=None):
         with open(path, "rb") as fh:
             size = max(os.fstat(fh.fileno()).st_size, 1)
             for chunk in pd.read_csv(fh, usecols=list(columns), chunksize=rows):
-                block = _as_numbers(chunk, columns, roles)
-                done += len(block)
+                done += len(chunk)
                 if progress:
                     progress(done, min(fh.tell() / size, 1.0))
-                yield block
+                yield chunk
         return
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
     total = max(pf.metadata.num_rows, 1)
     for batch in pf.iter_batches(batch_size=rows, columns=list(columns)):
-        block = _as_numbers(batch.to_pandas(), columns, roles)
-        done += len(block)
+        done += batch.num_rows
         if progress:
             progress(done, done / total)
-        yield block
+        yield batch.to_pandas()
+
+
+def table_blocks(path: str, columns, rows: int, progress=None):
+    """:func:`table_frames` as float64 arrays (the columns in the order given; the first is the target)."""
+    roles = ["target"] + ["feature"] * (len(columns) - 1)
+    for frame in table_frames(path, columns, rows, progress):
+        yield _as_numbers(frame, columns, roles)
 
 
 def _progress(tell, name):
@@ -334,68 +337,99 @@ def _progress(tell, name):
     return report
 
 
-def _spooled_pass(args, path, columns, ti, fi, binary, h, tmp, tell):
-    """Pass 1 over a CSV/Parquet table: checks and sums (as :func:`_scan`), the columns used spooled to
-    ``tmp/raw.f64`` (float64) for pass 2. Returns ``(rows, mean, sd, spool path)``."""
-    rows = max(1, BLOCK_BYTES // (8 * len(columns)))
+def _spooled_pass(blocks, width, ti, fi, binary, h, tmp, path, n_min, tell):
+    """Pass 1 over a streamed table: checks and moments (as :func:`_scan`), the columns used spooled to
+    ``tmp/raw.f64`` (float64, ``width`` columns) for pass 2. Returns ``(rows, mean, sd, spool)``, the spool
+    as a read-only memory map."""
     spool = os.path.join(tmp, "raw.f64")
-    blocks = table_blocks(path, columns, rows, _progress(tell, os.path.basename(path)))
     with open(spool, "wb") as f:
-        n, mean, sd = _scan(blocks, ti, fi, [str(c) for c in columns], binary, h, spool=f)
+        n, mean, sd = _scan(blocks, ti, fi, blocks.names, binary, h, spool=f)
     tell(f"{os.path.basename(path)}: {n:,} rows read")
     if n == 0:
         raise DataError(f"{path} holds no rows")
-    if n < batch_of(args.test, args):
-        raise DataError(f"{path} has {n} rows, fewer than the batch size {batch_of(args.test, args)}; use a "
-                        "smaller batch")
-    return n, mean, sd, spool
+    if n < n_min:
+        raise DataError(f"{path} has {n} rows, fewer than the batch size {n_min}; use a smaller batch")
+    return n, mean, sd, np.memmap(spool, dtype=np.float64, mode="r", shape=(n, width))
 
 
-def streamed_design(args, say):
-    """The design of a CSV or Parquet table, streamed once in row blocks into the on-disk cache (see the
-    module): pass 1 reads the table (with a progress line), checks it, accumulates the columns' sums and
-    spools the columns used as float64 to the cache folder; pass 2 writes the standardised float32 design
-    from that spool, which is then removed. Disk needed while it is made: rows x (columns used) x 12 bytes.
-    Returns what :func:`npy_design` returns.
-    """
-    import shutil
+class _Named:
+    """An iterator of blocks that knows its columns' names (for the refusals' messages)."""
 
+    def __init__(self, it, names):
+        self.it, self.names = iter(it), [str(c) for c in names]
+
+    def __iter__(self):
+        return self.it
+
+
+def _plan(args, path, rows, tell):
+    """What to stream: ``(target, features, formula has an intercept, blocks of [target, features...] as
+    float64, target must be 0/1)``; a formula's design is built block by block by :mod:`tallmh.formula`."""
+    progress = _progress(tell, os.path.basename(path))
+    if getattr(args, "formula", None):
+        from .formula import design_blocks
+
+        target, names, has_intercept, blocks = design_blocks(path, args.formula, args.family, rows, progress)
+        return target, names, has_intercept, _Named(blocks, [target] + names), False
     from .datasets import choose_columns
 
-    path = os.path.abspath(args.data)
     frame = types.SimpleNamespace(columns=_header(path))
     tcol, fcols = choose_columns(frame, args.target, split_features(args.features), path)
     columns = [tcol] + list(fcols)
-    ti, fi = 0, list(range(1, len(columns)))
-    intercept, standardise = not args.no_intercept, not args.no_standardize
-    binary = args.model == "logistic"
+    return tcol, list(fcols), True, _Named(table_blocks(path, columns, rows, progress), columns), \
+        args.model == "logistic"
+
+
+def _stream_settings(args, path) -> dict:
+    """What the cache of a streamed table is keyed by: the file and the settings that shape its design."""
     st = os.stat(path)
-    settings = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "target": tcol, "features": fcols,
-                "intercept": intercept, "standardise": standardise, "binary": binary, "version": 1,
-                "reader": "table blocks"}
+    what = ({"formula": args.formula, "family": args.family} if getattr(args, "formula", None) else
+            {"target": str(args.target), "features": split_features(args.features),
+             "binary": args.model == "logistic"})
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, **what,
+            "intercept": not args.no_intercept, "standardise": not args.no_standardize, "version": 1,
+            "reader": "table blocks"}
+
+
+def streamed_design(args, say):
+    """The design of a CSV or Parquet table (columns, or ``args.formula``), streamed once in row blocks into
+    the on-disk cache (see the module): pass 1 reads the table (with a progress line), checks it,
+    accumulates the columns' moments and spools the columns used as float64 to the cache folder; pass 2
+    writes the standardised float32 design from that spool, which is then removed. Disk needed while it is
+    made: rows x (columns used) x 12 bytes. Returns what :func:`npy_design` returns.
+    """
+    import shutil
+
+    path = os.path.abspath(args.data)
+    standardise = not args.no_standardize
+    settings = _stream_settings(args, path)
     folder = _cache_folder(settings)
     meta = _read_meta(folder)
     if meta is not None:
         say(f"{os.path.basename(path)}: the design cached in {folder}")
-        return _open_cached(folder, meta, fcols, intercept, standardise)
-    h = hashlib.sha256(json.dumps({k: settings[k] for k in ("target", "features", "intercept", "standardise",
-                                                           "binary")}, sort_keys=True).encode())
+        return _open_cached(folder, meta, meta["features"], meta["intercept"], standardise)
+    h = hashlib.sha256(json.dumps({k: v for k, v in settings.items() if k not in ("path", "size", "mtime_ns")},
+                                  sort_keys=True).encode())
     tmp = f"{folder}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
     try:
         say(f"{os.path.basename(path)}: streamed in blocks into {folder} (pass 1 of 2: checks, means and sds)")
-        n, mean, sd, spool = _spooled_pass(args, path, columns, ti, fi, binary, h, tmp, say)
-        raw = np.memmap(spool, dtype=np.float64, mode="r", shape=(n, len(columns)))
+        rows = max(1, BLOCK_BYTES // (8 * len(_header(path))))
+        target, fcols, has_intercept, blocks, binary = _plan(args, path, rows, say)
+        intercept = settings["intercept"] and has_intercept
+        ti, fi = 0, list(range(1, len(fcols) + 1))
+        n, mean, sd, raw = _spooled_pass(blocks, len(fcols) + 1, ti, fi, binary, h, tmp, path,
+                                         batch_of(args.test, args), say)
         center, scale = _centre_and_scale(mean, sd, fi, fcols, np.asarray(raw[0]), standardise, intercept)
-        d = len(fi) + int(intercept)
-        say(f"pass 2 of 2: writing the standardised design ({n * (d + 1) * 4 / 1e6:,.1f} MB)")
-        block = max(1, BLOCK_BYTES // (8 * len(columns)))
+        say(f"pass 2 of 2: writing the standardised design ({n * (len(fi) + intercept + 1) * 4 / 1e6:,.1f} MB)")
+        block = max(1, BLOCK_BYTES // (8 * (len(fcols) + 1)))
         _write_design((raw[a:a + block] for a in range(0, n, block)), tmp, n, ti, fi, center, scale, intercept)
         del raw
-        os.remove(spool)
+        os.remove(os.path.join(tmp, "raw.f64"))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist()}
+    meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist(),
+            "target": target, "features": list(fcols), "intercept": intercept}
     _publish(tmp, folder, meta)
     return _open_cached(folder, meta, fcols, intercept, standardise)

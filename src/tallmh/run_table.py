@@ -20,7 +20,7 @@ import types
 import numpy as np
 
 from .console import PROG, now, plural, print_line, quiet_libraries, say, use_compile_cache
-from .design import load_design, original_scale, original_scale_laplace, original_scale_run
+from .design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
 from .interrupts import arm_second_interrupt, disarm, status_of_stop
 from .method_options import METHODS, check_test_args, label_of, make_test, method_config
@@ -48,7 +48,7 @@ def _formula_args(args):
     if args.target is not None or args.features is not None:
         raise CLIError("--formula names the response and the predictors: drop --target and --features")
     if args.family is None:
-        raise CLIError("--formula needs --family (bernoulli, gaussian or poisson)")
+        raise CLIError("--formula needs --family (bernoulli, gaussian, poisson or negativebinomial)")
     args.model = FAMILIES[args.family]
     args.target = args.formula.split("~")[0].strip() or None
     if args.target is None:
@@ -197,6 +197,13 @@ def _model_of(args, scaling):
 
         model = PoissonRegression(prior_scale=args.prior_scale)
         prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
+    elif args.model == "negativebinomial":
+        from .formula import NegativeBinomialRegression
+
+        model = NegativeBinomialRegression(prior_scale=args.prior_scale,
+                                           dispersion_prior_scale=args.noise_prior_scale)
+        prior_text = model.describe_prior() + (" (coefficients on the standardised scale)"
+                                               if scaling["standardised"] else "")
     else:
         model = tm.models.LinearRegression(prior_scale=args.prior_scale, noise_sd=args.noise_sd,
                                            noise_prior_scale=args.noise_prior_scale)
@@ -282,7 +289,8 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
     if saved is not None and saved.get("data_sha256") != digest:
         raise CLIError(f"--resume: {args.data} is not the data of the saved run (it changed since); cannot continue")
     model, prior_text = _model_of(args, scaling)
-    param_names = list(names) + (["log_noise_sd"] if getattr(model, "samples_noise", False) else [])
+    extra = extra_parameter_of(model)
+    param_names = list(names) + ([extra[0]] if extra else [])
     tell(f"{args.data}: N = {n:,} rows, d = {d} ({', '.join(names)})")
     if saved is not None:
         kw, mode = _resumed(args, saved, ck_path, test, tell)
@@ -369,11 +377,11 @@ def _coefficients(v):
     d = len(names)
     coef = original_scale(result.flat_samples[..., :d], scaling)
     extra_names, extra = [], {}
-    if getattr(model, "samples_noise", False):
+    if extra_parameter_of(model):
         sig = np.exp(np.asarray(result.flat_samples[..., d], np.float64))
         coef_all = np.concatenate([coef, sig[..., None]], axis=-1)
-        extra_names = ["noise_sd"]
-        extra["noise_sd"] = (sig, None)
+        extra_names = [extra_parameter_of(model)[1]]
+        extra[extra_names[0]] = (sig, None)
     else:
         coef_all = coef
     coef_names = list(names) + extra_names
@@ -470,13 +478,13 @@ def _write_report(v, folder):
                            f"<code>arviz.from_netcdf</code>): <code>theta</code> as sampled (axis <code>{v.theta_dim}"
                            "</code>" + (", labels ending in <code>_std</code>" if v.std else "") + "), <code>beta</code> "
                            "on the original scale (axis <code>coefficient</code>)"
-                           + (", <code>noise_sd</code>" if v.extra_names else "") + "; "
+                           + "".join(f", <code>{nm}</code>" for nm in v.extra_names) + "; "
                            f"<code>results.json</code>: every number above; <code>{CHECKPOINT}</code>: the run "
                            "for <code>tallmh run --resume</code>."])]
     images = [
         ("Traces", "traces.png", "trace plots of each coefficient",
          "Each coefficient" + (" (on the original scale of the data, as in the table)" if v.std else "")
-         + (" and the noise sd" if v.extra_names else "") + " against seconds into the run (draws placed evenly "
+         + "".join(f" and {'the noise sd' if nm == 'noise_sd' else nm}" for nm in v.extra_names) + " against seconds into the run (draws placed evenly "
          "within the warmup and sampling phases); one colour per chain, warmup grey."),
         ("Marginals", "marginals.png", "marginal densities of each coefficient",
          "Density of the draws (kernel density estimate" + (", original scale" if v.std else "") + ")"
