@@ -141,3 +141,12 @@ def test_cli_streamed_csv_gives_the_in_memory_posterior(tmp_path, capsys, monkey
     assert ok, rep
     ok_bad, _ = posterior_check(draws["--stream"], ref.mean(axis=0) + 3 * ref.std(axis=0), ref.std(axis=0))
     assert not ok_bad  # negative control: a posterior 3 sd away fails the same check
+
+
+def test_stream_is_refused_for_a_table_it_cannot_stream(tmp_path, capsys):
+    from tallmh.cli import main
+
+    np.savez(tmp_path / "x.npz", y=np.zeros(10), a=np.arange(10.0))
+    rc = main(["run", tmp_path / "x.npz", "--target", "y", "--stream", "--out", tmp_path / "o"])
+    assert rc == 2 and "--stream reads CSV and Parquet tables" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -132,6 +132,9 @@ def _check_args(args):
         elif args.target is None:
             raise CLIError("the following arguments are required: --target")
         check_data_file(args.data)
+        if args.stream and not str(args.data).lower().endswith((".csv", ".parquet", ".pq", ".npy")):
+            raise CLIError("--stream reads CSV and Parquet tables (a 2-D .npy is always read from disk); "
+                           f"{os.path.basename(args.data)} is read into memory: drop --stream")
     if args.samples is None:
         args.samples = "auto"
     if args.model != "linear" and args.noise_sd is not None:
