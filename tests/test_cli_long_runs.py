@@ -18,7 +18,8 @@ import pytest
 
 import tallmh as tm
 from tallmh import diagnostics
-from tallmh.cli import _load_design, main
+from tallmh.cli import main
+from tallmh.design import load_design
 from tests.test_cli import _env, _snapshot
 
 
@@ -141,7 +142,7 @@ def test_a_second_run_into_the_same_out_fails_without_touching_the_first(linear_
 def _closed_form(csv, **model_kw):
     ns = argparse.Namespace(data=str(csv), target="y", features=None, model="linear", test="exact", batch_size=500,
                             initial_batch=100, barker_batch=1000, no_standardize=False, no_intercept=False)
-    X, y, names, _ = _load_design(ns)
+    X, y, names, _ = load_design(ns)
     model = tm.models.LinearRegression(**model_kw)
     return model.posterior({"X": X, "y": y})
 

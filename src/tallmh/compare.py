@@ -535,7 +535,7 @@ class Comparison:
         """Every number of the comparison (JSON-ready through :func:`tallmh.report.write_json`)."""
         out = {"parameters": self.names, "N": self.n, "budget_s": self.budget_s, "settings": self.settings,
                "methods": self.rows,
-               "per_parameter": {r.name: _per_param(r, self.names) for r in self.runs}}
+               "per_parameter": {r.name: per_param(r, self.names) for r in self.runs}}
         if self.mode is not None:
             out["mode"] = {"theta": self.mode.theta, "laplace_sd": self.mode.sd, "passes": self.mode.passes,
                            "seconds": self.mode.seconds}
@@ -618,7 +618,7 @@ def _file_safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
 
-def _per_param(run, names):
+def per_param(run, names):
     s = run.table().copy()
     s.index = list(names)
     return {nm: {k: float(v) for k, v in s.loc[nm].items()} for nm in names}

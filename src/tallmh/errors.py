@@ -41,3 +41,8 @@ class DataChanged(DataError):
     def __init__(self, message: str, result=None):
         super().__init__(message)
         self.result = result
+
+
+class CLIError(Exception):
+    """A problem with the command line or the environment of the ``tallmh`` command, reported in one line
+    (exit status 2; not a :class:`ValueError`, unlike the input errors above)."""

@@ -1,0 +1,128 @@
+"""The design matrix of ``tallmh run`` as the sampler sees it, and the way back to the data's own scale.
+
+Features are standardised (``x_std = (x - center) / scale``) and a column of ones comes first unless the
+run says otherwise; the coefficients sampled on that scale map back linearly: ``beta_j = b_j / scale_j``
+and ``intercept = b_0 - sum_j b_j center_j / scale_j``. A table small enough for memory is read whole
+(:func:`load_design`); a larger one, or any 2-D ``.npy``, is streamed into an on-disk cache
+(:mod:`tallmh.design_cache`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .method_options import batch_of
+
+__all__ = ["split_features", "scaling_of", "load_design", "extra_parameter_of", "original_scale",
+           "original_scale_run", "original_scale_laplace"]
+
+
+def split_features(values):
+    """``--features a b,c`` as ``["a", "b", "c"]`` (None when none are named)."""
+    if values is None:
+        return None
+    out = []
+    for v in values:
+        out += [s.strip() for s in v.split(",") if s.strip()]
+    return out or None
+
+
+def scaling_of(standardised: bool, intercept: bool, features, center, scale) -> dict:
+    """The record of how the features were scaled (saved in results.json as ``standardisation``)."""
+    return {"standardised": standardised, "intercept": intercept, "features": features,
+            "center": center, "scale": scale,
+            "how": ("x_std = (x - center) / scale for each feature; coefficients on the original scale: "
+                    "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
+                                               else ""))}
+
+
+def load_design(args):
+    """The table as the sampler sees it (standardised, with an intercept) and how to undo that.
+
+    Returns ``(X float32, y float32, names, scaling)``: ``scaling = {"center": [...], "scale": [...],
+    "intercept": bool}`` over the feature columns (the intercept excluded). Without an intercept the
+    features are only scaled, so the model keeps no intercept on the original scale.
+    """
+    from .datasets import load_table
+
+    test_batch = batch_of(args.test, args)
+    if getattr(args, "formula", None):
+        from .formula import load_design as load_formula
+
+        t = load_formula(args.data, args.formula, args.family, min_rows=test_batch)
+        Z, names, yv, has_intercept = t.X, list(t.names), t.y, t.intercept
+    else:
+        t = load_table(args.data, args.target, split_features(args.features),
+                       binary_target=(args.model == "logistic"), min_rows=test_batch, standardise=False,
+                       intercept=False)
+        Z, names, yv, has_intercept = t.X.astype(np.float64), list(t.feature_names), t.y, True
+    features = list(names)
+    mean = Z.mean(axis=0)
+    sd = Z.std(axis=0)
+    intercept = not args.no_intercept and has_intercept
+    if args.no_standardize:
+        center, scale = np.zeros_like(mean), np.ones_like(sd)
+    else:
+        center, scale = (mean if intercept else np.zeros_like(mean)), sd
+    Z = (Z - center) / scale
+    if intercept:
+        Z = np.column_stack([np.ones(len(Z)), Z])
+        names = ["intercept"] + names
+    scaling = scaling_of(not args.no_standardize, intercept, features, center, scale)
+    return Z.astype(np.float32), yv.astype(np.float32), names, scaling
+
+
+def extra_parameter_of(model):
+    """``(sampled name, reported name)`` of a regression's parameter after the coefficients, sampled on the
+    log scale and reported as its exponential (the linear model's noise sd, the negative binomial's
+    dispersion); None when there is none."""
+    if getattr(model, "samples_noise", False):
+        return ("log_noise_sd", "noise_sd")
+    return getattr(model, "extra_parameter", None)
+
+
+def original_scale(draws, scaling):
+    """Draws ``(chain, draw, d)`` of the standardised coefficients on the original scale of the features."""
+    x = np.asarray(draws, np.float64)
+    center = np.asarray(scaling["center"], np.float64)
+    scale = np.asarray(scaling["scale"], np.float64)
+    out = np.empty_like(x)
+    if scaling["intercept"]:
+        b = x[..., 1:]
+        out[..., 1:] = b / scale
+        out[..., 0] = x[..., 0] - np.sum(b * (center / scale), axis=-1)
+    else:
+        out[...] = x / scale
+    return out
+
+
+def original_scale_run(run, result, scaling, d, model):
+    """``run`` with its draws (warmup included) on the original scale of the data: the coefficients as in
+    :func:`original_scale` and the parameter of :func:`extra_parameter_of` (e.g. the noise sd, not its log)."""
+    import dataclasses
+
+    def conv(x):
+        x = np.asarray(x)
+        parts = [original_scale(x[..., :d], scaling)]
+        if extra_parameter_of(model):
+            parts.append(np.exp(np.asarray(x[..., d:d + 1], np.float64)))
+        return np.concatenate(parts, axis=-1).astype(np.float64)
+
+    res = dataclasses.replace(result, flat_samples=conv(result.flat_samples), flat_warmup=conv(result.flat_warmup),
+                              _cache={})
+    return dataclasses.replace(run, result=res)
+
+
+def original_scale_laplace(mode, scaling, d, k):
+    """The Laplace approximation's mean and sd on the original scale (the map to it is linear; NaN for the
+    noise sd, whose Laplace curve is on the log scale)."""
+    theta = np.asarray(mode.theta, np.float64)
+    cov = np.asarray(mode.cov, np.float64)
+    if theta.shape[0] != k or cov.shape != (k, k):
+        return None
+    A = original_scale(np.eye(d), scaling).T  # beta = A b: column j is the image of the unit vector e_j
+    mean = np.full(k, np.nan)
+    sd = np.full(k, np.nan)
+    mean[:d] = A @ theta[:d]
+    sd[:d] = np.sqrt(np.maximum(np.diag(A @ cov[:d, :d] @ A.T), 0.0))
+    return mean, sd
