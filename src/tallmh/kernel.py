@@ -81,12 +81,13 @@ def oracle_of(test):
 
 
 def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_lik_current=None,
-                 cv=None, cv_order=2) -> Problem:
+                 cv=None, cv_order=2, reader=take) -> Problem:
     """The :class:`~tallmh.acceptance.base.Problem` of deciding between flat ``theta`` and ``theta_p``.
 
     With control variates (``cv``, a :class:`~tallmh.control_variates.CVState`), the per-item ratios
     are the Taylor remainders and the exact proxy sum moves into ``log_base``
     (:mod:`tallmh.control_variates`); the bound is then the model's ``cv_remainder_bound`` if it has one.
+    ``reader(data, idx)`` gives the model the items ``idx`` (default: their rows, :func:`tallmh.data.take`).
     """
     from . import control_variates as cvm
 
@@ -102,13 +103,13 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
     if cv is None:
 
         def lik_ratio(idx):
-            return ratio(take(data, idx))
+            return ratio(reader(data, idx))
 
     else:
         a, ap = theta - cv.center, theta_p - cv.center
 
         def lik_ratio(idx):
-            batch = take(data, idx)
+            batch = reader(data, idx)
             l = ratio(batch)
             return l - (cvm.proxy_terms(model, unravel, cv, batch, ap, cv_order)
                         - cvm.proxy_terms(model, unravel, cv, batch, a, cv_order))
@@ -116,7 +117,7 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
         log_base = log_base + cvm.proxy_sum_diff(cv, theta, theta_p, cv_order)
 
     def log_lik_prop(idx):
-        return model.log_lik(thp, take(data, idx))
+        return model.log_lik(thp, reader(data, idx))
 
     bound = None
     if cv is None and callable(getattr(model, "lik_ratio_bound", None)):
@@ -151,15 +152,21 @@ def _initial_log_lik(test, n, fn, dtype):
     return acc.mean * n
 
 
-def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=None) -> Kernel:
+def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=None, reader=None) -> Kernel:
     """Compose ``model``, ``proposal`` and ``test`` into an MH kernel for N = ``n`` items.
 
     ``cv_order`` (1 or 2) turns on control variates; their state (centre and sums) lives in
     ``KernelState.cv`` and is given to ``init``. ``stats`` is only a default for ``step``'s ``stats``
     argument (the model's set-up statistics); pass them to ``step`` to keep them out of the program.
+    ``reader(data, idx)``: what the model's ``log_lik`` is given for the items ``idx`` (default: their rows;
+    a block of an inference program gives the item indices, :class:`tallmh.blocks.SubsampledMH`).
     """
+    reader = take if reader is None else reader
     own = getattr(test, "build_kernel", None)
     if callable(own):
+        if reader is not take:
+            raise ValueError(f"the {getattr(test, 'name', type(test).__name__)} test brings its own kernel, which "
+                             "reads rows itself: it cannot be given another reader")
         return own(model, proposal, n, unravel, stats, cv_order)
     tracks = tracks_log_lik(test, model)
     needs_data = bool(getattr(proposal, "needs_data", False))
@@ -170,7 +177,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
 
     def full_log_lik(theta, data):
         th = unravel(theta)
-        return _initial_log_lik(test, n, lambda idx: model.log_lik(th, take(data, idx)), theta.dtype)
+        return _initial_log_lik(test, n, lambda idx: model.log_lik(th, reader(data, idx)), theta.dtype)
 
     def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
         lp = jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
@@ -182,7 +189,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         """Minibatch estimate of grad log posterior (with control variates when on)."""
 
         def grad_fn(theta, idx):
-            batch = take(data, idx)
+            batch = reader(data, idx)
             scale = n / idx.shape[0]
 
             def batch_sum(t):
@@ -220,7 +227,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(theta_p).all()
         log_base = jnp.where(in_support, lp_p - state.log_prior + log_q, -jnp.inf)
         problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
-                               state.log_lik if tracks else None, cv, cv_order or 2)
+                               state.log_lik if tracks else None, cv, cv_order or 2, reader)
 
         def run_test():
             dec = test.decide(k_test, problem)

@@ -58,7 +58,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..acceptance.base import Problem
 from ..data import make_permutation, num_items, permute, validate_data
 from ..errors import ConfigError, ModelError
 
@@ -164,6 +163,24 @@ def _random_walk_state(proposal, flat, n):
     return proposal.init(flat, n)
 
 
+class _SiteProblem:
+    """A global site's conditional problem as a model for the kernel: the prior terms of the site
+    (``site_log_prior``) and its items' local log densities (``local_log_density``), the rest of the state
+    held fixed. ``log_lik`` is given item indices (the kernel's reader maps positions to them)."""
+
+    def __init__(self, model, site, full, values, aux, data):
+        self.model, self.site, self.full, self.values, self.aux, self.data = model, site, full, values, aux, data
+
+    def log_prior(self, value):
+        return self.model.site_log_prior(self.site, self.full(value), self.values, self.aux)
+
+    def log_lik(self, value, idx):
+        return self.model.local_log_density(self.site, self.full(value), self.values, self.aux, self.data, idx)
+
+    def log_lik_ratio(self, value, value_p, idx):  # (the difference of local densities, as the paper's l_i)
+        return self.log_lik(value_p, idx) - self.log_lik(value, idx)
+
+
 @dataclass(frozen=True)
 class SubsampledMH:
     """MH on a global site, accepted by an acceptance test over its local sections (paper Alg. 2-3).
@@ -222,42 +239,18 @@ class SubsampledMH:
         return _random_walk_state(self.proposal, flat, n)
 
     def _one(self, key, model, value, values, aux, data, n, idx_map, pstate, embed=None):
-        site = self.site
+        """One MH step on the site's conditional problem, by the kernel's own step
+        (:func:`tallmh.kernel.build_kernel`): the same support handling, test call and counting as a model's
+        chain. The kernel reads items through ``idx_map`` (positions -> item indices)."""
+        from ..kernel import KernelState, build_kernel
+
         flat, unravel = ravel_pytree(value)
-        dtype = flat.dtype
-        k_prop, k_test = jax.random.split(key)
-        flat_p, log_q = self.proposal.propose(k_prop, flat, pstate)
-        value_p = unravel(flat_p)
-        # a model with wants_full_site (NumPyro models) sees the whole grouped site with row k replaced
-        full = embed if embed is not None else (lambda v: v)
-        lp = jnp.asarray(model.site_log_prior(site, full(value), values, aux), dtype)
-        lp_p = jnp.asarray(model.site_log_prior(site, full(value_p), values, aux), dtype)
-        log_base = lp_p - lp + log_q
-        log_base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
-
-        def lik_ratio(pos):
-            idx = idx_map(pos)
-            return (model.local_log_density(site, full(value_p), values, aux, data, idx)
-                    - model.local_log_density(site, full(value), values, aux, data, idx))
-
-        def log_lik_prop(pos):
-            return model.local_log_density(site, full(value_p), values, aux, data, idx_map(pos))
-
-        problem = Problem(n, log_base, lik_ratio, log_lik_prop, None, None)
-        in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(flat_p).all()
-
-        def run():
-            d = self.test.decide(k_test, problem)
-            nf = d.n_nonfinite if d.n_nonfinite is not None else jnp.zeros((), jnp.int32)
-            return d.accept & (nf == 0), jnp.asarray(d.n_data, jnp.int32)
-
-        def skip():
-            return jnp.bool_(False), jnp.zeros((), jnp.int32)
-
-        acc, n_data = jax.lax.cond(in_support, run, skip)
-        acc = acc & in_support
-        new = jax.tree_util.tree_map(lambda a, b: jnp.where(acc, a, b), value_p, value)
-        return new, BlockInfo(n_data, jnp.int32(1), acc.astype(jnp.int32))
+        problem = _SiteProblem(model, self.site, embed if embed is not None else (lambda v: v), values, aux, data)
+        kernel = build_kernel(problem, self.proposal, self.test, n, unravel, reader=lambda _, pos: idx_map(pos))
+        lp = jnp.asarray(problem.log_prior(value), flat.dtype)
+        state = KernelState(flat, lp, jnp.zeros((), flat.dtype), pstate)
+        new, info = kernel.step(key, state, None, jnp.int32(0), False)
+        return unravel(new.theta), BlockInfo(info.n_data, jnp.int32(1), info.accepted.astype(jnp.int32))
 
     def step(self, key, model, values, aux, members, bstate, data, n):
         v = values[self.site]
