@@ -18,7 +18,8 @@ from jax.flatten_util import ravel_pytree
 
 from ..errors import ModelError
 from ..kernel import Kernel
-from . import BlockInfo, Cycle
+from .cycle import Cycle
+from .state import BlockInfo
 
 __all__ = ["ProgramChain", "build_program_kernel", "block_stats"]
 
