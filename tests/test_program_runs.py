@@ -126,3 +126,4 @@ def test_numpyro_programs_through_sample_resume_bit_exactly(which, tmp_path):
     np.testing.assert_array_equal(resumed.flat_samples, full.flat_samples)
     assert names <= set(resumed.to_arviz().posterior.data_vars)
     assert resumed.verdict
+

@@ -122,3 +122,20 @@ def test_decide_matches_decision_fn(problem):
     assert isinstance(acc, bool) and nd == 2000
     acc2, _ = tm.decision_fn(tm.acceptance.Exact(), model, data)(th, thp, key)
     assert acc == bool(acc2)
+
+
+def test_an_approximate_test_without_control_variates_is_told_while_it_runs():
+    import warnings
+
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=2)
+    kw = dict(test=tm.acceptance.Austerity(error=0.05), num_samples=20, num_warmup=20, num_chains=2,
+              progress=False, audit=0)
+    with pytest.warns(RuntimeWarning, match="without control variates read"):
+        r = tm.sample(tm.models.LogisticRegression(), data, **kw)
+    assert any("control_variates=tm.ControlVariates()" in n for n in r.notes)
+    # with control variates it reads a few hundred items a step and says nothing of the kind
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        r = tm.sample(tm.models.LogisticRegression(), data, control_variates=tm.ControlVariates(), **kw)
+    assert not any("without control variates" in str(w.message) for w in seen)
+    assert not any("without control variates" in n for n in r.notes)
