@@ -182,6 +182,26 @@ def test_sample_output_is_constrained_by_site_name():
     assert r.flat_samples.shape == (2, 30, 4) and np.mean(r.stats["n_data"]) < 300
 
 
+@pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")  # 30-draw runs: not meant to be trusted
+def test_a_loaded_run_keeps_the_constrained_view(tmp_path):
+    """Saved and loaded, a NumPyro run still reports its sites by name on the constrained scale (sigma > 0,
+    not log sigma under the name sigma); resumed, it goes on from the chains' own coordinates."""
+    X, y = regression_data(300)
+    model, data = tm.from_numpyro(linreg, X, y)
+    r = _short_run(model, data, tm.acceptance.Exact())
+    path = tmp_path / "run.npz"
+    r.save(path)
+    back = tm.load_result(path)
+    assert set(back.samples) == {"w", "sigma"} and np.all(back.samples["sigma"] > 0)
+    np.testing.assert_allclose(back.samples["sigma"], r.samples["sigma"], rtol=1e-6)
+    assert list(back.summary().table.index) == list(r.summary().table.index)
+    np.testing.assert_allclose(back.to_arviz().posterior["sigma"].values, r.samples["sigma"], rtol=1e-6)
+    # the chains' coordinates are unconstrained (log sigma can be negative): the view is not them
+    assert not np.allclose(back.flat_samples[..., back.param_names.index("sigma")], back.samples["sigma"])
+    back.save(tmp_path / "again.npz")  # a loaded run saves its view again
+    np.testing.assert_allclose(tm.load_result(tmp_path / "again.npz").samples["sigma"], r.samples["sigma"], rtol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
 def test_every_test_and_control_variates_run():

@@ -185,11 +185,16 @@ class Result:
     # ``samples``, ``summary()`` and ``to_arviz()`` show its output (``flat_output``, ``output_names``), while
     # ``flat_samples``/``param_names`` stay the chain's own (unconstrained) coordinates.
     constrain: Optional[Callable] = field(default=None, repr=False)
+    # a loaded run's reported draws ({"sampling": tree, "warmup": tree}), saved because ``constrain`` (a
+    # model's function) is not: ``load_result`` keeps the named, constrained view of the run it reads
+    stored_output: Optional[Dict[str, Any]] = field(default=None, repr=False)
     _names: Any = field(default=None, repr=False)
     _cache: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _tree(self, flat):
         c, k, d = flat.shape
+        if self.constrain is None and self.stored_output is not None:
+            return self.stored_output["warmup" if flat is self.flat_warmup else "sampling"]
         if c * k == 0:
             template = self.unravel(np.zeros(d, flat.dtype))
             return jax.tree_util.tree_map(lambda a: np.zeros((c, k) + np.shape(a), flat.dtype), template)
@@ -216,7 +221,7 @@ class Result:
     @property
     def flat_output(self) -> np.ndarray:
         """Draws ``(chain, draw, D)`` as reported: ``flat_samples`` unless a ``constrain`` map is set."""
-        if self.constrain is None:
+        if self.constrain is None and self.stored_output is None:
             return self.flat_samples
         if "flat_output" not in self._cache:
             c, k, _ = self.flat_samples.shape
@@ -228,11 +233,15 @@ class Result:
     @property
     def output_names(self):
         """Names of the columns of ``flat_output``."""
-        if self.constrain is None:
+        if self.constrain is None and self.stored_output is None:
             return self.param_names
         if "output_names" not in self._cache:
             d = self.flat_samples.shape[-1]
-            template = jax.tree_util.tree_map(np.asarray, self.constrain(self.unravel(np.zeros(d, self.flat_samples.dtype))))
+            if self.constrain is None:
+                template = jax.tree_util.tree_map(lambda a: np.zeros(np.shape(a)[2:]), self.stored_output["sampling"])
+            else:
+                template = jax.tree_util.tree_map(
+                    np.asarray, self.constrain(self.unravel(np.zeros(d, self.flat_samples.dtype))))
             self._cache["output_names"] = _tree_names(template)
         return self._cache["output_names"]
 
@@ -453,6 +462,8 @@ class Result:
             "final_state": self.final_state, "notes": list(self.notes),
             "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
         }
+        if self.constrain is not None or self.stored_output is not None:  # the named, constrained draws
+            payload["output"] = {"sampling": _plain_tree(self.samples), "warmup": _plain_tree(self.warmup_samples)}
         return checkpoint.write(os.fspath(path), payload)
 
     def to_arviz(self):
@@ -518,6 +529,15 @@ def _more_draws(draws: int, ess: float, goal: float = 400.0) -> int:
     return int(math.ceil(max(n, 2 * draws) / mag) * mag)
 
 
+def _plain_tree(tree):
+    """A pytree of draws as plain dicts/lists of NumPy arrays (what a checkpoint stores)."""
+    if isinstance(tree, dict):
+        return {str(k): _plain_tree(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_plain_tree(v) for v in tree]
+    return np.asarray(tree)
+
+
 def error_target(test) -> Optional[float]:
     """The per-step error an approximate test promises, to audit it against (None: no promise)."""
     t = getattr(test, "error_target", None)
@@ -556,6 +576,6 @@ def load_result(path: str) -> Result:
                       test=p["test"], proposal=p["proposal"], timings=p["timings"] or {},
                       setup_items=int(p["setup_items"] or 0), partial=bool(p["partial"]),
                       final_state=p["final_state"], notes=list(p["notes"] or []), resume_info=p["resume_info"],
-                      control_variates=p["control_variates"])
+                      control_variates=p["control_variates"], stored_output=p.get("output"))
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{path} is not a usable tallmh checkpoint ({type(e).__name__}: {e})") from None
