@@ -149,9 +149,9 @@ def pyplot():
     return plt
 
 
-def figure(nrows=1, ncols=1, figsize=(6.4, 4.8)):
+def figure(nrows=1, ncols=1, **kwargs):
     """``(fig, axes)`` of ``plt.subplots`` on the non-interactive backend."""
-    return pyplot().subplots(nrows, ncols, figsize=figsize)
+    return pyplot().subplots(nrows, ncols, **kwargs)
 
 
 def save_fig(fig, out_dir, filename, dpi=110):

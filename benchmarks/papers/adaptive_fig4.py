@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -110,15 +109,13 @@ def compare(sig, ref):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--epsilon", type=float, default=0.05)
     ap.add_argument("--delta", type=float, default=0.01)
     ap.add_argument("--samples", type=int, default=4000)
     ap.add_argument("--warmup", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.samples, args.warmup = 5000, 150, 50
@@ -211,10 +208,9 @@ def main(argv=None):
     }
     C.write_json(args.out, "adaptive_fig4.json", out)
 
-    plt = C.pyplot()
     from scipy.stats import gaussian_kde
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2))
+    fig, axes = C.figure(1, len(panels), figsize=(4.2 * len(panels), 4.2))
     axes = np.atleast_1d(axes)
     for ax, (letter, dname, t) in zip(axes, panels):
         ref = refs[dname]
@@ -237,9 +233,7 @@ def main(argv=None):
         ax.tick_params(labelsize=7)
     fig.suptitle(f"Adaptive subsampling Fig. 4: sigma marginals, N = {args.n}, austerity eps = {eps:g}, confidence "
                  f"delta = {delta:g}; {args.samples} draws each", fontsize=10)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "adaptive_fig4.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, "adaptive_fig4.png")
     return 0
 
 

@@ -37,7 +37,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import math
 import os
@@ -127,7 +126,7 @@ def laplace(X, y, prior_var, iters=100):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--mnist", default=None, help="folder with the MNIST training files (default: "
                     "$TALLMH_MNIST or <repo>/../shared/data/mnist)")
     ap.add_argument("--components", type=int, default=50)
@@ -138,9 +137,7 @@ def main(argv=None):
     ap.add_argument("--thin", type=int, default=25, help="chain steps between the pairs' current states")
     ap.add_argument("--target-accept", type=float, default=0.234)
     ap.add_argument("--prior-var", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     folder = os.path.abspath(args.mnist) if args.mnist else default_mnist_dir()
     if find_files(folder) is None:
@@ -288,12 +285,11 @@ def main(argv=None):
     }
     C.write_json(args.out, "austerity_fig2_mnist.json", out)
 
-    plt = C.pyplot()
     e = np.array([r["epsilon"] for r in rows])
     frac = np.array([100 * r["data_fraction"] for r in rows])
     wr = np.array([100 * r["wrong_rate"] for r in rows])
     wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rows])
-    fig, ax1 = plt.subplots(figsize=(5.8, 4.2))
+    fig, ax1 = C.figure(figsize=(5.8, 4.2))
     ax1.plot(e, frac, "o-", color="tab:blue")
     ax1.set_xlabel(r"$\epsilon$")
     ax1.set_ylabel("percentage of data used", color="tab:blue")
@@ -307,9 +303,7 @@ def main(argv=None):
     ax1.set_title(f"Austerity Fig. 2, MNIST 7 vs 9: N = {n}, {args.components} PCs + intercept, batch {args.batch_size}\n"
                   f"{args.pairs} pairs x {args.keys} keys, sigma_RW tuned to exact acceptance {exact_prob.mean():.2f}",
                   fontsize=9)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig2_mnist.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, "austerity_fig2_mnist.png")
     return 0
 
 

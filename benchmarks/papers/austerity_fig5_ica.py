@@ -31,7 +31,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -68,7 +67,7 @@ def riemannian_ascent(X, iters=200, step=1.0):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--epsilons", default="0,0.01,0.05,0.1,0.2")
     ap.add_argument("--batch-size", type=int, default=500)
@@ -77,9 +76,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=15.0, help="wall time of each chain")
     ap.add_argument("--truth-chains", type=int, default=4)
     ap.add_argument("--truth-seconds", type=float, default=60.0, help="wall time of each truth chain")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.chains, args.seconds, args.truth_chains, args.truth_seconds = 5000, 2, 1.0, 2, 2.0
@@ -198,8 +195,7 @@ def main(argv=None):
            "rows": rows, "total_runtime_s": total}
     C.write_json(args.out, "austerity_fig5_ica.json", out)
 
-    plt = C.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = C.figure(figsize=(6, 4.2))
     for r_ in rows:
         ax.loglog(grid, r_["risk"], "o-", ms=3, label=(r"$\epsilon$ = 0 (exact)" if r_["epsilon"] == 0
                                                         else rf"$\epsilon$ = {r_['epsilon']:g}"))
@@ -208,8 +204,7 @@ def main(argv=None):
     ax.set_ylabel(r"risk in mean Amari distance")
     ax.set_title(f"ICA, N = {args.n:,}, {args.chains} chains", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig5_ica.png")
+    C.finish_figure(fig, args.out, "austerity_fig5_ica.png")
     return 0
 
 

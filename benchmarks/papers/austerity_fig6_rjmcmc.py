@@ -41,7 +41,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -110,7 +109,7 @@ def full_map(X, y, ridge=1e-6, iters=30):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=130_065,
                     help="a random subset of n flights (default 130,065: MiniBooNE's size, as in the paper; 0 = all)")
     ap.add_argument("--epsilons", default="0,0.01,0.05,0.1")
@@ -123,9 +122,7 @@ def main(argv=None):
     ap.add_argument("--test-points", type=int, default=2000)
     ap.add_argument("--paper-birth", type=float, default=None,
                     help="sigma_birth of the paper's N(0, sigma_birth) birth proposal (default: our N(MAP, (2 sd)^2))")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.chains, args.seconds, args.truth_chains, args.truth_seconds = 5000, 2, 1.0, 2, 2.0
@@ -296,8 +293,7 @@ def main(argv=None):
            "rows": rows, "total_runtime_s": total}
     C.write_json(args.out, "austerity_fig6_rjmcmc.json", out)
 
-    plt = C.pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = C.figure(1, 2, figsize=(11, 4.2))
     for r_ in rows:
         lab = r"$\epsilon$ = 0 (exact)" if r_["epsilon"] == 0 else rf"$\epsilon$ = {r_['epsilon']:g}"
         ax1.loglog(grid, r_["risk"], "o-", ms=3, label=lab)
@@ -312,8 +308,7 @@ def main(argv=None):
     ax2.set_xticklabels([names[j] for j in order], rotation=90, fontsize=6)
     ax2.set_ylabel(r"$p(\gamma_j = 1 \mid data)$")
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig6_rjmcmc.png")
+    C.finish_figure(fig, args.out, "austerity_fig6_rjmcmc.png")
     return 0
 
 

@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -107,7 +106,7 @@ def compare(samples, post, bin_width):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--lam", type=float, default=3.0, help="noise precision lambda")
     ap.add_argument("--lam0", type=float, default=4950.0, help="Laplace prior rate lambda0")
@@ -116,9 +115,7 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=100_000)
     ap.add_argument("--warmup", type=int, default=1_000)
     ap.add_argument("--bin-width", type=float, default=0.001)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.samples, args.warmup, args.batch = 2000, 500, 50, 100
@@ -208,8 +205,7 @@ def main(argv=None):
     }
     C.write_json(args.out, "austerity_fig8_sgld.json", out)
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    fig, axes = C.figure(2, 3, figsize=(13, 7))
     g, dens = post["grid"], post["density"]
     lo = min(np.quantile(np.concatenate(list(draws.values())), 0.0005), g[dens > dens.max() * 1e-4][0])
     hi = max(np.quantile(np.concatenate(list(draws.values())), 0.9995), g[dens > dens.max() * 1e-4][-1])
@@ -237,9 +233,7 @@ def main(argv=None):
         ax.tick_params(labelsize=7)
     fig.suptitle(f"Austerity Fig. 8: N = {args.n}, lambda = {lam:g}, lambda0 = {lam0:g}, alpha = {args.alpha:g}, "
                  f"batch {args.batch}, {args.samples} samples", fontsize=10)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig8_sgld.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, "austerity_fig8_sgld.png")
     return 0
 
 

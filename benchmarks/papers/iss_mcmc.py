@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -204,8 +203,7 @@ def part_bias(tm, args):
 
 
 def plot_bias(rows, out):
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.figure(1, 2, figsize=(11, 4.2))
     iss = [r for r in rows if r["method"] == "ISS"]
     ns = sorted({r["n"] for r in iss})
     exact = [r for r in rows if r["method"] == "exact MH"]
@@ -237,9 +235,8 @@ def plot_bias(rows, out):
 def plot_report(rows, out):
     """Time per step and the widest sd ratio of each configuration, per N and setting (the report's Table 1
     as a time per iteration, and how far each run is from the posterior)."""
-    plt = C.pyplot()
     sizes = sorted({r["N"] for r in rows})
-    fig, axes = plt.subplots(len(sizes), 2, figsize=(12, 3.6 * len(sizes)), squeeze=False)
+    fig, axes = C.figure(len(sizes), 2, figsize=(12, 3.6 * len(sizes)), squeeze=False)
     for i, N in enumerate(sizes):
         for j, (key, lab) in enumerate((("ms_per_step", "ms per iteration (2 chains, vectorised)"),
                                         ("sd_ratio_max", "max sd / posterior sd"))):
@@ -332,7 +329,7 @@ def _ints(s):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--parts", default="report,bias,peers")
     ap.add_argument("--out", default=C.DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)

@@ -28,7 +28,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import sys
@@ -43,7 +42,7 @@ from pp_fig5_sublinear import TRUE_W, make_data
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6,1e7")
     ap.add_argument("--epsilon", type=float, default=0.01)
     ap.add_argument("--batch", type=int, default=100)
@@ -54,9 +53,7 @@ def main(argv=None):
     ap.add_argument("--chain-steps", type=int, default=300)
     ap.add_argument("--large-n", type=float, default=1e5)
     ap.add_argument("--exact-budget", type=float, default=2e6)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
@@ -166,35 +163,23 @@ def main(argv=None):
            "rows": rows, "slopes": slopes, "total_runtime_s": total}
     C.write_json(args.out, "pp_fig5_numpyro.json", out)
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.figure(1, 2, figsize=(11, 4.2))
     ax = axes[0]
     ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
             label=f"austerity via from_numpyro, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
     ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
             label=f"austerity via from_numpyro, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
     ax.plot(Ns, Ns, "k:", label="N (exact MH)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("items read per iteration")
-    ax.set_title(f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}", fontsize=9)
-    ax.legend(fontsize=7)
+    C.log_log(ax, "N", "items read per iteration",
+              f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}")
     ax = axes[1]
     for key, style, lab in (("s_per_decision", "o-", "austerity via from_numpyro"),
                             ("hand_s_per_decision", "x--", "austerity, hand-written model"),
                             ("chain_s_per_step", "s--", "austerity via from_numpyro, RW chain"),
                             ("exact_s_per_decision", "k^:", "exact MH via from_numpyro")):
         ax.plot(Ns, 1e3 * np.array([r[key] for r in rows]), style, label=f"{lab} (slope {slopes[key]['all']:.2f})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("ms per iteration")
-    ax.set_title("(c) time per iteration (2-core shared CPU: noisy)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_fig5_numpyro.png")
-    plt.close(fig)
+    C.log_log(ax, "N", "ms per iteration", "(c) time per iteration (2-core shared CPU: noisy)")
+    C.finish_figure(fig, args.out, "pp_fig5_numpyro.png")
     return 0
 
 

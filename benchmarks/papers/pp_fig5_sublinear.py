@@ -35,7 +35,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -57,7 +56,7 @@ def make_data(n, seed):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--sizes", default="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7")
     ap.add_argument("--epsilon", type=float, default=0.01)
     ap.add_argument("--batch", type=int, default=100)
@@ -68,9 +67,7 @@ def main(argv=None):
     ap.add_argument("--chain-steps", type=int, default=300)
     ap.add_argument("--large-n", type=float, default=1e5)
     ap.add_argument("--exact-budget", type=float, default=3e6, help="items per exact timing run (sets its key count)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
@@ -200,8 +197,7 @@ def main(argv=None):
     }
     C.write_json(args.out, "pp_fig5_sublinear.json", out)
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.3))
+    fig, axes = C.figure(1, 3, figsize=(14, 4.3))
     Xs = X_all[: min(2000, max(sizes))]
     ys = y_all[: len(Xs)]
     ax = axes[0]
@@ -217,12 +213,8 @@ def main(argv=None):
     ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
             label=f"austerity, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
     ax.plot(Ns, Ns, "k:", label="N (exact MH)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("items read per iteration")
-    ax.set_title(f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}", fontsize=9)
-    ax.legend(fontsize=7)
+    C.log_log(ax, "N", "items read per iteration",
+              f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}")
     ax = axes[2]
     ax.plot(Ns, 1e3 * np.array([r["s_per_decision"] for r in rows]), "o-", color="tab:green",
             label=f"austerity, fixed pairs (slope {slopes['s_per_decision']['all']:.2f})")
@@ -230,15 +222,8 @@ def main(argv=None):
             label=f"austerity, RW chain (slope {slopes['chain_s_per_step']['all']:.2f})")
     ax.plot(Ns, 1e3 * np.array([r["exact_s_per_decision"] for r in rows]), "k^:",
             label=f"exact MH (slope {slopes['exact_s_per_decision']['all']:.2f})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("ms per iteration")
-    ax.set_title("(c) time per iteration (2-core CPU, shared: noisy)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_fig5_sublinear.png")
-    plt.close(fig)
+    C.log_log(ax, "N", "ms per iteration", "(c) time per iteration (2-core CPU, shared: noisy)")
+    C.finish_figure(fig, args.out, "pp_fig5_sublinear.png")
     return 0
 
 

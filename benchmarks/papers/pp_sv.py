@@ -41,7 +41,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -112,7 +111,7 @@ def nuts_reference(x, args, meta, num_warmup=500, num_samples=1000):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--series", type=int, default=2000)
     ap.add_argument("--length", type=int, default=5)
     ap.add_argument("--particles", type=int, default=5)
@@ -201,8 +200,7 @@ def main(argv=None):
     ratio = {p: results[names[1]][p]["ess_per_s"] / results[names[0]][p]["ess_per_s"] for p in ("phi", "sigma")}
     print(f"ESS/s subsampled / exact: phi {ratio['phi']:.2f}x, sigma {ratio['sigma']:.2f}x (paper: about 2x)")
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = C.figure(1, 3, figsize=(14, 4))
     for ax, p in zip(axes[:2], ("phi", "sigma")):
         bins = np.linspace(np.quantile(ref[p], 0.001), np.quantile(ref[p], 0.999), 40)
         ax.hist(ref[p].ravel(), bins=bins, density=True, alpha=0.4, color="g", label="long exact run")
@@ -225,8 +223,7 @@ def main(argv=None):
     ax.legend(fontsize=7)
     fig.suptitle(f"Stochastic volatility (NumPyro model, non-centred), {args.series} series x {args.length}: "
                  "particle Gibbs + (subsampled) MH")
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_sv.png" if not args.smoke else "pp_sv_smoke.png")
+    C.finish_figure(fig, args.out, "pp_sv.png" if not args.smoke else "pp_sv_smoke.png")
     for r in results.values():
         r["draws"] = {p: np.asarray(v)[:, ::max(1, np.asarray(v).shape[1] // 500)].round(5).tolist()
                       for p, v in r["draws"].items()}
