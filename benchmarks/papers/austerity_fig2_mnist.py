@@ -105,22 +105,9 @@ def mnist_7_vs_9(folder, n_components):
     return np.concatenate([np.ones((Z.shape[0], 1)), Z], axis=1), y, explained
 
 
-def log_lik_np(X, y, theta):
-    z = X @ theta
-    return -np.logaddexp(0.0, np.where(y > 0.5, -z, z))
-
-
 def laplace(X, y, prior_var, iters=100):
-    d = X.shape[1]
-    theta = np.zeros(d)
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(X @ theta)))
-        g = X.T @ (y - p) - theta / prior_var
-        H = (X * (p * (1.0 - p))[:, None]).T @ X + np.eye(d) / prior_var
-        step = np.linalg.solve(H, g)
-        theta = theta + step
-        if np.max(np.abs(step)) < 1e-12 * (1 + np.max(np.abs(theta))):
-            break
+    """MAP (Newton, float64) and the Hessian of the negative log posterior there (``pp_fig4`` uses it too)."""
+    theta, H, _ = C.logistic_newton(X, y, prior_var, iters)
     return theta, H
 
 
@@ -147,7 +134,6 @@ def main(argv=None):
         args.components, args.pairs, args.keys, args.thin = 10, 3, 16, 5
         args.epsilons = "0,0.1"
 
-    import jax
     import jax.numpy as jnp
 
     import tallmh as tm
@@ -182,28 +168,8 @@ def main(argv=None):
     chain_acc = float(np.mean(chain.stats["accepted"]))
     rng = np.random.default_rng(args.seed + 1)
     zs = rng.standard_normal(thetas.shape)
-
-    def log_prior(t):
-        return -0.5 * np.sum(t**2, axis=-1) / args.prior_var
-
-    ll_cur = np.array([log_lik_np(X, y, t).sum() for t in thetas])
-
-    def deltas(sigma):
-        props = thetas + sigma * zs
-        ll_p = np.array([log_lik_np(X, y, t).sum() for t in props])
-        return ll_p - ll_cur + log_prior(props) - log_prior(thetas)
-
-    def acc_rate(sigma):
-        return float(np.mean(np.exp(np.minimum(0.0, deltas(sigma)))))
-
-    lo, hi = math.log(1e-3 * post_sd.min()), math.log(10 * post_sd.max())
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if acc_rate(math.exp(mid)) > args.target_accept:
-            lo = mid
-        else:
-            hi = mid
-    sigma = math.exp(0.5 * (lo + hi))
+    sigma, deltas = C.tune_rw_sigma(X, y, thetas, zs, args.prior_var, args.target_accept,
+                                    1e-3 * post_sd.min(), 10 * post_sd.max())
     props = thetas + sigma * zs
     dlt = deltas(sigma)
     exact_prob = np.exp(np.minimum(0.0, dlt))
@@ -211,21 +177,7 @@ def main(argv=None):
           f"pairs: every {args.thin}th draw; sigma_RW = {sigma:.4g} ({sigma / post_sd.mean():.2f} x mean posterior sd) "
           f"for exact acceptance {exact_prob.mean():.3f}", flush=True)
 
-    th32 = jnp.asarray(thetas, jnp.float32)
-    pr32 = jnp.asarray(props, jnp.float32)
-    base_key = jax.random.PRNGKey(args.seed)
-    pair_keys = [jax.random.split(jax.random.fold_in(base_key, i), args.keys) for i in range(args.pairs)]
-
-    def run(test):
-        f = jax.jit(jax.vmap(tm.decision_fn(test, model, data), in_axes=(None, None, 0)))
-        acc = np.zeros((args.pairs, args.keys), bool)
-        nd = np.zeros((args.pairs, args.keys), np.int64)
-        for i in range(args.pairs):
-            a, m = f(th32[i], pr32[i], pair_keys[i])
-            acc[i] = np.asarray(a)
-            nd[i] = np.asarray(m)
-        return acc, nd
-
+    run = C.pair_decisions(tm, model, data, thetas, props, args.seed, args.keys)
     te = time.perf_counter()
     exact_acc, exact_nd = run(tm.acceptance.Exact())
     exact_s = time.perf_counter() - te
@@ -238,19 +190,9 @@ def main(argv=None):
             test = tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
             acc, nd = run(test)
             test_repr, secs = repr(test), time.perf_counter() - tr
-        wrong = acc != exact_acc
-        p = float(wrong.mean())
-        per_pair = wrong.mean(axis=1)
-        row = {"epsilon": eps, "test": test_repr, "decisions": int(wrong.size),
-               "data_fraction": float(nd.mean() / n),
-               "wrong_rate": p,
-               "wrong_rate_binomial_se": math.sqrt(p * (1 - p) / wrong.size),
-               "wrong_rate_pair_clustered_se": float(per_pair.std(ddof=1) / math.sqrt(args.pairs)),
-               "wrong_accept_rate": float(np.mean(acc & ~exact_acc)),
-               "wrong_reject_rate": float(np.mean(~acc & exact_acc)),
-               "acceptance_rate": float(acc.mean()),
-               "pairs_with_any_wrong": float(np.mean(per_pair > 0)),
-               "max_pair_wrong_rate": float(per_pair.max()),
+        core, per_pair = C.wrong_decisions(acc, nd, exact_acc, n)
+        p = core["wrong_rate"]
+        row = {"epsilon": eps, "test": test_repr, **core, "pairs_with_any_wrong": float(np.mean(per_pair > 0)),
                "seconds": secs}
         rows.append(row)
         print(f"  eps {eps:<6g} data {100 * row['data_fraction']:7.2f}%  wrong {100 * p:6.3f}% (pair-clustered se "
