@@ -40,8 +40,11 @@ RESULTS = os.path.join(HERE, "results")
 # arguments
 
 
-def parser(doc):
-    """An ``ArgumentParser`` whose description is the first paragraph of ``doc`` (the script's docstring)."""
+def parser(doc, *, whole=False):
+    """An ``ArgumentParser`` whose description is the first paragraph of ``doc`` (the script's docstring), or
+    with ``whole=True`` all of it, as written."""
+    if whole:
+        return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     return argparse.ArgumentParser(description=doc.split("\n\n")[0])
 
 
