@@ -7,7 +7,8 @@ Not a benchmark itself. A script in ``benchmarks/`` imports it as ``_common`` (t
 What lives here, once:
 
 - arguments: :func:`parser` (the description is the first paragraph of the script's docstring),
-  :func:`add_run_options` (``--seed``, ``--smoke``, ``--out``), :func:`numbers` (comma-separated lists);
+  :func:`add_options` (plain options from their defaults), :func:`add_run_options` (``--seed``,
+  ``--smoke``, ``--out``), :func:`numbers` (comma-separated lists);
 - result files: :func:`machine_info` (platform, CPUs, versions, git commit, date, load average, command
   line), :func:`header` (the same as a comment line), :func:`write_json` (numpy-aware, records the load
   average at the end);
@@ -54,6 +55,20 @@ def add_run_options(ap, out, *, out_help=None, smoke_help="tiny run (seconds) fo
         ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help=smoke_help)
     ap.add_argument("--out", default=out, help=out_help)
+    return ap
+
+
+def add_options(ap, **defaults):
+    """One option per keyword, in order: ``name_x=default`` adds ``--name-x`` whose type is that of its default
+    (int, float or str; ``False`` makes a flag), so a script lists its plain options on one line."""
+    for name, default in defaults.items():
+        flag = "--" + name.replace("_", "-")
+        if default is False:
+            ap.add_argument(flag, action="store_true")
+        elif isinstance(default, (int, float, str)) and not isinstance(default, bool):
+            ap.add_argument(flag, type=type(default), default=default)
+        else:
+            raise TypeError(f"add_options: {flag} needs an int, float or str default, or False")
     return ap
 
 

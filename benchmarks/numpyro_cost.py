@@ -34,16 +34,8 @@ import _common as C
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = C.parser(__doc__)
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--d", type=int, default=10)
-    ap.add_argument("--prior-scale", type=float, default=1.0)
-    ap.add_argument("--sd", type=float, default=0.01)
-    ap.add_argument("--epsilon", type=float, default=0.05)
-    ap.add_argument("--batch", type=int, default=500)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--exact-steps", type=int, default=200)
-    ap.add_argument("--chains", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    C.add_options(ap, n=100_000, d=10, prior_scale=1.0, sd=0.01, epsilon=0.05, batch=500, steps=2000, exact_steps=200,
+                      chains=1, repeats=3)
     C.add_run_options(ap, C.RESULTS, seed=False)
     args = ap.parse_args(argv[1:])
     if args.smoke:

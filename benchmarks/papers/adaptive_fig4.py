@@ -110,11 +110,7 @@ def compare(sig, ref):
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = C.parser(__doc__)
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--epsilon", type=float, default=0.05)
-    ap.add_argument("--delta", type=float, default=0.01)
-    ap.add_argument("--samples", type=int, default=4000)
-    ap.add_argument("--warmup", type=int, default=1000)
+    C.add_options(ap, n=100_000, epsilon=0.05, delta=0.01, samples=4000, warmup=1000)
     C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:

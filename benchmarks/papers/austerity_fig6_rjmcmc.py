@@ -113,11 +113,7 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=130_065,
                     help="a random subset of n flights (default 130,065: MiniBooNE's size, as in the paper; 0 = all)")
     ap.add_argument("--epsilons", default="0,0.01,0.05,0.1")
-    ap.add_argument("--batch-size", type=int, default=500)
-    ap.add_argument("--lam", type=float, default=10.0)
-    ap.add_argument("--chains", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--truth-chains", type=int, default=4)
+    C.add_options(ap, batch_size=500, lam=10.0, chains=5, seconds=20.0, truth_chains=4)
     ap.add_argument("--truth-seconds", type=float, default=60.0, help="wall time of each truth chain")
     ap.add_argument("--test-points", type=int, default=2000)
     ap.add_argument("--paper-birth", type=float, default=None,

@@ -112,9 +112,7 @@ def main(argv=None):
     ap.add_argument("--lam0", type=float, default=4950.0, help="Laplace prior rate lambda0")
     ap.add_argument("--alpha", type=float, default=5e-6, help="SGLD step size")
     ap.add_argument("--batch", type=int, default=500, help="minibatch for the gradient and for austerity")
-    ap.add_argument("--samples", type=int, default=100_000)
-    ap.add_argument("--warmup", type=int, default=1_000)
-    ap.add_argument("--bin-width", type=float, default=0.001)
+    C.add_options(ap, samples=100_000, warmup=1_000, bin_width=0.001)
     C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:

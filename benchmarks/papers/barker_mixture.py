@@ -161,9 +161,7 @@ def scores(counts, P, min_expected=5.0):
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = C.parser(__doc__)
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--temperature", type=float, default=1e4)
-    ap.add_argument("--samples", type=int, default=5000)
+    C.add_options(ap, n=1_000_000, temperature=1e4, samples=5000)
     ap.add_argument("--warmup", type=int, default=500, help="burn-in steps discarded (not in the paper)")
     ap.add_argument("--chains", type=int, default=4)
     ap.add_argument("--confidence-bound", default="bernstein-serfling",

@@ -145,9 +145,7 @@ def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = C.parser(__doc__)
     ap.add_argument("--mnist", default=None)
-    ap.add_argument("--components", type=int, default=50)
-    ap.add_argument("--prior-var", type=float, default=0.1)
-    ap.add_argument("--batch", type=int, default=100)
+    C.add_options(ap, components=50, prior_var=0.1, batch=100)
     ap.add_argument("--epsilons", default="0.01,0.05")
     ap.add_argument("--chains", type=int, default=8)
     ap.add_argument("--budget", type=float, default=40.0, help="sampling seconds per method")

@@ -58,14 +58,8 @@ def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = C.parser(__doc__)
     ap.add_argument("--sizes", default="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7")
-    ap.add_argument("--epsilon", type=float, default=0.01)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--proposal-sd", type=float, default=0.1)
-    ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--keys", type=int, default=300)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--chain-steps", type=int, default=300)
-    ap.add_argument("--large-n", type=float, default=1e5)
+    C.add_options(ap, epsilon=0.01, batch=100, proposal_sd=0.1, pairs=4, keys=300, repeats=3, chain_steps=300,
+                      large_n=1e5)
     ap.add_argument("--exact-budget", type=float, default=3e6, help="items per exact timing run (sets its key count)")
     C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
