@@ -9,6 +9,8 @@ What lives here, once:
 - arguments: :func:`parser` (the description is the first paragraph of the script's docstring),
   :func:`add_options` (plain options from their defaults), :func:`add_run_options` (``--seed``,
   ``--smoke``, ``--out``), :func:`numbers` (comma-separated lists);
+- text tables: :func:`print_table` (or :func:`table_header` and :func:`table_row` for a table printed as
+  its rows come);
 - result files: :func:`machine_info` (platform, CPUs, versions, git commit, date, load average, command
   line), :func:`header` (the same as a comment line), :func:`write_json` (numpy-aware, records the load
   average at the end);
@@ -27,6 +29,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -152,6 +155,35 @@ def write_json(out_dir, filename, obj):
         json.dump(obj, f, indent=2, default=_default, allow_nan=True)
     print(f"wrote {path}", flush=True)
     return path
+
+
+def _column_header(title, spec):
+    m = re.match(r"([<>^]?)(\d*)", spec)
+    align = m.group(1) or ("<" if spec.endswith("s") else ">")
+    return f"{title:{align}{m.group(2)}s}"
+
+
+def table_header(columns, sep=" "):
+    """The header line of a text table; ``columns`` is a list of ``(title, format spec, value)``, the value a
+    key of the row or a function of it. A title is aligned like its column (left for ``s`` specs)."""
+    return sep.join(_column_header(title, spec) for title, spec, _ in columns)
+
+
+def table_row(row, columns, sep=" "):
+    """One line of the table of :func:`table_header`."""
+    return sep.join(format(value(row) if callable(value) else row[value], spec) for _, spec, value in columns)
+
+
+def percent(key):
+    """A table value: 100 times ``row[key]``."""
+    return lambda r: 100 * r[key]
+
+
+def print_table(rows, columns, sep=" "):
+    """Print the header and one line per row (see :func:`table_header`)."""
+    print(table_header(columns, sep))
+    for r in rows:
+        print(table_row(r, columns, sep))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -200,16 +200,18 @@ def main(argv=None):
 
     total_s = time.perf_counter() - t_start
     print()
-    print(f"{'test':>24s} {'per-look':>9s} {'worst %':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se %':>10s} "
-          f"{'pair se %':>9s} {'max pair %':>10s} {'wrong acc %':>11s} {'wrong rej %':>11s} {'accept':>7s}")
-    for r in rows + error_rows:
-        label = (f"error={r['error']:g}" if r["form"] == "error" else
-                 ("exact" if r["epsilon"] == 0 else f"epsilon={r['epsilon']:g}"))
-        print(f"{label:>24s} {r['per_look_epsilon']:9.3g} {100 * r['worst_case_step_error']:8.2f} "
-              f"{100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
-              f"{100 * r['wrong_rate_binomial_se']:10.3f} {100 * r['wrong_rate_pair_clustered_se']:9.3f} "
-              f"{100 * r['max_pair_wrong_rate']:10.1f} "
-              f"{100 * r['wrong_accept_rate']:11.3f} {100 * r['wrong_reject_rate']:11.3f} {r['acceptance_rate']:7.3f}")
+    def label(r):
+        return (f"error={r['error']:g}" if r["form"] == "error" else
+                ("exact" if r["epsilon"] == 0 else f"epsilon={r['epsilon']:g}"))
+
+    pc = C.percent
+    C.print_table(rows + error_rows, [
+        ("test", ">24s", label), ("per-look", "9.3g", "per_look_epsilon"),
+        ("worst %", "8.2f", pc("worst_case_step_error")), ("data %", "8.2f", pc("data_fraction")),
+        ("wrong %", "8.3f", pc("wrong_rate")), ("binom se %", "10.3f", pc("wrong_rate_binomial_se")),
+        ("pair se %", "9.3f", pc("wrong_rate_pair_clustered_se")),
+        ("max pair %", "10.1f", pc("max_pair_wrong_rate")), ("wrong acc %", "11.3f", pc("wrong_accept_rate")),
+        ("wrong rej %", "11.3f", pc("wrong_reject_rate")), ("accept", "7.3f", "acceptance_rate")])
     print(f"(exact acceptance over the same keys: {exact_acc.mean():.3f}; mean exact acceptance probability "
           f"min(1, e^Delta) of the pairs: {exact_prob.mean():.3f})")
     print(f"\ntotal runtime {total_s:.1f}s", flush=True)

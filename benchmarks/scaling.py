@@ -185,19 +185,18 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'N':>9s}  {'test':<11s} {'steps':>5s} {'accept':>6s} {'items/step':>12s} {'data frac':>9s} "
-          f"{'ms/step':>9s} {'compile s':>9s}")
-    for r in rows:
-        print(f"{r['N']:9.0e}  {r['test']:<11s} {r['steps']:5d} {r['acceptance_rate']:6.3f} "
-              f"{r['items_per_step']:12.1f} {r['data_fraction']:9.3g} {1e3 * r['seconds_per_step']:9.3f} "
-              f"{r['compile_s']:9.2f}")
+    C.print_table(rows, [("N", "9.0e", "N"), ("test", "<11s", "test"), ("steps", "5d", "steps"),
+                         ("accept", "6.3f", "acceptance_rate"), ("items/step", "12.1f", "items_per_step"),
+                         ("data frac", "9.3g", "data_fraction"),
+                         ("ms/step", "9.3f", lambda r: 1e3 * r["seconds_per_step"]),
+                         ("compile s", "9.2f", "compile_s")])
     print()
     print(f"log-log slopes vs N (polyfit over N = {', '.join(f'{n:.0e}' for n in sizes)}; 'last2' = "
           f"{sizes[-2]:.0e}..{sizes[-1]:.0e} only)" if len(sizes) > 1 else "log-log slopes: need 2 sizes")
-    print(f"{'test':<11s} {'items slope':>11s} {'time slope':>10s} {'items last2':>11s} {'time last2':>10s}")
-    for name, s in slopes.items():
-        print(f"{name:<11s} {s['items_slope_all']:11.3f} {s['time_slope_all']:10.3f} "
-              f"{s['items_slope_last2']:11.3f} {s['time_slope_last2']:10.3f}")
+    C.print_table([{"test": name, **s} for name, s in slopes.items()],
+                  [("test", "<11s", "test"), ("items slope", "11.3f", "items_slope_all"),
+                   ("time slope", "10.3f", "time_slope_all"), ("items last2", "11.3f", "items_slope_last2"),
+                   ("time last2", "10.3f", "time_slope_last2")])
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 
     out = {

@@ -178,12 +178,11 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'data':9s} {'run':24s} {'data %':>8s} {'accept':>6s} {'mean err':>9s} {'mode err':>9s} {'sd ratio':>8s} "
-          f"{'TV':>5s} {'ms/step':>8s}")
-    for r in rows:
-        print(f"{r['dataset']:9s} {r['label']:24s} {100 * r['data_fraction']:8.3f} {r['acceptance_rate']:6.2f} "
-              f"{r['mean_rel_err']:+9.2%} {r['mode_rel_err']:+9.2%} {r['sd_ratio']:8.2f} {r['tv_distance_binned']:5.2f} "
-              f"{r['ms_per_step']:8.2f}")
+    C.print_table(rows, [("data", "9s", "dataset"), ("run", "24s", "label"),
+                         ("data %", "8.3f", C.percent("data_fraction")), ("accept", "6.2f", "acceptance_rate"),
+                         ("mean err", "+9.2%", "mean_rel_err"),
+                         ("mode err", "+9.2%", "mode_rel_err"), ("sd ratio", "8.2f", "sd_ratio"),
+                         ("TV", "5.2f", "tv_distance_binned"), ("ms/step", "8.2f", "ms_per_step")])
     print("(errors relative to the exact sigma marginal; mode = maximum of a Gaussian KDE of the draws vs the empirical sd)")
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 

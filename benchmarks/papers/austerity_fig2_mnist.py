@@ -200,12 +200,12 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se':>8s} {'pair se':>8s} {'wrong acc':>9s} "
-          f"{'wrong rej':>9s} {'accept':>7s}")
-    for r in rows:
-        print(f"{r['epsilon']:8g} {100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
-              f"{100 * r['wrong_rate_binomial_se']:8.3f} {100 * r['wrong_rate_pair_clustered_se']:8.3f} "
-              f"{100 * r['wrong_accept_rate']:9.3f} {100 * r['wrong_reject_rate']:9.3f} {r['acceptance_rate']:7.3f}")
+    pc = C.percent
+    C.print_table(rows, [("epsilon", "8g", "epsilon"), ("data %", "8.2f", pc("data_fraction")),
+                         ("wrong %", "8.3f", pc("wrong_rate")), ("binom se", "8.3f", pc("wrong_rate_binomial_se")),
+                         ("pair se", "8.3f", pc("wrong_rate_pair_clustered_se")),
+                         ("wrong acc", "9.3f", pc("wrong_accept_rate")), ("wrong rej", "9.3f", pc("wrong_reject_rate")),
+                         ("accept", "7.3f", "acceptance_rate")])
     print(f"(exact acceptance over the same keys {exact_acc.mean():.3f}; {args.pairs} pairs x {args.keys} keys; "
           f"batch {args.batch_size})")
     print(f"\ntotal runtime {total:.1f}s", flush=True)

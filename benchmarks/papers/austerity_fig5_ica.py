@@ -172,12 +172,10 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'steps/s':>8s} {'data %':>7s} {'accept':>7s} {'risk@mid':>10s} {'risk@end':>10s} "
-          f"{'bias':>8s} {'sd':>8s}")
-    for r_ in rows:
-        print(f"{r_['epsilon']:8g} {r_['steps_per_s']:8.0f} {100 * r_['data_fraction']:7.2f} {r_['acceptance']:7.3f} "
-              f"{r_['risk'][len(grid) // 2]:10.3g} {r_['final_risk']:10.3g} {r_['final_bias']:+8.4f} "
-              f"{r_['final_sd_between_chains']:8.4f}")
+    C.print_table(rows, [("epsilon", "8g", "epsilon"), ("steps/s", "8.0f", "steps_per_s"),
+                         ("data %", "7.2f", C.percent("data_fraction")), ("accept", "7.3f", "acceptance"),
+                         ("risk@mid", "10.3g", lambda r: r["risk"][len(grid) // 2]),
+                         ("risk@end", "10.3g", "final_risk"), ("bias", "+8.4f", "final_bias"), ("sd", "8.4f", "final_sd_between_chains")])
     print(f"(risk: mean over {args.chains} chains of (running mean of d_A - truth)^2 at {grid[len(grid) // 2]:.2f}s "
           f"and {grid[-1]:.0f}s of wall time per chain; truth {truth:.5f} ± {truth_se:.2g})")
     print(f"\ntotal runtime {total:.1f}s", flush=True)

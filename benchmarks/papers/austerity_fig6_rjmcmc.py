@@ -259,13 +259,14 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'steps/s':>8s} {'data %':>7s} {'upd acc':>8s} {'birth':>7s} {'death':>7s} {'size':>6s} "
-          f"{'risk@mid':>10s} {'risk@end':>10s} {'max|dincl|':>10s}")
-    for r_ in rows:
-        a = r_["acceptance"]
-        print(f"{r_['epsilon']:8g} {r_['steps_per_s']:8.0f} {100 * r_['data_fraction']:7.2f} {a['update']:8.3f} "
-              f"{a['birth']:7.3f} {a['death']:7.3f} {r_['model_size']:6.1f} {r_['risk'][len(grid) // 2]:10.3g} "
-              f"{r_['final_risk']:10.3g} {r_['inclusion_max_abs_diff']:10.3f}")
+    C.print_table(rows, [("epsilon", "8g", "epsilon"), ("steps/s", "8.0f", "steps_per_s"),
+                         ("data %", "7.2f", C.percent("data_fraction")),
+                         ("upd acc", "8.3f", lambda r: r["acceptance"]["update"]),
+                         ("birth", "7.3f", lambda r: r["acceptance"]["birth"]),
+                         ("death", "7.3f", lambda r: r["acceptance"]["death"]), ("size", "6.1f", "model_size"),
+                         ("risk@mid", "10.3g", lambda r: r["risk"][len(grid) // 2]),
+                         ("risk@end", "10.3g", "final_risk"),
+                         ("max|dincl|", "10.3f", "inclusion_max_abs_diff")])
     print(f"(risk: mean over {args.chains} chains and {len(pts)} held-out flights of the squared error of the running "
           f"predictive mean, at {grid[len(grid) // 2]:.2f}s and {grid[-1]:.0f}s per chain)")
     print("\ninclusion probabilities (truth, then each epsilon):")

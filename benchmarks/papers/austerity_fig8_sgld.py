@@ -179,14 +179,15 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'sampler':22s} {'accept':>6s} {'data %':>7s} {'paper %':>7s} {'mean':>9s} {'err/MCSE':>8s} {'sd':>8s} "
-          f"{'TV':>6s} {'KS':>6s} {'us/step':>8s}")
     paper = {"austerity_0.1": "14.2", "austerity_0.5": "~5", "exact": "100", "sgld": "0"}
+    columns = [("sampler", "22s", "label"), ("accept", "6.3f", "acceptance_rate"),
+               ("data %", "7.2f", C.percent("data_fraction_test")), ("paper %", ">7s", lambda r: paper[r["sampler"]]),
+               ("mean", "9.5f", "mean"), ("err/MCSE", "+8.1f", "mean_err_in_mcse"), ("sd", "8.5f", "sd"),
+               ("TV", "6.3f", "tv_distance_binned"), ("KS", "6.3f", "ks_distance"), ("us/step", "8.0f", "us_per_step")]
+    print(C.table_header(columns))
     print(f"{'true posterior':22s} {'':>6s} {'':>7s} {'':>7s} {post['mean']:9.5f} {'':>8s} {post['sd']:8.5f}")
     for r in rows:
-        print(f"{r['label']:22s} {r['acceptance_rate']:6.3f} {100 * r['data_fraction_test']:7.2f} {paper[r['sampler']]:>7s} "
-              f"{r['mean']:9.5f} {r['mean_err_in_mcse']:+8.1f} {r['sd']:8.5f} {r['tv_distance_binned']:6.3f} "
-              f"{r['ks_distance']:6.3f} {r['us_per_step']:8.0f}")
+        print(C.table_row(r, columns))
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 
     out = {

@@ -165,12 +165,13 @@ def main(argv=None):
         per_pair_slopes.append({"all": C.slope(Ns, v), "large": C.slope(Ns[big], v[big])})
     total = time.perf_counter() - t_start
     print()
-    print(f"{'N':>9s} {'items':>9s} {'frac %':>7s} {'us/dec':>8s} {'exact us':>10s} {'wrong %':>7s} {'chain items':>11s} "
-          f"{'chain us':>9s}")
-    for r in rows:
-        print(f"{r['N']:9d} {r['items_mean']:9.1f} {100 * r['items_mean'] / r['N']:7.2f} {1e6 * r['s_per_decision']:8.1f} "
-              f"{1e6 * r['exact_s_per_decision']:10.1f} {100 * r['wrong_decision_rate']:7.2f} {r['chain_items_mean']:11.1f} "
-              f"{1e6 * r['chain_s_per_step']:9.1f}")
+    C.print_table(rows, [("N", "9d", "N"), ("items", "9.1f", "items_mean"),
+                         ("frac %", "7.2f", lambda r: 100 * r["items_mean"] / r["N"]),
+                         ("us/dec", "8.1f", lambda r: 1e6 * r["s_per_decision"]),
+                         ("exact us", "10.1f", lambda r: 1e6 * r["exact_s_per_decision"]),
+                         ("wrong %", "7.2f", C.percent("wrong_decision_rate")),
+                         ("chain items", "11.1f", "chain_items_mean"),
+                         ("chain us", "9.1f", lambda r: 1e6 * r["chain_s_per_step"])])
     print(f"\nlog-log slopes (all sizes / N >= {args.large_n:g}):")
     for k, v in slopes.items():
         print(f"  {k:22s} {v['all']:6.3f} / {v[f'N>={args.large_n:g}']:6.3f}")
