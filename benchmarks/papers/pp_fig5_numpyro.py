@@ -37,25 +37,16 @@ import warnings
 import numpy as np
 
 import _common as C
-from pp_fig5_sublinear import TRUE_W, make_data
+from pp_fig5_sublinear import TRUE_W, fixed_pairs, make_data, mapped, parse_args, timed
 
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = C.parser(__doc__)
-    ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6,1e7")
-    C.add_options(ap, epsilon=0.01, batch=100, proposal_sd=0.1, pairs=3, keys=300, repeats=2, chain_steps=300,
-                      large_n=1e5, exact_budget=2e6)
-    C.add_run_options(ap, C.DEFAULT_OUT)
-    args = ap.parse_args(argv[1:])
-    if args.smoke:
-        args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
-        args.large_n = 1e3
+    args = parse_args(__doc__, argv, sizes="1e3,1e4,1e5,1e6,1e7", pairs=3, repeats=2, exact_budget=2e6)
     warnings.simplefilter("ignore")
     logging.getLogger("arviz").setLevel(logging.ERROR)
 
     import jax
-    import jax.numpy as jnp
     import numpyro
     import numpyro.distributions as dist
 
@@ -72,28 +63,7 @@ def main(argv=None):
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     X_all, y_all = make_data(max(sizes), args.seed)
     hand = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
-    rng = np.random.default_rng(args.seed + 1)
-    theta = jnp.asarray(TRUE_W, jnp.float32)
-    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
-    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
-    exact = tm.acceptance.Exact()
-
-    def mapped(f, wrap):
-        # 1e-30 * uniform: a no-op in float32 that keeps XLA from hoisting the exact sum out of the loop
-        def one(th, tp, k):
-            tp = tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype)
-            return f(wrap(th), wrap(tp), k)
-
-        return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
-
-    def timed(g, th, tp, keys, repeats):
-        jax.block_until_ready(g(th, tp, keys))
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(g(th, tp, keys))
-            best = min(best, time.perf_counter() - t0)
-        return best / keys.shape[0]
+    theta, props, austerity, exact = fixed_pairs(tm, args)
 
     rows = []
     for n in sizes:

@@ -54,21 +54,70 @@ def make_data(n, seed):
     return X, y
 
 
-def main(argv=None):
-    argv = sys.argv if argv is None else argv
-    ap = C.parser(__doc__)
-    ap.add_argument("--sizes", default="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7")
-    C.add_options(ap, epsilon=0.01, batch=100, proposal_sd=0.1, pairs=4, keys=300, repeats=3, chain_steps=300,
-                      large_n=1e5)
-    ap.add_argument("--exact-budget", type=float, default=3e6, help="items per exact timing run (sets its key count)")
+def parse_args(doc, argv, *, sizes, pairs, repeats, exact_budget):
+    """The options of this script and of ``pp_fig5_numpyro.py`` (the same experiment), with their defaults."""
+    ap = C.parser(doc)
+    C.add_options(ap, sizes=sizes, epsilon=0.01, batch=100, proposal_sd=0.1, pairs=pairs, keys=300, repeats=repeats,
+                  chain_steps=300, large_n=1e5)
+    ap.add_argument("--exact-budget", type=float, default=exact_budget,
+                    help="items per exact timing run (sets its key count)")
     C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
         args.large_n = 1e3
+    return args
+
+
+def fixed_pairs(tm, args):
+    """The current point w* and ``--pairs`` proposals ``w* + proposal_sd z`` (float32), the austerity test and
+    the exact one."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(args.seed + 1)
+    theta = jnp.asarray(TRUE_W, jnp.float32)
+    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
+    return theta, props, tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch), tm.acceptance.Exact()
+
+
+def mapped(f, wrap=None):
+    """One compiled program that makes len(keys) decisions one after another (lax.map); ``wrap`` turns a flat
+    parameter into the model's (the NumPyro front end's dict).
+
+    theta' gets ``1e-30 * uniform`` per key: numerically a no-op in float32 (far below one ulp of
+    theta', so every decision is unchanged) but not loop-invariant, so XLA cannot hoist the exact test's
+    full-data sum out of the loop and compute it once for all keys (which it did: 0.2 ns per item).
+    """
+    import jax
+
+    wrap = wrap or (lambda t: t)
+
+    def one(th, tp, k):
+        tp = tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype)
+        return f(wrap(th), wrap(tp), k)
+
+    return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
+
+
+def timed(g, th, tp, keys, repeats):
+    """Best wall time per decision of ``g(th, tp, keys)`` over ``repeats`` calls, after one warm-up call."""
+    import jax
+
+    jax.block_until_ready(g(th, tp, keys))  # compile (first pair only) and warm up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(g(th, tp, keys))
+        best = min(best, time.perf_counter() - t0)
+    return best / keys.shape[0]
+
+
+def main(argv=None):
+    argv = sys.argv if argv is None else argv
+    args = parse_args(__doc__, argv, sizes="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7", pairs=4, repeats=3,
+                      exact_budget=3e6)
 
     import jax
-    import jax.numpy as jnp
 
     import tallmh as tm
 
@@ -78,36 +127,10 @@ def main(argv=None):
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     X_all, y_all = make_data(max(sizes), args.seed)
     model = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
-    rng = np.random.default_rng(args.seed + 1)
-    theta = jnp.asarray(TRUE_W, jnp.float32)
-    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
-    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
-    exact = tm.acceptance.Exact()
+    theta, props, austerity, exact = fixed_pairs(tm, args)
     print(f"# w* = {TRUE_W}, prior N(0, 0.1 I), austerity eps {args.epsilon} batch {args.batch}, proposal sd "
           f"{args.proposal_sd}; pairs theta' - theta = {[np.round(np.asarray(p - theta), 3).tolist() for p in props]}",
           flush=True)
-
-    def mapped(f):
-        """One compiled program that makes len(keys) decisions one after another (lax.map).
-
-        theta' gets ``1e-30 * uniform`` per key: numerically a no-op in float32 (far below one ulp of
-        theta', so every decision is unchanged) but not loop-invariant, so XLA cannot hoist the exact test's
-        full-data sum out of the loop and compute it once for all keys (which it did: 0.2 ns per item).
-        """
-
-        def one(th, tp, k):
-            return f(th, tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype), k)
-
-        return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
-
-    def timed(g, th, tp, keys, repeats):
-        jax.block_until_ready(g(th, tp, keys))  # compile (first pair only) and warm up
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(g(th, tp, keys))
-            best = min(best, time.perf_counter() - t0)
-        return best / keys.shape[0]
 
     rows = []
     for n in sizes:
