@@ -226,9 +226,9 @@ def main(argv=None):
         ax.set_title(f"({letter}) X ~ {'N(0, 0.1^2)' if dname == 'normal' else 'logN(0, 2)'}, t = {t}", fontsize=9)
         ax.legend(fontsize=7)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"Adaptive subsampling Fig. 4: sigma marginals, N = {args.n}, austerity eps = {eps:g}, confidence "
-                 f"delta = {delta:g}; {args.samples} draws each", fontsize=10)
-    C.finish_figure(fig, args.out, "adaptive_fig4.png")
+    C.finish_figure(fig, args.out, "adaptive_fig4.png",
+                    suptitle=f"Adaptive subsampling Fig. 4: sigma marginals, N = {args.n}, austerity eps = {eps:g}, "
+                             f"confidence delta = {delta:g}; {args.samples} draws each")
     return 0
 
 

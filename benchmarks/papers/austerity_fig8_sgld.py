@@ -230,9 +230,9 @@ def main(argv=None):
     for ax in axes.flat:
         ax.set_xlabel(r"$\theta$", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"Austerity Fig. 8: N = {args.n}, lambda = {lam:g}, lambda0 = {lam0:g}, alpha = {args.alpha:g}, "
-                 f"batch {args.batch}, {args.samples} samples", fontsize=10)
-    C.finish_figure(fig, args.out, "austerity_fig8_sgld.png")
+    C.finish_figure(fig, args.out, "austerity_fig8_sgld.png",
+                    suptitle=f"Austerity Fig. 8: N = {args.n}, lambda = {lam:g}, lambda0 = {lam0:g}, "
+                             f"alpha = {args.alpha:g}, batch {args.batch}, {args.samples} samples")
     return 0
 
 

@@ -425,9 +425,9 @@ def main(argv=None):
                      f"(iid {iid_summary['eq22']['mean']:.1f}), chi2 {r['chi2_mean']:.0f} (iid {iid_summary['chi2']['mean']:.0f})",
                      fontsize=8)
     rw_text = "RW cov diag(0.15, 0.15)" if args.rw == "cov" else "RW sd 0.15 (cov diag(0.0225, 0.0225))"
-    fig.suptitle(f"Minibatch Barker Sec. 6.1: N = {args.n}, T = {T:g}, {rw_text}, {args.chains} chains x "
-                 f"{args.samples} samples", fontsize=10)
-    C.finish_figure(fig, args.out, f"barker_mixture{suffix}.png")
+    C.finish_figure(fig, args.out, f"barker_mixture{suffix}.png",
+                    suptitle=f"Minibatch Barker Sec. 6.1: N = {args.n}, T = {T:g}, {rw_text}, {args.chains} chains x "
+                             f"{args.samples} samples")
     return 0
 
 
