@@ -249,6 +249,32 @@ def slope(x, y):
     return float(np.polyfit(np.log10(x[ok]), np.log10(y[ok]), 1)[0])
 
 
+def epsilon_tests(tm, epsilons, batch_size):
+    """``[(epsilon, test)]`` for a comma-separated list: ``Exact()`` for 0 (exact MH, as the austerity paper
+    puts it), ``Austerity(epsilon, batch_size)`` otherwise."""
+    return [(eps, tm.acceptance.Exact() if eps == 0 else tm.acceptance.Austerity(epsilon=eps, batch_size=batch_size))
+            for eps in numbers(epsilons)]
+
+
+def time_grid(seconds, points=16):
+    """Wall-time points at which a run of ``seconds`` is scored: geometric from ``max(0.05, seconds / 200)``."""
+    return np.geomspace(max(0.05, seconds / 200), seconds, points)
+
+
+def running_means_at(values, seconds, grid):
+    """Running means of ``values`` (draws along axis 0, taken at an even rate over ``seconds`` of wall time)
+    at each time of ``grid``; nan before the first draw."""
+    m = values.shape[0]
+    t_draw = (np.arange(m) + 1) * seconds / m
+    cum = np.cumsum(values, axis=0) / np.arange(1, m + 1).reshape((-1,) + (1,) * (values.ndim - 1))
+    out = np.full((len(grid),) + values.shape[1:], np.nan)
+    for gi, tg in enumerate(grid):
+        j = np.searchsorted(t_draw, tg, side="right")
+        if j > 0:
+            out[gi] = cum[j - 1]
+    return out
+
+
 def log_lik_logistic(X, y, theta):
     """Per-item log-likelihood of logistic regression, ``log sigmoid(+-x.theta)`` (numpy, float64)."""
     z = X @ theta

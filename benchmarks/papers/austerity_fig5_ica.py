@@ -134,11 +134,11 @@ def main(argv=None):
           f"E[d_A] = {truth:.5f} (MCSE {truth_se:.2g}; posterior sd {truth_sd:.4f}; chain means "
           f"{per_chain.min():.4f}..{per_chain.max():.4f}) [{time.perf_counter() - tt:.0f}s]", flush=True)
 
-    eps_list = [float(e) for e in args.epsilons.split(",")]
-    grid = np.geomspace(max(0.05, args.seconds / 200), args.seconds, 16)
+    tests = C.epsilon_tests(tm, args.epsilons, args.batch_size)
+    eps_list = [eps for eps, _ in tests]
+    grid = C.time_grid(args.seconds)
     rows = []
-    for eps in eps_list:
-        test = tm.acceptance.Exact() if eps == 0 else tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
+    for eps, test in tests:
         ests = np.full((args.chains, len(grid)), np.nan)
         steps, acc, frac, secs = [], [], [], []
         for c in range(args.chains):
@@ -146,12 +146,7 @@ def main(argv=None):
             w = np.asarray(r.flat_samples, np.float64)[0].reshape(-1, 4, 4)
             dA = amari_distance(w, W0)
             T = r.timings["sampling_s"]
-            t_draw = (np.arange(len(dA)) + 1) * T / len(dA)  # draws at an even rate over the run
-            cum = np.cumsum(dA) / np.arange(1, len(dA) + 1)
-            for gi, tg in enumerate(grid):
-                m = np.searchsorted(t_draw, tg, side="right")
-                if m > 0:
-                    ests[c, gi] = cum[m - 1]
+            ests[c] = C.running_means_at(dA, T, grid)  # draws at an even rate over the run
             steps.append(len(dA))
             acc.append(float(r.stats["accepted"].mean()))
             frac.append(float(r.stats["n_data"].mean()) / args.n)

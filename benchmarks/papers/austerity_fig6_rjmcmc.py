@@ -214,11 +214,11 @@ def main(argv=None):
           f"test error of the posterior-mean beta {100 * truth_err:.2f}%; MC variance of the truth's predictive "
           f"means {truth_mc_var:.2g} [{time.perf_counter() - tt:.0f}s]", flush=True)
 
-    eps_list = [float(e) for e in args.epsilons.split(",")]
-    grid = np.geomspace(max(0.05, args.seconds / 200), args.seconds, 16)
+    tests = C.epsilon_tests(tm, args.epsilons, args.batch_size)
+    eps_list = [eps for eps, _ in tests]
+    grid = C.time_grid(args.seconds)
     rows = []
-    for eps in eps_list:
-        test = tm.acceptance.Exact() if eps == 0 else tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
+    for eps, test in tests:
         risk_sum = np.zeros(len(grid))
         risk_cnt = np.zeros(len(grid))
         steps, frac, secs, incl, rates_all, sizes, final_mse = [], [], [], [], [], [], []
@@ -228,14 +228,11 @@ def main(argv=None):
             pred = predictive(beta)[0]  # (draws, points)
             T = r.timings["sampling_s"]
             m = pred.shape[0]
-            t_draw = (np.arange(m) + 1) * T / m
-            cum = np.cumsum(pred, axis=0) / np.arange(1, m + 1)[:, None]
-            for gi, tg in enumerate(grid):
-                j = np.searchsorted(t_draw, tg, side="right")
-                if j > 0:
-                    risk_sum[gi] += np.mean((cum[j - 1] - pred_truth) ** 2)
-                    risk_cnt[gi] += 1
-            final_mse.append(float(np.mean((cum[-1] - pred_truth) ** 2)))
+            at = C.running_means_at(pred, T, grid)  # (grid, points); nan before the first draw
+            for gi in np.flatnonzero(~np.isnan(at[:, 0])):
+                risk_sum[gi] += np.mean((at[gi] - pred_truth) ** 2)
+                risk_cnt[gi] += 1
+            final_mse.append(float(np.mean((np.cumsum(pred, axis=0)[-1] / m - pred_truth) ** 2)))
             steps.append(m)
             frac.append(float(r.stats["n_data"].mean()) / n)
             secs.append(T)
