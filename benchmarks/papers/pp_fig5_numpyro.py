@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 
 import _common as C
-from pp_fig5_sublinear import TRUE_W, fixed_pairs, make_data, mapped, parse_args, timed
+from pp_fig5_sublinear import TRUE_W, fixed_pairs, make_data, mapped, parse_args, plot_items, timed
 
 
 def main(argv=None):
@@ -128,13 +128,7 @@ def main(argv=None):
 
     fig, axes = C.figure(1, 2, figsize=(11, 4.2))
     ax = axes[0]
-    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
-            label=f"austerity via from_numpyro, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
-    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
-            label=f"austerity via from_numpyro, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
-    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
-    C.log_log(ax, "N", "items read per iteration",
-              f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}")
+    plot_items(ax, Ns, rows, slopes, args, "austerity via from_numpyro")
     ax = axes[1]
     for key, style, lab in (("s_per_decision", "o-", "austerity via from_numpyro"),
                             ("hand_s_per_decision", "x--", "austerity, hand-written model"),

@@ -112,6 +112,18 @@ def timed(g, th, tp, keys, repeats):
     return best / keys.shape[0]
 
 
+def plot_items(ax, Ns, rows, slopes, args, label):
+    """Panel (b): items read per iteration against N, at the fixed pairs and along the chain (``label`` names
+    the sampler), with N itself for exact MH."""
+    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
+            label=f"{label}, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
+    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
+            label=f"{label}, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
+    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
+    C.log_log(ax, "N", "items read per iteration",
+              f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}")
+
+
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     args = parse_args(__doc__, argv, sizes="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7", pairs=4, repeats=3,
@@ -226,13 +238,7 @@ def main(argv=None):
     ax = axes[1]
     for k in range(args.pairs):
         ax.plot(Ns, [r["pairs"][k]["items_mean"] for r in rows], "-", color="tab:green", alpha=0.35, lw=1)
-    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
-            label=f"austerity, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
-    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
-            label=f"austerity, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
-    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
-    C.log_log(ax, "N", "items read per iteration",
-              f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}")
+    plot_items(ax, Ns, rows, slopes, args, "austerity")
     ax = axes[2]
     ax.plot(Ns, 1e3 * np.array([r["s_per_decision"] for r in rows]), "o-", color="tab:green",
             label=f"austerity, fixed pairs (slope {slopes['s_per_decision']['all']:.2f})")
