@@ -134,9 +134,7 @@ def main(argv=None):
           f"E[d_A] = {truth:.5f} (MCSE {truth_se:.2g}; posterior sd {truth_sd:.4f}; chain means "
           f"{per_chain.min():.4f}..{per_chain.max():.4f}) [{time.perf_counter() - tt:.0f}s]", flush=True)
 
-    tests = C.epsilon_tests(tm, args.epsilons, args.batch_size)
-    eps_list = [eps for eps, _ in tests]
-    grid = C.time_grid(args.seconds)
+    tests, grid = C.epsilon_tests(tm, args.epsilons, args.batch_size), C.time_grid(args.seconds)
     rows = []
     for eps, test in tests:
         ests = np.full((args.chains, len(grid)), np.nan)
@@ -177,7 +175,7 @@ def main(argv=None):
 
     out = {"benchmark": "austerity_fig5_ica", "meta": meta,
            "config": {"N": args.n, "sources": info["sources"], "psi": args.psi, "batch_size": args.batch_size,
-                      "epsilons": eps_list, "chains": args.chains, "seconds_per_chain": args.seconds,
+                      "epsilons": [eps for eps, _ in tests], "chains": args.chains, "seconds_per_chain": args.seconds,
                       "truth_chains": args.truth_chains, "truth_seconds": args.truth_seconds, "seed": args.seed,
                       "start": "posterior mode by Riemannian gradient ascent (all chains)", "smoke": args.smoke,
                       "d_A_start": float(amari_distance(W_start, W0))},

@@ -214,9 +214,7 @@ def main(argv=None):
           f"test error of the posterior-mean beta {100 * truth_err:.2f}%; MC variance of the truth's predictive "
           f"means {truth_mc_var:.2g} [{time.perf_counter() - tt:.0f}s]", flush=True)
 
-    tests = C.epsilon_tests(tm, args.epsilons, args.batch_size)
-    eps_list = [eps for eps, _ in tests]
-    grid = C.time_grid(args.seconds)
+    tests, grid = C.epsilon_tests(tm, args.epsilons, args.batch_size), C.time_grid(args.seconds)
     rows = []
     for eps, test in tests:
         risk_sum = np.zeros(len(grid))
@@ -275,7 +273,7 @@ def main(argv=None):
     out = {"benchmark": "austerity_fig6_rjmcmc", "meta": meta,
            "config": {"N_train": n, "N_test": int(len(yte)), "features": names, "dropped_rows": dropped,
                       "lam": args.lam, "prior_nu": "p(nu) ∝ 1/nu (paper)", "batch_size": args.batch_size,
-                      "epsilons": eps_list, "chains": args.chains, "seconds_per_chain": args.seconds,
+                      "epsilons": [eps for eps, _ in tests], "chains": args.chains, "seconds_per_chain": args.seconds,
                       "truth_chains": args.truth_chains, "truth_seconds": args.truth_seconds,
                       "test_points": int(len(pts)), "birth": ("N(0, %g)" % args.paper_birth if args.paper_birth
                                                               else "N(MAP_j, (2 sd_j)^2)"),

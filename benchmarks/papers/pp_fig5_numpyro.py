@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 
 import _common as C
-from pp_fig5_sublinear import TRUE_W, fixed_pairs, make_data, mapped, parse_args, plot_items, timed
+from pp_fig5_sublinear import TRUE_W, mapped, parse_args, plot_items, setup, timed
 
 
 def main(argv=None):
@@ -60,10 +60,8 @@ def main(argv=None):
     t_start = time.perf_counter()
     meta = C.machine_info(argv)
     C.header("probabilistic programs Fig. 5 through the NumPyro front end", meta)
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
-    X_all, y_all = make_data(max(sizes), args.seed)
+    sizes, X_all, y_all, theta, props, austerity, exact = setup(tm, args)
     hand = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
-    theta, props, austerity, exact = fixed_pairs(tm, args)
 
     rows = []
     for n in sizes:

@@ -69,15 +69,18 @@ def parse_args(doc, argv, *, sizes, pairs, repeats, exact_budget):
     return args
 
 
-def fixed_pairs(tm, args):
-    """The current point w* and ``--pairs`` proposals ``w* + proposal_sd z`` (float32), the austerity test and
-    the exact one."""
+def setup(tm, args):
+    """The sizes N, the data for the largest, the current point w* and ``--pairs`` proposals
+    ``w* + proposal_sd z`` (float32), the austerity test and the exact one."""
     import jax.numpy as jnp
 
+    sizes = C.numbers(args.sizes, int)
+    X_all, y_all = make_data(max(sizes), args.seed)
     rng = np.random.default_rng(args.seed + 1)
     theta = jnp.asarray(TRUE_W, jnp.float32)
     props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
-    return theta, props, tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch), tm.acceptance.Exact()
+    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
+    return sizes, X_all, y_all, theta, props, austerity, tm.acceptance.Exact()
 
 
 def mapped(f, wrap=None):
@@ -136,10 +139,8 @@ def main(argv=None):
     t_start = time.perf_counter()
     meta = C.machine_info(argv)
     C.header("probabilistic programs Sec. 4.1.1 / Fig. 5: sublinear austerity at a fixed proposal", meta)
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
-    X_all, y_all = make_data(max(sizes), args.seed)
+    sizes, X_all, y_all, theta, props, austerity, exact = setup(tm, args)
     model = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
-    theta, props, austerity, exact = fixed_pairs(tm, args)
     print(f"# w* = {TRUE_W}, prior N(0, 0.1 I), austerity eps {args.epsilon} batch {args.batch}, proposal sd "
           f"{args.proposal_sd}; pairs theta' - theta = {[np.round(np.asarray(p - theta), 3).tolist() for p in props]}",
           flush=True)
