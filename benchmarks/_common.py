@@ -146,13 +146,14 @@ def _default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def write_json(out_dir, filename, obj):
-    """Write ``obj`` to ``out_dir/filename`` (numpy scalars and arrays allowed), with ``meta.load_average_at_end``."""
+def write_json(out_dir, filename, obj, *, default=_default):
+    """Write ``obj`` to ``out_dir/filename`` (numpy scalars and arrays allowed; ``default`` as ``json.dump``'s),
+    with ``meta.load_average_at_end`` (now, unless the caller has set it)."""
     os.makedirs(out_dir, exist_ok=True)
-    obj.setdefault("meta", {})["load_average_at_end"] = load_average()
+    obj.setdefault("meta", {}).setdefault("load_average_at_end", load_average())
     path = os.path.join(out_dir, filename)
     with open(path, "w") as f:
-        json.dump(obj, f, indent=2, default=_default, allow_nan=True)
+        json.dump(obj, f, indent=2, default=default, allow_nan=True)
     print(f"wrote {path}", flush=True)
     return path
 
