@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 
 import _common as C
-from pp_fig5_sublinear import TRUE_W, mapped, parse_args, plot_items, setup, timed
+from pp_fig5_sublinear import TRUE_W, mapped, parse_args, plot_items, setup, slopes_over_n, timed
 
 
 def main(argv=None):
@@ -106,12 +106,8 @@ def main(argv=None):
               f"{1e6 * row['chain_s_per_step']:8.1f} us/step | from_numpyro {build_s:.2f}s", flush=True)
 
     Ns = np.array([r["N"] for r in rows], float)
-    big = Ns >= args.large_n
-    slopes = {}
-    for key in ("items_mean", "s_per_decision", "hand_s_per_decision", "exact_s_per_decision", "chain_items_mean",
-                "chain_s_per_step", "from_numpyro_s"):
-        v = np.array([r[key] for r in rows], float)
-        slopes[key] = {"all": C.slope(Ns, v), "large": C.slope(Ns[big], v[big])}
+    slopes = slopes_over_n(rows, ("items_mean", "s_per_decision", "hand_s_per_decision", "exact_s_per_decision",
+                                  "chain_items_mean", "chain_s_per_step", "from_numpyro_s"), args.large_n, "large")
     total = time.perf_counter() - t_start
     print(f"\nlog-log slopes (all sizes / N >= {args.large_n:g}):")
     for k, v in slopes.items():

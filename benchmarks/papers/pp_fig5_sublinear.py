@@ -115,6 +115,15 @@ def timed(g, th, tp, keys, repeats):
     return best / keys.shape[0]
 
 
+def slopes_over_n(rows, keys, large_n, large_name):
+    """Log-log slope of each key against N, over all sizes (``"all"``) and over N >= ``large_n``
+    (``large_name``)."""
+    Ns = np.array([r["N"] for r in rows], float)
+    big = Ns >= large_n
+    return {key: {"all": C.slope(Ns, v), large_name: C.slope(Ns[big], v[big])}
+            for key, v in ((key, np.array([r[key] for r in rows], float)) for key in keys)}
+
+
 def plot_items(ax, Ns, rows, slopes, args, label):
     """Panel (b): items read per iteration against N, at the fixed pairs and along the chain (``label`` names
     the sampler), with N itself for exact MH."""
@@ -191,10 +200,8 @@ def main(argv=None):
 
     Ns = np.array([r["N"] for r in rows], float)
     big = Ns >= args.large_n
-    slopes = {}
-    for key in ("items_mean", "s_per_decision", "exact_s_per_decision", "chain_items_mean", "chain_s_per_step"):
-        v = np.array([r[key] for r in rows], float)
-        slopes[key] = {"all": C.slope(Ns, v), f"N>={args.large_n:g}": C.slope(Ns[big], v[big])}
+    slopes = slopes_over_n(rows, ("items_mean", "s_per_decision", "exact_s_per_decision", "chain_items_mean",
+                                  "chain_s_per_step"), args.large_n, f"N>={args.large_n:g}")
     per_pair_slopes = []
     for k in range(args.pairs):
         v = np.array([r["pairs"][k]["items_mean"] for r in rows], float)
