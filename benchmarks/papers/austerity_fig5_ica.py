@@ -127,7 +127,7 @@ def main(argv=None):
     truth = float(per_chain.mean())
     import arviz as az
 
-    truth_se = float(az.mcse(dA_truth[:, burn:], method="mean")) if dA_truth.shape[0] > 1 else float("nan")
+    truth_se = np.asarray(az.mcse(dA_truth[:, burn:], method="mean")).item() if dA_truth.shape[0] > 1 else float("nan")
     truth_sd = float(dA_truth[:, burn:].std())
     print(f"# ground truth: exact MH, {args.truth_chains} chains x {dA_truth.shape[1]} draws "
           f"({args.truth_seconds:.0f}s each, acceptance {truth_acc:.3f}), first 10% dropped: "
