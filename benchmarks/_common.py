@@ -17,8 +17,10 @@ What lives here, once:
 - plots: :func:`pyplot` (the non-interactive backend), :func:`figure`, :func:`finish_figure` (lay out,
   save the PNG, close), :func:`log_log` (the axes of a cost-versus-N panel);
 - small analysis pieces the scripts share: :func:`slope` (log-log least squares), the logistic-regression
-  MAP by Newton's method (:func:`logistic_newton`), and the wrong-decision measurement of the austerity
-  paper's Fig. 2 (:func:`tune_rw_sigma`, :func:`pair_decisions`, :func:`wrong_decisions`).
+  MAP by Newton's method (:func:`logistic_newton`), the wrong-decision measurement of the austerity
+  paper's Fig. 2 (:func:`tune_rw_sigma`, :func:`pair_decisions`, :func:`wrong_decisions`), and the
+  epsilon runs of its Figs. 5-7 scored at wall-time points (:func:`epsilon_tests`, :func:`time_grid`,
+  :func:`running_means_at`).
 """
 
 from __future__ import annotations
