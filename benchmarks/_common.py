@@ -161,8 +161,8 @@ def write_json(out_dir, filename, obj, *, default=_default):
 
 
 def _column_header(title, spec):
-    m = re.match(r"([<>^]?)(\d*)", spec)
-    align = m.group(1) or ("<" if spec.endswith("s") else ">")
+    m = re.match(r"([<>^=]?)[+\- ]?(\d*)", spec)
+    align = m.group(1).replace("=", ">") or ("<" if spec.endswith("s") else ">")
     return f"{title:{align}{m.group(2)}s}"
 
 

@@ -37,9 +37,11 @@ def test_add_options_takes_each_type_from_its_default():
 
 def test_print_table_aligns_titles_with_their_columns(capsys):
     rows = [{"N": 1000, "test": "exact", "frac": 0.25}, {"N": 10000, "test": "austerity", "frac": 0.5}]
-    C.print_table(rows, [("N", "6d", "N"), ("test", "<10s", "test"), ("data %", "7.1f", C.percent("frac"))])
+    C.print_table(rows, [("N", "6d", "N"), ("test", "<10s", "test"), ("data %", "7.1f", C.percent("frac")),
+                         ("diff", "+6.2f", lambda r: r["frac"] - 0.3)])
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["     N test        data %", "  1000 exact         25.0", " 10000 austerity     50.0"]
+    assert lines == ["     N test        data %   diff", "  1000 exact         25.0  -0.05",
+                     " 10000 austerity     50.0  +0.20"]
 
 
 def test_running_means_at_wall_times():
