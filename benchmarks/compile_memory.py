@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import _common as C
+
 
 
 def rss_mb():
@@ -85,11 +86,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1e5,1e6,1e7,5e7")
     p.add_argument("--child", type=int, default=None)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "compile_memory.json"))
+    p.add_argument("--out", default=os.path.join(C.RESULTS, "compile_memory.json"))
     args = p.parse_args(argv)
     if args.child is not None:
         child(args.child)
         return
+    meta = C.machine_info(sys.argv)
     rows = []
     print(f"{'N':>10s} {'data MB':>8s} {'call':>4s} {'compile s':>9s} {'set-up s':>8s} {'wall s':>7s} "
           f"{'peak-base MB':>12s} {'peak-base-data MB':>17s}")
@@ -109,9 +111,8 @@ def main(argv=None):
                   f"{c['wall_s']:7.2f} {c['peak_above_base_mb']:12.0f} {c['peak_above_base_mb'] - row['data_mb']:17.0f}",
                   flush=True)
         print(f"{'':10s} load average {load[0]:.1f} before, {row['load_avg_after'][0]:.1f} after", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg": os.getloadavg(), "rows": rows}, f, indent=1)
+    C.write_json(os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out),
+                 {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

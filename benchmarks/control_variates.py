@@ -9,25 +9,18 @@ acceptance, min ESS, ESS per second of sampling.
     python benchmarks/control_variates.py [--sizes 1e5 1e6 1e7] [--smoke] [--out benchmarks/results]
 """
 
-import argparse
-import json
-import os
-import platform
-import time
+import sys
 
-import jax
-import numpy as np
-
+import _common as C
 import tallmh as tm
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__, whole=True)
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e5, 1e6])
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=1000)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    C.add_run_options(ap, C.RESULTS, seed=False, smoke_help="tiny run (seconds)")
     args = ap.parse_args()
     if args.smoke:
         args.sizes, args.samples, args.warmup = [3000], 100, 100
@@ -37,7 +30,8 @@ def main():
         "barker": tm.acceptance.Barker(batch_size=100),
     }
     rows = []
-    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, JAX {jax.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
+    meta = C.machine_info(sys.argv, args=vars(args))
+    C.header("control_variates: items and time per step with and without Taylor control variates", meta)
     print(f"{'N':>8} {'test':<12} {'cv':<3} {'items/step':>11} {'frac':>8} {'ms/step':>8} {'accept':>6} "
           f"{'ESS min':>7} {'ESS/s':>8} {'setup items':>12}")
     for n in [int(s) for s in args.sizes]:
@@ -65,10 +59,7 @@ def main():
                 print(f"{n:>8.0e} {name:<12} {'yes' if use_cv else 'no':<3} {row['items_per_step']:>11.1f} "
                       f"{row['data_fraction']:>8.4f} {row['ms_per_step']:>8.3f} {row['acceptance']:>6.3f} "
                       f"{row['ess_min']:>7.1f} {row['ess_per_s']:>8.1f} {row['setup_items']:>12}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "control_variates.json"), "w") as f:
-        json.dump({"meta": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__,
-                            "date": time.strftime("%Y-%m-%d"), "args": vars(args)}, "rows": rows}, f, indent=1)
+    C.write_json(args.out, "control_variates.json", {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -41,61 +41,15 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-
-def machine_info(argv):
-    import jax
-
-    import tallmh
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
-                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):  # pragma: no cover - git missing
-        commit = ""
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "jax_backend": jax.default_backend(),
-        "numpy_version": np.__version__,
-        "tallmh_version": tallmh.__version__,
-        "git_commit": commit,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + [os.path.relpath(argv[0])] + argv[1:]),
-    }
-
-
-def log_lik_np(X, y, theta):
-    z = X @ theta
-    return -np.logaddexp(0.0, np.where(y > 0.5, -z, z))
-
-
-def laplace(X, y, prior_scale, iters=50):
-    d = X.shape[1]
-    theta = np.zeros(d)
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(X @ theta)))
-        g = X.T @ (y - p) - theta / prior_scale**2
-        H = (X * (p * (1.0 - p))[:, None]).T @ X + np.eye(d) / prior_scale**2
-        step = np.linalg.solve(H, g)
-        theta = theta + step
-        if np.max(np.abs(step)) < 1e-12 * (1 + np.max(np.abs(theta))):
-            break
-    return theta, H
+import _common as C
 
 
 def plot(out, png):
@@ -103,12 +57,7 @@ def plot(out, png):
     rows, error_rows = out["rows"], out.get("error_rows", [])
     cfg = out["config"]
     n = cfg["N"]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax1 = plt.subplots(figsize=(6.5, 5))
+    fig, ax1 = C.figure(figsize=(6.5, 5))
     ax2 = ax1.twinx()
     for rs, key, style, name in ((rows, "epsilon", "-", "per look (epsilon)"), (error_rows, "error", "--", "per step (error)")):
         if not rs:
@@ -135,15 +84,12 @@ def plot(out, png):
     fig.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower center", ncol=3, frameon=False)
     ax1.set_title(f"Austerity, synthetic logistic regression\nN = {n}, d = {cfg['d_features']}+1, batch {cfg['batch_size']}, "
                   f"{cfg['pairs']}x{cfg['keys_per_pair']} decisions", fontsize=9)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    print(f"wrote {png}")
+    C.finish_figure(fig, os.path.dirname(png), os.path.basename(png), rect=(0, 0.1, 1, 1), dpi=120)
 
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=12214, help="number of data items")
     ap.add_argument("--d", type=int, default=50, help="features (an intercept column is added)")
     ap.add_argument("--epsilons", default="0,0.001,0.01,0.05,0.1,0.2")
@@ -154,10 +100,8 @@ def main(argv=None):
     ap.add_argument("--keys", type=int, default=250, help="keys (u and subsample order) per pair")
     ap.add_argument("--target-accept", type=float, default=0.234)
     ap.add_argument("--prior-scale", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for tests")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                    help="directory for decision_error.json and decision_error.png")
+    C.add_run_options(ap, C.RESULTS, out_help="directory for decision_error.json and decision_error.png",
+                      smoke_help="tiny run (seconds) for tests")
     ap.add_argument("--plot-only", metavar="JSON", help="redraw the PNG from a results JSON and exit")
     args = ap.parse_args(argv[1:])
     if args.plot_only:
@@ -170,48 +114,25 @@ def main(argv=None):
         args.errors = "0.1"
         args.batch_size = 100
 
-    import jax
-    import jax.numpy as jnp
-
     import tallmh as tm
 
     t_start = time.perf_counter()
-    meta = machine_info(argv)
-    eps_list = [float(e) for e in args.epsilons.split(",")]
+    meta = C.machine_info(argv)
+    eps_list = C.numbers(args.epsilons)
     err_list = [float(e) for e in args.errors.split(",") if e.strip()]
     data, _ = tm.models.LogisticRegression.simulate(args.n, d=args.d, seed=args.seed)
     model = tm.models.LogisticRegression(prior_scale=args.prior_scale)
     X = np.asarray(data["X"], np.float64)
     y = np.asarray(data["y"], np.float64)
     n, dim = X.shape
-    theta_map, H = laplace(X, y, args.prior_scale)
+    theta_map, H, _ = C.logistic_newton(X, y, args.prior_scale**2, 50)
     cov = np.linalg.inv(H)
     post_sd = np.sqrt(np.diag(cov))
     rng = np.random.default_rng(args.seed + 1)
     thetas = theta_map + rng.standard_normal((args.pairs, dim)) @ np.linalg.cholesky(cov).T
     zs = rng.standard_normal((args.pairs, dim))
-
-    def log_prior(t):
-        return -0.5 * np.sum(t**2, axis=-1) / args.prior_scale**2
-
-    ll_cur = np.array([log_lik_np(X, y, t).sum() for t in thetas])
-
-    def deltas(sigma):
-        props = thetas + sigma * zs
-        ll_p = np.array([log_lik_np(X, y, t).sum() for t in props])
-        return ll_p - ll_cur + log_prior(props) - log_prior(thetas)
-
-    def acc_rate(sigma):
-        return float(np.mean(np.exp(np.minimum(0.0, deltas(sigma)))))
-
-    lo, hi = math.log(1e-2 * post_sd.min()), math.log(10 * post_sd.max())
-    for _ in range(40):  # acceptance falls with sigma: bisection on log sigma
-        mid = 0.5 * (lo + hi)
-        if acc_rate(math.exp(mid)) > args.target_accept:
-            lo = mid
-        else:
-            hi = mid
-    sigma = math.exp(0.5 * (lo + hi))
+    sigma, deltas = C.tune_rw_sigma(X, y, thetas, zs, args.prior_scale**2, args.target_accept,
+                                    1e-2 * post_sd.min(), 10 * post_sd.max())
     props = thetas + sigma * zs
     dlt = deltas(sigma)
     exact_prob = np.exp(np.minimum(0.0, dlt))
@@ -219,44 +140,22 @@ def main(argv=None):
           f"{args.d} features + intercept, {args.pairs} pairs x {args.keys} keys, batch {args.batch_size}")
     print(f"# {meta['platform']}, {meta['cpu_count']} CPUs, JAX {meta['jax_version']}, {meta['date']}")
     print(f"# theta ~ Laplace N(MAP, H^-1) (posterior sd mean {post_sd.mean():.3g}); theta' = theta + sigma z, "
-          f"sigma = {sigma:.4g} tuned to exact acceptance {acc_rate(sigma):.3f}", flush=True)
+          f"sigma = {sigma:.4g} tuned to exact acceptance {float(np.mean(exact_prob)):.3f}", flush=True)
 
-    th32 = jnp.asarray(thetas, jnp.float32)
-    pr32 = jnp.asarray(props, jnp.float32)
-    base_key = jax.random.PRNGKey(args.seed)
-    pair_keys = [jax.random.split(jax.random.fold_in(base_key, i), args.keys) for i in range(args.pairs)]
-
-    def run(test):
-        f = jax.jit(jax.vmap(tm.decision_fn(test, model, data), in_axes=(None, None, 0)))
-        acc = np.zeros((args.pairs, args.keys), bool)
-        nd = np.zeros((args.pairs, args.keys), np.int64)
-        for i in range(args.pairs):
-            a, m = f(th32[i], pr32[i], pair_keys[i])
-            acc[i] = np.asarray(a)
-            nd[i] = np.asarray(m)
-        return acc, nd
-
+    run = C.pair_decisions(tm, model, data, thetas, props, args.seed, args.keys)
     te = time.perf_counter()
     exact_acc, exact_nd = run(tm.acceptance.Exact())
     exact_s = time.perf_counter() - te
+
     def summarise(acc, nd, secs, test_repr):
-        wrong = acc != exact_acc
-        total = wrong.size
-        p = float(wrong.mean())
-        per_pair = wrong.mean(axis=1)
+        row, _ = C.wrong_decisions(acc, nd, exact_acc, n)
+        per_pair_frac = nd.mean(axis=1)
         return {
             "test": test_repr,
-            "decisions": int(total),
-            "data_fraction": float(nd.mean() / n),
-            "data_fraction_se": float(nd.mean(axis=1).std(ddof=1) / math.sqrt(args.pairs) / n) if args.pairs > 1 else float("nan"),
-            "wrong_rate": p,
-            "wrong_rate_binomial_se": math.sqrt(p * (1 - p) / total),
-            "wrong_rate_pair_clustered_se": float(per_pair.std(ddof=1) / math.sqrt(args.pairs)) if args.pairs > 1 else float("nan"),
-            "wrong_accept_rate": float(np.mean(acc & ~exact_acc)),
-            "wrong_reject_rate": float(np.mean(~acc & exact_acc)),
-            "acceptance_rate": float(acc.mean()),
+            **row,
+            "data_fraction_se": (float(per_pair_frac.std(ddof=1) / math.sqrt(args.pairs) / n) if args.pairs > 1
+                                 else float("nan")),
             "exact_acceptance_rate": float(exact_acc.mean()),
-            "max_pair_wrong_rate": float(per_pair.max()),
             "seconds": secs,
         }
 
@@ -301,16 +200,18 @@ def main(argv=None):
 
     total_s = time.perf_counter() - t_start
     print()
-    print(f"{'test':>24s} {'per-look':>9s} {'worst %':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se %':>10s} "
-          f"{'pair se %':>9s} {'max pair %':>10s} {'wrong acc %':>11s} {'wrong rej %':>11s} {'accept':>7s}")
-    for r in rows + error_rows:
-        label = (f"error={r['error']:g}" if r["form"] == "error" else
-                 ("exact" if r["epsilon"] == 0 else f"epsilon={r['epsilon']:g}"))
-        print(f"{label:>24s} {r['per_look_epsilon']:9.3g} {100 * r['worst_case_step_error']:8.2f} "
-              f"{100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
-              f"{100 * r['wrong_rate_binomial_se']:10.3f} {100 * r['wrong_rate_pair_clustered_se']:9.3f} "
-              f"{100 * r['max_pair_wrong_rate']:10.1f} "
-              f"{100 * r['wrong_accept_rate']:11.3f} {100 * r['wrong_reject_rate']:11.3f} {r['acceptance_rate']:7.3f}")
+    def label(r):
+        return (f"error={r['error']:g}" if r["form"] == "error" else
+                ("exact" if r["epsilon"] == 0 else f"epsilon={r['epsilon']:g}"))
+
+    pc = C.percent
+    C.print_table(rows + error_rows, [
+        ("test", ">24s", label), ("per-look", "9.3g", "per_look_epsilon"),
+        ("worst %", "8.2f", pc("worst_case_step_error")), ("data %", "8.2f", pc("data_fraction")),
+        ("wrong %", "8.3f", pc("wrong_rate")), ("binom se %", "10.3f", pc("wrong_rate_binomial_se")),
+        ("pair se %", "9.3f", pc("wrong_rate_pair_clustered_se")),
+        ("max pair %", "10.1f", pc("max_pair_wrong_rate")), ("wrong acc %", "11.3f", pc("wrong_accept_rate")),
+        ("wrong rej %", "11.3f", pc("wrong_reject_rate")), ("accept", "7.3f", "acceptance_rate")])
     print(f"(exact acceptance over the same keys: {exact_acc.mean():.3f}; mean exact acceptance probability "
           f"min(1, e^Delta) of the pairs: {exact_prob.mean():.3f})")
     print(f"\ntotal runtime {total_s:.1f}s", flush=True)
@@ -344,11 +245,7 @@ def main(argv=None):
         "error_rows": error_rows,
         "total_runtime_s": total_s,
     }
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "decision_error.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {path}")
+    C.write_json(args.out, "decision_error.json", out)
 
     plot(out, os.path.join(args.out, "decision_error.png"))
     return 0

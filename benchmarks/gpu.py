@@ -71,6 +71,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import _common as C  # noqa: E402
+
 PRIOR_SCALE = 10.0
 D_FEATURES = 10
 
@@ -117,7 +119,7 @@ def parse(argv):
     a.hmc_steps = [int(v) for v in a.hmc_steps.split(",")]
     if a.out is None:
         name = "gpu_smoke.json" if sm else "gpu.json"
-        a.out = os.path.join(os.environ["OUT"], name) if os.environ.get("OUT") else os.path.join(HERE, "results", name)
+        a.out = os.path.join(os.environ["OUT"], name) if os.environ.get("OUT") else os.path.join(C.RESULTS, name)
     return a
 
 
@@ -377,11 +379,10 @@ def main(argv=None):
             "NumPyro HMCECS and NUTS on one GPU, so nothing was run and nothing was written. "
             "Run it on a machine with a CUDA GPU and jax[cuda], or use --smoke for a quick CPU check of the script.")
         return 0
-    meta = {"command": " ".join(["python", "benchmarks/gpu.py"] + (sys.argv[1:] if argv is None else list(argv))),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "smoke": args.smoke,
-            "budget_s": args.budget_s, "chains": args.chains, "tallmh_steps": args.tallmh_steps,
-            "hmc_steps": args.hmc_steps, "cell_cap_s": args.cell_cap_s, "subsample": args.subsample,
-            **device_info()}
+    meta = C.machine_info([__file__] + (sys.argv[1:] if argv is None else list(argv)), smoke=args.smoke,
+                          budget_s=args.budget_s, chains=args.chains, tallmh_steps=args.tallmh_steps,
+                          hmc_steps=args.hmc_steps, cell_cap_s=args.cell_cap_s, subsample=args.subsample,
+                          **device_info())
     say("gpu benchmark:", json.dumps(meta))
 
     class HardStop(Exception):

@@ -20,30 +20,24 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
 import time
 import warnings
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import _common as C
 
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--sizes", default="1e5,1e6")
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--samples", type=int, default=5000)
     ap.add_argument("--chains", default="1,4")
     ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    C.add_run_options(ap, C.RESULTS)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.sizes, args.warmup, args.samples, args.chains = "2000", 100, 200, "1,2"
@@ -54,12 +48,12 @@ def main(argv=None):
 
     import tallmh as tm
 
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
-    chain_counts = [int(c) for c in args.chains.split(",")]
+    sizes = C.numbers(args.sizes, int)
+    chain_counts = C.numbers(args.chains, int)
     rows = []
     t_all = time.perf_counter()
-    print(f"# {platform.machine()}, {os.cpu_count()} cores, JAX {jax.__version__} ({jax.default_backend()}), "
-          f"load average at start {os.getloadavg()[0]:.1f}", flush=True)
+    meta = C.machine_info(argv)
+    C.header("langevin_default: adaptive Metropolis or MALA, austerity or Barker, control variates", meta)
     print(f"{'N':>9s} {'proposal':>9s} {'test':>10s} {'ch':>3s} {'wall s':>7s} {'setup+compile':>13s} "
           f"{'min ESS':>8s} {'ESS/s tot':>9s} {'ESS/s smp':>9s} {'items/step':>10s} {'accept':>6s} {'max dm/sd':>9s}")
     for n in sizes:
@@ -108,14 +102,10 @@ def main(argv=None):
                           f"{row['ess_per_s_sampling']:9.1f} {row['items_per_step']:10.1f} "
                           f"{row['acceptance']:6.3f} {dm:9.3f}", flush=True)
     total = time.perf_counter() - t_all
-    print(f"# total {total:.0f}s, load average at end {os.getloadavg()[0]:.1f}")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "langevin_default.json" if not args.smoke else "langevin_default_smoke.json")
-    with open(path, "w") as f:
-        json.dump({"benchmark": "langevin_default", "argv": argv[1:], "warmup": args.warmup,
-                   "samples": args.samples, "rows": rows, "total_s": total,
-                   "load_average_end": os.getloadavg()[0]}, f, indent=1)
-    print(f"wrote {os.path.relpath(path)}")
+    print(f"# total {total:.0f}s, load average at end {C.load_average()}")
+    C.write_json(args.out, "langevin_default.json" if not args.smoke else "langevin_default_smoke.json",
+                 {"benchmark": "langevin_default", "meta": meta, "argv": argv[1:], "warmup": args.warmup,
+                  "samples": args.samples, "rows": rows, "total_s": total})
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@ accumulate. Usage: python benchmarks/long_run_memory.py [--budget 60] [--stream 
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 import warnings
 
 import numpy as np
 
+import _common as C
 import tallmh as tm
 
 
@@ -22,10 +24,11 @@ def rss_mb():
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = C.parser(__doc__)
     ap.add_argument("--budget", type=float, default=60.0)
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
+    C.header(f"long_run_memory: stream_draws={args.stream}, budget {args.budget:g} s", C.machine_info(sys.argv))
     rng = np.random.default_rng(0)
     data = {"x": rng.normal(1.0, 1.0, 1000).astype(np.float32)}
     folder = tempfile.mkdtemp()

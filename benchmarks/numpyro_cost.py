@@ -23,34 +23,20 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "results")
+import _common as C
 
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--d", type=int, default=10)
-    ap.add_argument("--prior-scale", type=float, default=1.0)
-    ap.add_argument("--sd", type=float, default=0.01)
-    ap.add_argument("--epsilon", type=float, default=0.05)
-    ap.add_argument("--batch", type=int, default=500)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--exact-steps", type=int, default=200)
-    ap.add_argument("--chains", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=OUT)
+    ap = C.parser(__doc__)
+    C.add_options(ap, n=100_000, d=10, prior_scale=1.0, sd=0.01, epsilon=0.05, batch=500, steps=2000, exact_steps=200,
+                      chains=1, repeats=3)
+    C.add_run_options(ap, C.RESULTS, seed=False)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.steps, args.exact_steps, args.repeats = 5000, 200, 50, 1
@@ -83,8 +69,8 @@ def main(argv=None):
     hand = tm.models.LogisticRegression(prior_scale=args.prior_scale)
     hand_data = {"X": jnp.asarray(X), "y": jnp.asarray(y)}
     start = jnp.asarray(w_true, jnp.float32)
-    print(f"# numpyro_cost: logistic regression N = {args.n}, d = {d}; {platform.platform()}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()} (shared machine: timings are noisy); from_numpyro took {build_s:.2f}s", flush=True)
+    meta = C.machine_info(argv, numpyro_version=numpyro.__version__)
+    C.header(f"numpyro_cost: logistic regression N = {args.n}, d = {d}; from_numpyro took {build_s:.2f}s", meta)
 
     # per-item log-likelihood of one batch (jitted), both models
     rows = np.arange(args.batch)
@@ -144,16 +130,9 @@ def main(argv=None):
               flush=True)
     total = time.perf_counter() - t_start
     out = {"benchmark": "numpyro_cost", "config": vars(args), "from_numpyro_s": build_s,
-           "log_lik_call_s": ll_s, "rows": rows_out, "total_runtime_s": total,
-           "meta": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-                    "numpyro": numpyro.__version__, "load_average_end": os.getloadavg(),
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "command": "python benchmarks/numpyro_cost.py " + " ".join(argv[1:])}}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "numpyro_cost.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {path}; total {total:.1f}s", flush=True)
+           "log_lik_call_s": ll_s, "rows": rows_out, "total_runtime_s": total, "meta": meta}
+    C.write_json(args.out, "numpyro_cost.json", out)
+    print(f"total {total:.1f}s", flush=True)
     return 0
 
 

@@ -40,10 +40,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -53,24 +51,10 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import _common as C
+
 D_FEATURES = 10
 BLOCK = 2**20
-
-
-def _meta(argv):
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False, cwd=HERE).stdout.strip()
-    except (OSError, subprocess.SubprocessError):  # pragma: no cover
-        commit = ""
-    import jax
-
-    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "jax": jax.__version__, "git_commit": commit, "load_average": list(os.getloadavg()),
-            "mem_total_gb": _meminfo("MemTotal") / 2**20,
-            "command": " ".join(["python", os.path.relpath(os.path.abspath(argv[0]))] + argv[1:])}
 
 
 def _meminfo(key):
@@ -294,7 +278,7 @@ def main(argv=None):
     p.add_argument("--cold-read", action="store_true", help="measure the disk's O_DIRECT read speed")
     p.add_argument("--progress", action="store_true", help="progress bars (set-up passes, sampling)")
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "out_of_core.json"))
+    p.add_argument("--out", default=os.path.join(C.RESULTS, "out_of_core.json"))
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv[1:])
     if args._child:
@@ -302,6 +286,7 @@ def main(argv=None):
         return
     if args.smoke:
         args.n, args.samples, args.warmup = [2e4], 100, 100
+    meta = C.machine_info(argv, mem_total_gb=_meminfo("MemTotal") / 2**20)
     base = args.data_dir or tempfile.mkdtemp(prefix="tallmh_ooc_")
     keep = args.keep_files or args.data_dir is not None
     rows, writes, cold = [], [], None
@@ -345,16 +330,13 @@ def main(argv=None):
     est = estimate([r for r in rows if "error" not in r], cold)
     if est:
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
-    out = {"meta": _meta(argv), "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
+    out = {"meta": meta, "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
                               "proposal": args.proposal, "batch": args.batch,
                                            "audit": args.audit, "gather": args.gather, "test": f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"saved {os.path.relpath(args.out)}")
+    C.write_json(os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out), out)
 
 
 if __name__ == "__main__":

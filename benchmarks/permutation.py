@@ -35,15 +35,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import _common as C
 from tallmh.data import _mix32, make_permutation, permute
 
 # --- the previous permutation, for comparison only -------------------------------------------------------
@@ -194,13 +194,13 @@ def main(argv=None):
     ap.add_argument("--items", type=int, default=2**18)
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--quality", action="store_true", help="also: statistical quality against the number of rounds")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "permutation.json"))
+    ap.add_argument("--out", default=os.path.join(C.RESULTS, "permutation.json"))
     a = ap.parse_args(argv)
-    sizes = [int(float(s)) for s in a.sizes.split(",")]
-    chunks = [int(c) for c in a.chunks.split(",")]
-    info = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "load_start": os.getloadavg(), "items": a.items, "reps": a.reps}
-    print(info, flush=True)
+    sizes = C.numbers(a.sizes, int)
+    chunks = C.numbers(a.chunks, int)
+    meta = C.machine_info(sys.argv, device=str(jax.devices()[0]))
+    info = {"items": a.items, "reps": a.reps}
+    C.header(f"permutation: cost of the subsample orders, {info}", meta)
     rows = []
     hdr = (f"{'N':>10} {'chunk':>6} {'feistel ns':>10} {'walks mean/max':>15} {'swap-or-not ns':>14} {'loglik ns':>9}"
            f" {'feistel/loglik':>14} {'swap/loglik':>11}")
@@ -219,14 +219,10 @@ def main(argv=None):
                   f"{r['feistel_ns_per_item'] / r['loglik_ns_per_item']:>14.2f} "
                   f"{r['swap_or_not_ns_per_item'] / r['loglik_ns_per_item']:>11.2f}", flush=True)
         del X, y
-    info["load_end"] = os.getloadavg()
-    result = {"info": info, "rows": rows}
+    result = {"meta": meta, "info": info, "rows": rows}
     if a.quality:
         result["quality"] = quality()
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print("saved", a.out)
+    C.write_json(os.path.dirname(os.path.abspath(a.out)), os.path.basename(a.out), result)
 
 
 if __name__ == "__main__":

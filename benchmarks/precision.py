@@ -20,16 +20,16 @@ Prints |Delta - ref| (largest over the pairs) and saves ``benchmarks/results/pre
     python benchmarks/precision.py [--sizes 1e6 1e7 1e8] [--pairs 3] [--smoke] [--x64]
 """
 
-import argparse
 import json
 import os
-import platform
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import _common as C
 import tallmh as tm
 from tallmh.acceptance.base import Moments, Problem, StreamReader
 from tallmh.data import take
@@ -126,22 +126,22 @@ def build(model, n, dt=jnp.float32):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.parser(__doc__, whole=True)
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 1e8])
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=["gaussian-mean", "linear-regression"])
     ap.add_argument("--smoke", action="store_true", help="tiny run (seconds)")
     ap.add_argument("--x64", action="store_true",
                     help="float64 throughout (jax_enable_x64, float64 data and parameters): the floor goes away")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=C.RESULTS)
     args = ap.parse_args()
     if args.smoke:
         args.sizes, args.pairs = [20_000], 1
     if args.x64:
         jax.config.update("jax_enable_x64", True)
     fdt = np.float64 if args.x64 else np.float32
-    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, JAX {jax.__version__} ({jax.default_backend()}), "
-          f"{np.dtype(fdt).name}, {time.strftime('%Y-%m-%d %H:%M')}")
+    meta = C.machine_info(sys.argv, dtype=np.dtype(fdt).name)
+    C.header(f"precision: error of the log-likelihood difference sums, {np.dtype(fdt).name}", meta)
     print(f"{'model':<18} {'N':>6} {'|Delta| typ':>11} {'before':>10} {'after trk':>10} {'after item':>10} "
           f"{'ratio':>10} {'floor':>10} {'s':>6}")
     rows = []
@@ -180,17 +180,14 @@ def main():
                   f"{row['max_abs_err_after_ratio']:>10.3g} {row['max_abs_err_floor']:>10.3g} {secs:>6.1f}", flush=True)
             del data, jdata
     if not args.smoke:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "precision_x64.json" if args.x64 else "precision.json")
+        name = "precision_x64.json" if args.x64 else "precision.json"
+        path = os.path.join(args.out, name)
         if os.path.exists(path):  # keep the other models' rows from an earlier run
             with open(path) as f:
                 old = json.load(f).get("rows", [])
             done = {r["model"] for r in rows}
             rows = [r for r in old if r["model"] not in done] + rows
-        with open(path, "w") as f:
-            json.dump({"platform": platform.platform(), "backend": jax.default_backend(), "jax": jax.__version__,
-                       "rows": rows}, f, indent=1)
-        print(f"saved {os.path.relpath(path)}")
+        C.write_json(args.out, name, {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

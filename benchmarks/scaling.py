@@ -47,69 +47,14 @@ version, date and the command line.
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-
-def machine_info(argv):
-    import jax
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
-                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):  # pragma: no cover - git missing
-        commit = ""
-    try:
-        load = os.getloadavg()
-    except OSError:  # pragma: no cover
-        load = None
-    import tallmh
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()],
-        "numpy_version": np.__version__,
-        "tallmh_version": tallmh.__version__,
-        "git_commit": commit,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + [os.path.relpath(argv[0])] + argv[1:]),
-        "load_average_at_start": load,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
-
-
-def laplace(X, y, prior_scale, iters=30, chunk=1_000_000):
-    """MAP of logistic regression with a N(0, s^2 I) prior by Newton's method (float64, chunked), and the
-    Hessian of the negative log posterior there (its inverse is the Laplace covariance)."""
-    n, d = X.shape
-    theta = np.zeros(d)
-    for _ in range(iters):
-        g = -theta / prior_scale**2
-        H = np.eye(d) / prior_scale**2
-        for a in range(0, n, chunk):
-            Xc = np.asarray(X[a:a + chunk], np.float64)
-            p = 1.0 / (1.0 + np.exp(-(Xc @ theta)))
-            g += Xc.T @ (np.asarray(y[a:a + chunk], np.float64) - p)
-            H += (Xc * (p * (1.0 - p))[:, None]).T @ Xc
-        step = np.linalg.solve(H, g)
-        theta = theta + step
-        if np.max(np.abs(step)) < 1e-12 * (1 + np.max(np.abs(theta))):
-            break
-    return theta, H
+import _common as C
 
 
 def make_tests(tm):
@@ -121,18 +66,9 @@ def make_tests(tm):
     ]
 
 
-def fit_slope(ns, ys):
-    ns = np.asarray(ns, float)
-    ys = np.asarray(ys, float)
-    ok = np.isfinite(ys) & (ys > 0)
-    if ok.sum() < 2:
-        return float("nan")
-    return float(np.polyfit(np.log10(ns[ok]), np.log10(ys[ok]), 1)[0])
-
-
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--sizes", default="1e4,1e5,1e6,1e7", help="comma-separated N values")
     ap.add_argument("--steps", type=int, default=1000, help="MH steps per chain (before the time cap)")
     ap.add_argument("--min-steps", type=int, default=20, help="fewest steps of a capped cell")
@@ -142,10 +78,9 @@ def main(argv=None):
                     help="fixed: sd --rw-sd for every N; scaled: 2.38/sqrt(d) x Laplace posterior sd")
     ap.add_argument("--rw-sd", type=float, default=0.01, help="random-walk sd per coordinate (fixed proposal)")
     ap.add_argument("--tests", default="exact,austerity,confidence,barker")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (N = 1e3, 1e4; few steps) for tests")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                    help="directory for scaling.json (scaling_scaled.json with --proposal scaled)")
+    C.add_run_options(ap, C.RESULTS,
+                      out_help="directory for scaling.json (scaling_scaled.json with --proposal scaled)",
+                      smoke_help="tiny run (N = 1e3, 1e4; few steps) for tests")
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.sizes = "1e3,1e4"
@@ -157,13 +92,14 @@ def main(argv=None):
     import tallmh as tm
 
     t_start = time.perf_counter()
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    sizes = C.numbers(args.sizes, int)
     wanted = [s.strip() for s in args.tests.split(",") if s.strip()]
     tests = [(name, t) for name, t in make_tests(tm) if name in wanted]
     d = 10
     prior_scale = 10.0
     model = tm.models.LogisticRegression(prior_scale=prior_scale)
-    meta = machine_info(argv)
+    meta = C.machine_info(argv, jax_devices=[str(dv) for dv in jax.devices()],
+                          xla_flags=os.environ.get("XLA_FLAGS", ""))
     print(f"# tallmh scaling benchmark: logistic regression, d = {d} + intercept, proposal {args.proposal}"
           f"{f' (sd {args.rw_sd})' if args.proposal == 'fixed' else ''}", flush=True)
     print(f"# {meta['platform']}, {meta['cpu_count']} CPUs, JAX {meta['jax_version']} ({meta['jax_backend']}), "
@@ -175,7 +111,7 @@ def main(argv=None):
     for n in sizes:
         tg = time.perf_counter()
         data, theta_true = tm.models.LogisticRegression.simulate(n, d=d, seed=args.seed)
-        theta_map, H = laplace(data["X"], data["y"], prior_scale)
+        theta_map, H, _ = C.logistic_newton(data["X"], data["y"], prior_scale**2, 30)
         post_sd = np.sqrt(np.diag(np.linalg.inv(H)))
         gen_s = time.perf_counter() - tg
         if args.proposal == "fixed":
@@ -241,27 +177,26 @@ def main(argv=None):
         it = [r["items_per_step"] for r in rs]
         tt = [r["seconds_per_step"] for r in rs]
         slopes[name] = {
-            "items_slope_all": fit_slope(ns, it),
-            "time_slope_all": fit_slope(ns, tt),
-            "items_slope_last2": fit_slope(ns[-2:], it[-2:]),
-            "time_slope_last2": fit_slope(ns[-2:], tt[-2:]),
+            "items_slope_all": C.slope(ns, it),
+            "time_slope_all": C.slope(ns, tt),
+            "items_slope_last2": C.slope(ns[-2:], it[-2:]),
+            "time_slope_last2": C.slope(ns[-2:], tt[-2:]),
         }
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'N':>9s}  {'test':<11s} {'steps':>5s} {'accept':>6s} {'items/step':>12s} {'data frac':>9s} "
-          f"{'ms/step':>9s} {'compile s':>9s}")
-    for r in rows:
-        print(f"{r['N']:9.0e}  {r['test']:<11s} {r['steps']:5d} {r['acceptance_rate']:6.3f} "
-              f"{r['items_per_step']:12.1f} {r['data_fraction']:9.3g} {1e3 * r['seconds_per_step']:9.3f} "
-              f"{r['compile_s']:9.2f}")
+    C.print_table(rows, [("N", "9.0e", "N"), ("test", "<11s", "test"), ("steps", "5d", "steps"),
+                         ("accept", "6.3f", "acceptance_rate"), ("items/step", "12.1f", "items_per_step"),
+                         ("data frac", "9.3g", "data_fraction"),
+                         ("ms/step", "9.3f", lambda r: 1e3 * r["seconds_per_step"]),
+                         ("compile s", "9.2f", "compile_s")])
     print()
     print(f"log-log slopes vs N (polyfit over N = {', '.join(f'{n:.0e}' for n in sizes)}; 'last2' = "
           f"{sizes[-2]:.0e}..{sizes[-1]:.0e} only)" if len(sizes) > 1 else "log-log slopes: need 2 sizes")
-    print(f"{'test':<11s} {'items slope':>11s} {'time slope':>10s} {'items last2':>11s} {'time last2':>10s}")
-    for name, s in slopes.items():
-        print(f"{name:<11s} {s['items_slope_all']:11.3f} {s['time_slope_all']:10.3f} "
-              f"{s['items_slope_last2']:11.3f} {s['time_slope_last2']:10.3f}")
+    C.print_table([{"test": name, **s} for name, s in slopes.items()],
+                  [("test", "<11s", "test"), ("items slope", "11.3f", "items_slope_all"),
+                   ("time slope", "10.3f", "time_slope_all"), ("items last2", "11.3f", "items_slope_last2"),
+                   ("time last2", "10.3f", "time_slope_last2")])
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 
     out = {
@@ -288,11 +223,7 @@ def main(argv=None):
         "slopes": slopes,
         "total_runtime_s": total,
     }
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "scaling.json" if args.proposal == "fixed" else "scaling_scaled.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"wrote {path}")
+    C.write_json(args.out, "scaling.json" if args.proposal == "fixed" else "scaling_scaled.json", out)
     return 0
 
 

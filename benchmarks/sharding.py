@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+import _common as C
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYOUTS = {"1 device": None, "chains 4": (4, 1), "rows 4": (1, 4), "chains 2 x rows 2": (2, 2)}
 
@@ -108,12 +110,11 @@ def main():
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--process-id", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "sharding.json"))
+    ap.add_argument("--out", default=os.path.join(C.RESULTS, "sharding.json"))
     args = ap.parse_args()
     if args.child:
         return child(args)
-    results = {"command": "python benchmarks/" + " ".join([os.path.basename(__file__)] + sys.argv[1:]),
-               "cpu_count": os.cpu_count(), "runs": []}
+    results = {"meta": C.machine_info(sys.argv), "runs": []}
     env, cmd = run_child(4, args)
     print("# one process, 4 host devices", flush=True)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -132,10 +133,7 @@ def main():
         outs = [q.communicate()[0] for q in procs]
         sys.stdout.write("\n".join(l for l in outs[0].splitlines() if not l.startswith(("RESULT", "[Gloo]"))) + "\n")
         results["runs"].append({"kind": "two processes x 2 host devices", **result_of(outs[0])})
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"saved {os.path.relpath(args.out, os.path.join(HERE, '..'))}")
+    C.write_json(os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out), results)
     return 0
 
 

@@ -23,12 +23,12 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
+import sys
 import time
 
 import numpy as np
+
+import _common as C
 
 KINDS = ("gaussian", "exponential", "lognormal", "bernoulli02", "student_t3")
 
@@ -43,13 +43,13 @@ def population(kind, n, seed=0):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", default="20000,1000000", help="comma-separated N")
     ap.add_argument("--keys", default="4000,1000", help="keys per N (comma-separated, one per N)")
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--error", type=float, default=0.05)
     ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=C.RESULTS)
     args = ap.parse_args(argv)
 
     import jax
@@ -65,8 +65,9 @@ def main(argv=None):
             return jax.vmap(lambda k: test.decide(k, problem))(keys)
         return jax.jit(run)
 
-    ns = [int(x) for x in args.n.split(",")]
-    ks = [int(x) for x in args.keys.split(",")]
+    meta = C.machine_info(sys.argv)
+    ns = C.numbers(args.n, int)
+    ks = C.numbers(args.keys, int)
     rows = []
     m, e = args.batch_size, args.error
     print(f"{'N':>8} {'items':<12} {'boundary':<10} {'wrong':>7} {'95% CI':>15} {'within':>6} {'data':>6} "
@@ -103,12 +104,7 @@ def main(argv=None):
             rows.append(row)
             print(f"{n:>8} {kind:<12} {'barker':<10} bias {bias:+.4f} (95% CI {bias - half:+.4f} to {bias + half:+.4f}), "
                   f"bound {bk.delta:g}, data {row['data_fraction']:.3f}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "skewed_items.json")
-    with open(path, "w") as fh:
-        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": os.getloadavg(),
-                   "rows": rows}, fh, indent=1)
-    print("wrote", path)
+    C.write_json(args.out, "skewed_items.json", {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -240,14 +240,9 @@ def get_reference(n, args, say):
     return peers.get_reference(name, "scaled", n, n, D_FEATURES + 1, ns, say)
 
 
-def _load():
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:  # pragma: no cover
-        return None
-
-
 def run_cell(method, n, cache, args, say):
+    import _common as C  # here, not at the top: a child's measured imports start at T_START
+
     """One fresh process (two for ``warm``: the first fills the cache). Returns the row (metrics included
     by the caller)."""
     warmup, draws = args.sizes[method]
@@ -270,14 +265,14 @@ def run_cell(method, n, cache, args, say):
                "--draws-out", os.path.join(tmp, "draws.npy")] + (["--auto"] if args.auto else [])
         runs = 2 if cache == "warm" else 1
         for i in range(runs):
-            load0 = _load()
+            load0 = C.load_average()
             t = time.perf_counter()
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 say(f"#   {method} N={_fmt_n(n)} cache={cache}: stopped at the time box, {args.timeout:.0f}s")
                 return dict(method=method, N=n, cache=cache, timed_out=True, process_s=float(args.timeout),
-                            load_before=load0, load_after=_load(), chains=CHAINS), None
+                            load_before=load0, load_after=C.load_average(), chains=CHAINS), None
             wall = time.perf_counter() - t
             if proc.returncode != 0:
                 raise RuntimeError(f"{method} N={n} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -292,7 +287,7 @@ def run_cell(method, n, cache, args, say):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     row.update(cache=cache, process_s=wall, startup_exit_s=wall - row["child_total_s"], load_before=load0,
-               load_after=_load(), cache_files=cache_files, chains=CHAINS)
+               load_after=C.load_average(), cache_files=cache_files, chains=CHAINS)
     return row, theta
 
 
@@ -396,6 +391,7 @@ def main(argv=None):
         return _child(args)
     if args.make_reference:
         return _make_reference_child(args)
+    import _common as C
     if args.quick:
         args.N = [2000]
         args.laplace_ref = True
@@ -415,12 +411,8 @@ def main(argv=None):
 
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", os.path.relpath(os.path.abspath(__file__))] + argv),
-            "load_at_start": _load(), "cpu_count": os.cpu_count(), "sizes": args.sizes, "chains": CHAINS}
-    try:
-        meta["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                            cwd=HERE, timeout=10).stdout.strip()
-    except Exception:  # pragma: no cover
-        pass
+            "load_at_start": C.load_average(), "cpu_count": os.cpu_count(), "sizes": args.sizes, "chains": CHAINS,
+            "git_commit": C.git_commit()}
     say(f"# {meta['date']}  load {meta['load_at_start']}  sizes {args.sizes}")
     rows = []
     stem = "time_to_trusted" + (f"_{args.tag}" if args.tag else "") + ("_quick" if args.quick else "")
@@ -444,7 +436,7 @@ def main(argv=None):
                     f"err {row['max_mean_err_sd']:.3f} sd  load {row['load_before']}")
                 with open(os.path.join(args.out, stem + ".json"), "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    meta["load_at_end"] = _load()
+    meta["load_at_end"] = C.load_average()
     lines = ratios(rows)
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "ratios": lines}, f, indent=1)

@@ -29,7 +29,6 @@ accurate must not be "trusted".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -37,8 +36,9 @@ import warnings
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results")
+import _common as C
+
+RESULTS = C.RESULTS
 
 
 def accurate(err, sd_lo, sd_hi, ess):
@@ -206,6 +206,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.smoke:
         args.warmup, args.samples, args.budget = min(args.warmup, 200), 200, 10.0
+    meta = C.machine_info(sys.argv)
     rows = run(args)
     silent = [r for r in rows if r.get("silent_wrong")]
     print()
@@ -214,9 +215,8 @@ def main(argv=None):
     for r in silent:
         print(f"  {r['data']} {r['method']}: err {r['max_err_sd']:.2f} sd, sd ratio {r['sd_ratio']}")
     if not args.smoke:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, f, indent=1)
+        C.write_json(os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out),
+                     {"meta": meta, "argv": sys.argv[1:], "rows": rows})
     return rows
 
 

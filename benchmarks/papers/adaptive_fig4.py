@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -110,15 +109,9 @@ def compare(sig, ref):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=100_000)
-    ap.add_argument("--epsilon", type=float, default=0.05)
-    ap.add_argument("--delta", type=float, default=0.01)
-    ap.add_argument("--samples", type=int, default=4000)
-    ap.add_argument("--warmup", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    ap = C.parser(__doc__)
+    C.add_options(ap, n=100_000, epsilon=0.05, delta=0.01, samples=4000, warmup=1000)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.samples, args.warmup = 5000, 150, 50
@@ -185,12 +178,11 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'data':9s} {'run':24s} {'data %':>8s} {'accept':>6s} {'mean err':>9s} {'mode err':>9s} {'sd ratio':>8s} "
-          f"{'TV':>5s} {'ms/step':>8s}")
-    for r in rows:
-        print(f"{r['dataset']:9s} {r['label']:24s} {100 * r['data_fraction']:8.3f} {r['acceptance_rate']:6.2f} "
-              f"{r['mean_rel_err']:+9.2%} {r['mode_rel_err']:+9.2%} {r['sd_ratio']:8.2f} {r['tv_distance_binned']:5.2f} "
-              f"{r['ms_per_step']:8.2f}")
+    C.print_table(rows, [("data", "9s", "dataset"), ("run", "24s", "label"),
+                         ("data %", "8.3f", C.percent("data_fraction")), ("accept", "6.2f", "acceptance_rate"),
+                         ("mean err", "+9.2%", "mean_rel_err"),
+                         ("mode err", "+9.2%", "mode_rel_err"), ("sd ratio", "8.2f", "sd_ratio"),
+                         ("TV", "5.2f", "tv_distance_binned"), ("ms/step", "8.2f", "ms_per_step")])
     print("(errors relative to the exact sigma marginal; mode = maximum of a Gaussian KDE of the draws vs the empirical sd)")
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 
@@ -211,10 +203,9 @@ def main(argv=None):
     }
     C.write_json(args.out, "adaptive_fig4.json", out)
 
-    plt = C.pyplot()
     from scipy.stats import gaussian_kde
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2))
+    fig, axes = C.figure(1, len(panels), figsize=(4.2 * len(panels), 4.2))
     axes = np.atleast_1d(axes)
     for ax, (letter, dname, t) in zip(axes, panels):
         ref = refs[dname]
@@ -235,11 +226,9 @@ def main(argv=None):
         ax.set_title(f"({letter}) X ~ {'N(0, 0.1^2)' if dname == 'normal' else 'logN(0, 2)'}, t = {t}", fontsize=9)
         ax.legend(fontsize=7)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"Adaptive subsampling Fig. 4: sigma marginals, N = {args.n}, austerity eps = {eps:g}, confidence "
-                 f"delta = {delta:g}; {args.samples} draws each", fontsize=10)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "adaptive_fig4.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, "adaptive_fig4.png",
+                    suptitle=f"Adaptive subsampling Fig. 4: sigma marginals, N = {args.n}, austerity eps = {eps:g}, "
+                             f"confidence delta = {delta:g}; {args.samples} draws each")
     return 0
 
 

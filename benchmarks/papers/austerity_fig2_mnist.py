@@ -37,7 +37,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import math
 import os
@@ -106,28 +105,15 @@ def mnist_7_vs_9(folder, n_components):
     return np.concatenate([np.ones((Z.shape[0], 1)), Z], axis=1), y, explained
 
 
-def log_lik_np(X, y, theta):
-    z = X @ theta
-    return -np.logaddexp(0.0, np.where(y > 0.5, -z, z))
-
-
 def laplace(X, y, prior_var, iters=100):
-    d = X.shape[1]
-    theta = np.zeros(d)
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-(X @ theta)))
-        g = X.T @ (y - p) - theta / prior_var
-        H = (X * (p * (1.0 - p))[:, None]).T @ X + np.eye(d) / prior_var
-        step = np.linalg.solve(H, g)
-        theta = theta + step
-        if np.max(np.abs(step)) < 1e-12 * (1 + np.max(np.abs(theta))):
-            break
+    """MAP (Newton, float64) and the Hessian of the negative log posterior there (``pp_fig4`` uses it too)."""
+    theta, H, _ = C.logistic_newton(X, y, prior_var, iters)
     return theta, H
 
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--mnist", default=None, help="folder with the MNIST training files (default: "
                     "$TALLMH_MNIST or <repo>/../shared/data/mnist)")
     ap.add_argument("--components", type=int, default=50)
@@ -138,9 +124,7 @@ def main(argv=None):
     ap.add_argument("--thin", type=int, default=25, help="chain steps between the pairs' current states")
     ap.add_argument("--target-accept", type=float, default=0.234)
     ap.add_argument("--prior-var", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     folder = os.path.abspath(args.mnist) if args.mnist else default_mnist_dir()
     if find_files(folder) is None:
@@ -150,7 +134,6 @@ def main(argv=None):
         args.components, args.pairs, args.keys, args.thin = 10, 3, 16, 5
         args.epsilons = "0,0.1"
 
-    import jax
     import jax.numpy as jnp
 
     import tallmh as tm
@@ -185,28 +168,8 @@ def main(argv=None):
     chain_acc = float(np.mean(chain.stats["accepted"]))
     rng = np.random.default_rng(args.seed + 1)
     zs = rng.standard_normal(thetas.shape)
-
-    def log_prior(t):
-        return -0.5 * np.sum(t**2, axis=-1) / args.prior_var
-
-    ll_cur = np.array([log_lik_np(X, y, t).sum() for t in thetas])
-
-    def deltas(sigma):
-        props = thetas + sigma * zs
-        ll_p = np.array([log_lik_np(X, y, t).sum() for t in props])
-        return ll_p - ll_cur + log_prior(props) - log_prior(thetas)
-
-    def acc_rate(sigma):
-        return float(np.mean(np.exp(np.minimum(0.0, deltas(sigma)))))
-
-    lo, hi = math.log(1e-3 * post_sd.min()), math.log(10 * post_sd.max())
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if acc_rate(math.exp(mid)) > args.target_accept:
-            lo = mid
-        else:
-            hi = mid
-    sigma = math.exp(0.5 * (lo + hi))
+    sigma, deltas = C.tune_rw_sigma(X, y, thetas, zs, args.prior_var, args.target_accept,
+                                    1e-3 * post_sd.min(), 10 * post_sd.max())
     props = thetas + sigma * zs
     dlt = deltas(sigma)
     exact_prob = np.exp(np.minimum(0.0, dlt))
@@ -214,21 +177,7 @@ def main(argv=None):
           f"pairs: every {args.thin}th draw; sigma_RW = {sigma:.4g} ({sigma / post_sd.mean():.2f} x mean posterior sd) "
           f"for exact acceptance {exact_prob.mean():.3f}", flush=True)
 
-    th32 = jnp.asarray(thetas, jnp.float32)
-    pr32 = jnp.asarray(props, jnp.float32)
-    base_key = jax.random.PRNGKey(args.seed)
-    pair_keys = [jax.random.split(jax.random.fold_in(base_key, i), args.keys) for i in range(args.pairs)]
-
-    def run(test):
-        f = jax.jit(jax.vmap(tm.decision_fn(test, model, data), in_axes=(None, None, 0)))
-        acc = np.zeros((args.pairs, args.keys), bool)
-        nd = np.zeros((args.pairs, args.keys), np.int64)
-        for i in range(args.pairs):
-            a, m = f(th32[i], pr32[i], pair_keys[i])
-            acc[i] = np.asarray(a)
-            nd[i] = np.asarray(m)
-        return acc, nd
-
+    run = C.pair_decisions(tm, model, data, thetas, props, args.seed, args.keys)
     te = time.perf_counter()
     exact_acc, exact_nd = run(tm.acceptance.Exact())
     exact_s = time.perf_counter() - te
@@ -241,19 +190,9 @@ def main(argv=None):
             test = tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
             acc, nd = run(test)
             test_repr, secs = repr(test), time.perf_counter() - tr
-        wrong = acc != exact_acc
-        p = float(wrong.mean())
-        per_pair = wrong.mean(axis=1)
-        row = {"epsilon": eps, "test": test_repr, "decisions": int(wrong.size),
-               "data_fraction": float(nd.mean() / n),
-               "wrong_rate": p,
-               "wrong_rate_binomial_se": math.sqrt(p * (1 - p) / wrong.size),
-               "wrong_rate_pair_clustered_se": float(per_pair.std(ddof=1) / math.sqrt(args.pairs)),
-               "wrong_accept_rate": float(np.mean(acc & ~exact_acc)),
-               "wrong_reject_rate": float(np.mean(~acc & exact_acc)),
-               "acceptance_rate": float(acc.mean()),
-               "pairs_with_any_wrong": float(np.mean(per_pair > 0)),
-               "max_pair_wrong_rate": float(per_pair.max()),
+        core, per_pair = C.wrong_decisions(acc, nd, exact_acc, n)
+        p = core["wrong_rate"]
+        row = {"epsilon": eps, "test": test_repr, **core, "pairs_with_any_wrong": float(np.mean(per_pair > 0)),
                "seconds": secs}
         rows.append(row)
         print(f"  eps {eps:<6g} data {100 * row['data_fraction']:7.2f}%  wrong {100 * p:6.3f}% (pair-clustered se "
@@ -261,12 +200,12 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'data %':>8s} {'wrong %':>8s} {'binom se':>8s} {'pair se':>8s} {'wrong acc':>9s} "
-          f"{'wrong rej':>9s} {'accept':>7s}")
-    for r in rows:
-        print(f"{r['epsilon']:8g} {100 * r['data_fraction']:8.2f} {100 * r['wrong_rate']:8.3f} "
-              f"{100 * r['wrong_rate_binomial_se']:8.3f} {100 * r['wrong_rate_pair_clustered_se']:8.3f} "
-              f"{100 * r['wrong_accept_rate']:9.3f} {100 * r['wrong_reject_rate']:9.3f} {r['acceptance_rate']:7.3f}")
+    pc = C.percent
+    C.print_table(rows, [("epsilon", "8g", "epsilon"), ("data %", "8.2f", pc("data_fraction")),
+                         ("wrong %", "8.3f", pc("wrong_rate")), ("binom se", "8.3f", pc("wrong_rate_binomial_se")),
+                         ("pair se", "8.3f", pc("wrong_rate_pair_clustered_se")),
+                         ("wrong acc", "9.3f", pc("wrong_accept_rate")), ("wrong rej", "9.3f", pc("wrong_reject_rate")),
+                         ("accept", "7.3f", "acceptance_rate")])
     print(f"(exact acceptance over the same keys {exact_acc.mean():.3f}; {args.pairs} pairs x {args.keys} keys; "
           f"batch {args.batch_size})")
     print(f"\ntotal runtime {total:.1f}s", flush=True)
@@ -288,12 +227,11 @@ def main(argv=None):
     }
     C.write_json(args.out, "austerity_fig2_mnist.json", out)
 
-    plt = C.pyplot()
     e = np.array([r["epsilon"] for r in rows])
     frac = np.array([100 * r["data_fraction"] for r in rows])
     wr = np.array([100 * r["wrong_rate"] for r in rows])
     wse = np.array([100 * r["wrong_rate_pair_clustered_se"] for r in rows])
-    fig, ax1 = plt.subplots(figsize=(5.8, 4.2))
+    fig, ax1 = C.figure(figsize=(5.8, 4.2))
     ax1.plot(e, frac, "o-", color="tab:blue")
     ax1.set_xlabel(r"$\epsilon$")
     ax1.set_ylabel("percentage of data used", color="tab:blue")
@@ -307,9 +245,7 @@ def main(argv=None):
     ax1.set_title(f"Austerity Fig. 2, MNIST 7 vs 9: N = {n}, {args.components} PCs + intercept, batch {args.batch_size}\n"
                   f"{args.pairs} pairs x {args.keys} keys, sigma_RW tuned to exact acceptance {exact_prob.mean():.2f}",
                   fontsize=9)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig2_mnist.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, "austerity_fig2_mnist.png")
     return 0
 
 

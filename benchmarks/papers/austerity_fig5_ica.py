@@ -31,7 +31,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -68,18 +67,14 @@ def riemannian_ascent(X, iters=200, step=1.0):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--epsilons", default="0,0.01,0.05,0.1,0.2")
-    ap.add_argument("--batch-size", type=int, default=500)
-    ap.add_argument("--psi", type=float, default=30.0)
-    ap.add_argument("--chains", type=int, default=5)
+    C.add_options(ap, batch_size=500, psi=30.0, chains=5)
     ap.add_argument("--seconds", type=float, default=15.0, help="wall time of each chain")
     ap.add_argument("--truth-chains", type=int, default=4)
     ap.add_argument("--truth-seconds", type=float, default=60.0, help="wall time of each truth chain")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.chains, args.seconds, args.truth_chains, args.truth_seconds = 5000, 2, 1.0, 2, 2.0
@@ -132,18 +127,16 @@ def main(argv=None):
     truth = float(per_chain.mean())
     import arviz as az
 
-    truth_se = float(az.mcse(dA_truth[:, burn:], method="mean")) if dA_truth.shape[0] > 1 else float("nan")
+    truth_se = np.asarray(az.mcse(dA_truth[:, burn:], method="mean")).item() if dA_truth.shape[0] > 1 else float("nan")
     truth_sd = float(dA_truth[:, burn:].std())
     print(f"# ground truth: exact MH, {args.truth_chains} chains x {dA_truth.shape[1]} draws "
           f"({args.truth_seconds:.0f}s each, acceptance {truth_acc:.3f}), first 10% dropped: "
           f"E[d_A] = {truth:.5f} (MCSE {truth_se:.2g}; posterior sd {truth_sd:.4f}; chain means "
           f"{per_chain.min():.4f}..{per_chain.max():.4f}) [{time.perf_counter() - tt:.0f}s]", flush=True)
 
-    eps_list = [float(e) for e in args.epsilons.split(",")]
-    grid = np.geomspace(max(0.05, args.seconds / 200), args.seconds, 16)
+    tests, grid = C.epsilon_tests(tm, args.epsilons, args.batch_size), C.time_grid(args.seconds)
     rows = []
-    for eps in eps_list:
-        test = tm.acceptance.Exact() if eps == 0 else tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
+    for eps, test in tests:
         ests = np.full((args.chains, len(grid)), np.nan)
         steps, acc, frac, secs = [], [], [], []
         for c in range(args.chains):
@@ -151,12 +144,7 @@ def main(argv=None):
             w = np.asarray(r.flat_samples, np.float64)[0].reshape(-1, 4, 4)
             dA = amari_distance(w, W0)
             T = r.timings["sampling_s"]
-            t_draw = (np.arange(len(dA)) + 1) * T / len(dA)  # draws at an even rate over the run
-            cum = np.cumsum(dA) / np.arange(1, len(dA) + 1)
-            for gi, tg in enumerate(grid):
-                m = np.searchsorted(t_draw, tg, side="right")
-                if m > 0:
-                    ests[c, gi] = cum[m - 1]
+            ests[c] = C.running_means_at(dA, T, grid)  # draws at an even rate over the run
             steps.append(len(dA))
             acc.append(float(r.stats["accepted"].mean()))
             frac.append(float(r.stats["n_data"].mean()) / args.n)
@@ -177,19 +165,17 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'steps/s':>8s} {'data %':>7s} {'accept':>7s} {'risk@mid':>10s} {'risk@end':>10s} "
-          f"{'bias':>8s} {'sd':>8s}")
-    for r_ in rows:
-        print(f"{r_['epsilon']:8g} {r_['steps_per_s']:8.0f} {100 * r_['data_fraction']:7.2f} {r_['acceptance']:7.3f} "
-              f"{r_['risk'][len(grid) // 2]:10.3g} {r_['final_risk']:10.3g} {r_['final_bias']:+8.4f} "
-              f"{r_['final_sd_between_chains']:8.4f}")
+    C.print_table(rows, [("epsilon", "8g", "epsilon"), ("steps/s", "8.0f", "steps_per_s"),
+                         ("data %", "7.2f", C.percent("data_fraction")), ("accept", "7.3f", "acceptance"),
+                         ("risk@mid", "10.3g", lambda r: r["risk"][len(grid) // 2]),
+                         ("risk@end", "10.3g", "final_risk"), ("bias", "+8.4f", "final_bias"), ("sd", "8.4f", "final_sd_between_chains")])
     print(f"(risk: mean over {args.chains} chains of (running mean of d_A - truth)^2 at {grid[len(grid) // 2]:.2f}s "
           f"and {grid[-1]:.0f}s of wall time per chain; truth {truth:.5f} ± {truth_se:.2g})")
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 
     out = {"benchmark": "austerity_fig5_ica", "meta": meta,
            "config": {"N": args.n, "sources": info["sources"], "psi": args.psi, "batch_size": args.batch_size,
-                      "epsilons": eps_list, "chains": args.chains, "seconds_per_chain": args.seconds,
+                      "epsilons": [eps for eps, _ in tests], "chains": args.chains, "seconds_per_chain": args.seconds,
                       "truth_chains": args.truth_chains, "truth_seconds": args.truth_seconds, "seed": args.seed,
                       "start": "posterior mode by Riemannian gradient ascent (all chains)", "smoke": args.smoke,
                       "d_A_start": float(amari_distance(W_start, W0))},
@@ -198,8 +184,7 @@ def main(argv=None):
            "rows": rows, "total_runtime_s": total}
     C.write_json(args.out, "austerity_fig5_ica.json", out)
 
-    plt = C.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = C.figure(figsize=(6, 4.2))
     for r_ in rows:
         ax.loglog(grid, r_["risk"], "o-", ms=3, label=(r"$\epsilon$ = 0 (exact)" if r_["epsilon"] == 0
                                                         else rf"$\epsilon$ = {r_['epsilon']:g}"))
@@ -208,8 +193,7 @@ def main(argv=None):
     ax.set_ylabel(r"risk in mean Amari distance")
     ax.set_title(f"ICA, N = {args.n:,}, {args.chains} chains", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig5_ica.png")
+    C.finish_figure(fig, args.out, "austerity_fig5_ica.png")
     return 0
 
 

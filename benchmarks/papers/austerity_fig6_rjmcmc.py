@@ -41,7 +41,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -110,22 +109,16 @@ def full_map(X, y, ridge=1e-6, iters=30):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=130_065,
                     help="a random subset of n flights (default 130,065: MiniBooNE's size, as in the paper; 0 = all)")
     ap.add_argument("--epsilons", default="0,0.01,0.05,0.1")
-    ap.add_argument("--batch-size", type=int, default=500)
-    ap.add_argument("--lam", type=float, default=10.0)
-    ap.add_argument("--chains", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--truth-chains", type=int, default=4)
+    C.add_options(ap, batch_size=500, lam=10.0, chains=5, seconds=20.0, truth_chains=4)
     ap.add_argument("--truth-seconds", type=float, default=60.0, help="wall time of each truth chain")
     ap.add_argument("--test-points", type=int, default=2000)
     ap.add_argument("--paper-birth", type=float, default=None,
                     help="sigma_birth of the paper's N(0, sigma_birth) birth proposal (default: our N(MAP, (2 sd)^2))")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.chains, args.seconds, args.truth_chains, args.truth_seconds = 5000, 2, 1.0, 2, 2.0
@@ -221,11 +214,9 @@ def main(argv=None):
           f"test error of the posterior-mean beta {100 * truth_err:.2f}%; MC variance of the truth's predictive "
           f"means {truth_mc_var:.2g} [{time.perf_counter() - tt:.0f}s]", flush=True)
 
-    eps_list = [float(e) for e in args.epsilons.split(",")]
-    grid = np.geomspace(max(0.05, args.seconds / 200), args.seconds, 16)
+    tests, grid = C.epsilon_tests(tm, args.epsilons, args.batch_size), C.time_grid(args.seconds)
     rows = []
-    for eps in eps_list:
-        test = tm.acceptance.Exact() if eps == 0 else tm.acceptance.Austerity(epsilon=eps, batch_size=args.batch_size)
+    for eps, test in tests:
         risk_sum = np.zeros(len(grid))
         risk_cnt = np.zeros(len(grid))
         steps, frac, secs, incl, rates_all, sizes, final_mse = [], [], [], [], [], [], []
@@ -235,14 +226,11 @@ def main(argv=None):
             pred = predictive(beta)[0]  # (draws, points)
             T = r.timings["sampling_s"]
             m = pred.shape[0]
-            t_draw = (np.arange(m) + 1) * T / m
-            cum = np.cumsum(pred, axis=0) / np.arange(1, m + 1)[:, None]
-            for gi, tg in enumerate(grid):
-                j = np.searchsorted(t_draw, tg, side="right")
-                if j > 0:
-                    risk_sum[gi] += np.mean((cum[j - 1] - pred_truth) ** 2)
-                    risk_cnt[gi] += 1
-            final_mse.append(float(np.mean((cum[-1] - pred_truth) ** 2)))
+            at = C.running_means_at(pred, T, grid)  # (grid, points); nan before the first draw
+            for gi in np.flatnonzero(~np.isnan(at[:, 0])):
+                risk_sum[gi] += np.mean((at[gi] - pred_truth) ** 2)
+                risk_cnt[gi] += 1
+            final_mse.append(float(np.mean((np.cumsum(pred, axis=0)[-1] / m - pred_truth) ** 2)))
             steps.append(m)
             frac.append(float(r.stats["n_data"].mean()) / n)
             secs.append(T)
@@ -266,13 +254,14 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'epsilon':>8s} {'steps/s':>8s} {'data %':>7s} {'upd acc':>8s} {'birth':>7s} {'death':>7s} {'size':>6s} "
-          f"{'risk@mid':>10s} {'risk@end':>10s} {'max|dincl|':>10s}")
-    for r_ in rows:
-        a = r_["acceptance"]
-        print(f"{r_['epsilon']:8g} {r_['steps_per_s']:8.0f} {100 * r_['data_fraction']:7.2f} {a['update']:8.3f} "
-              f"{a['birth']:7.3f} {a['death']:7.3f} {r_['model_size']:6.1f} {r_['risk'][len(grid) // 2]:10.3g} "
-              f"{r_['final_risk']:10.3g} {r_['inclusion_max_abs_diff']:10.3f}")
+    C.print_table(rows, [("epsilon", "8g", "epsilon"), ("steps/s", "8.0f", "steps_per_s"),
+                         ("data %", "7.2f", C.percent("data_fraction")),
+                         ("upd acc", "8.3f", lambda r: r["acceptance"]["update"]),
+                         ("birth", "7.3f", lambda r: r["acceptance"]["birth"]),
+                         ("death", "7.3f", lambda r: r["acceptance"]["death"]), ("size", "6.1f", "model_size"),
+                         ("risk@mid", "10.3g", lambda r: r["risk"][len(grid) // 2]),
+                         ("risk@end", "10.3g", "final_risk"),
+                         ("max|dincl|", "10.3f", "inclusion_max_abs_diff")])
     print(f"(risk: mean over {args.chains} chains and {len(pts)} held-out flights of the squared error of the running "
           f"predictive mean, at {grid[len(grid) // 2]:.2f}s and {grid[-1]:.0f}s per chain)")
     print("\ninclusion probabilities (truth, then each epsilon):")
@@ -284,7 +273,7 @@ def main(argv=None):
     out = {"benchmark": "austerity_fig6_rjmcmc", "meta": meta,
            "config": {"N_train": n, "N_test": int(len(yte)), "features": names, "dropped_rows": dropped,
                       "lam": args.lam, "prior_nu": "p(nu) ∝ 1/nu (paper)", "batch_size": args.batch_size,
-                      "epsilons": eps_list, "chains": args.chains, "seconds_per_chain": args.seconds,
+                      "epsilons": [eps for eps, _ in tests], "chains": args.chains, "seconds_per_chain": args.seconds,
                       "truth_chains": args.truth_chains, "truth_seconds": args.truth_seconds,
                       "test_points": int(len(pts)), "birth": ("N(0, %g)" % args.paper_birth if args.paper_birth
                                                               else "N(MAP_j, (2 sd_j)^2)"),
@@ -296,8 +285,7 @@ def main(argv=None):
            "rows": rows, "total_runtime_s": total}
     C.write_json(args.out, "austerity_fig6_rjmcmc.json", out)
 
-    plt = C.pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = C.figure(1, 2, figsize=(11, 4.2))
     for r_ in rows:
         lab = r"$\epsilon$ = 0 (exact)" if r_["epsilon"] == 0 else rf"$\epsilon$ = {r_['epsilon']:g}"
         ax1.loglog(grid, r_["risk"], "o-", ms=3, label=lab)
@@ -312,8 +300,7 @@ def main(argv=None):
     ax2.set_xticklabels([names[j] for j in order], rotation=90, fontsize=6)
     ax2.set_ylabel(r"$p(\gamma_j = 1 \mid data)$")
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig6_rjmcmc.png")
+    C.finish_figure(fig, args.out, "austerity_fig6_rjmcmc.png")
     return 0
 
 

@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -107,18 +106,14 @@ def compare(samples, post, bin_width):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--lam", type=float, default=3.0, help="noise precision lambda")
     ap.add_argument("--lam0", type=float, default=4950.0, help="Laplace prior rate lambda0")
     ap.add_argument("--alpha", type=float, default=5e-6, help="SGLD step size")
     ap.add_argument("--batch", type=int, default=500, help="minibatch for the gradient and for austerity")
-    ap.add_argument("--samples", type=int, default=100_000)
-    ap.add_argument("--warmup", type=int, default=1_000)
-    ap.add_argument("--bin-width", type=float, default=0.001)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_options(ap, samples=100_000, warmup=1_000, bin_width=0.001)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.samples, args.warmup, args.batch = 2000, 500, 50, 100
@@ -184,14 +179,15 @@ def main(argv=None):
 
     total = time.perf_counter() - t_start
     print()
-    print(f"{'sampler':22s} {'accept':>6s} {'data %':>7s} {'paper %':>7s} {'mean':>9s} {'err/MCSE':>8s} {'sd':>8s} "
-          f"{'TV':>6s} {'KS':>6s} {'us/step':>8s}")
     paper = {"austerity_0.1": "14.2", "austerity_0.5": "~5", "exact": "100", "sgld": "0"}
+    columns = [("sampler", "22s", "label"), ("accept", "6.3f", "acceptance_rate"),
+               ("data %", "7.2f", C.percent("data_fraction_test")), ("paper %", ">7s", lambda r: paper[r["sampler"]]),
+               ("mean", "9.5f", "mean"), ("err/MCSE", "+8.1f", "mean_err_in_mcse"), ("sd", "8.5f", "sd"),
+               ("TV", "6.3f", "tv_distance_binned"), ("KS", "6.3f", "ks_distance"), ("us/step", "8.0f", "us_per_step")]
+    print(C.table_header(columns))
     print(f"{'true posterior':22s} {'':>6s} {'':>7s} {'':>7s} {post['mean']:9.5f} {'':>8s} {post['sd']:8.5f}")
     for r in rows:
-        print(f"{r['label']:22s} {r['acceptance_rate']:6.3f} {100 * r['data_fraction_test']:7.2f} {paper[r['sampler']]:>7s} "
-              f"{r['mean']:9.5f} {r['mean_err_in_mcse']:+8.1f} {r['sd']:8.5f} {r['tv_distance_binned']:6.3f} "
-              f"{r['ks_distance']:6.3f} {r['us_per_step']:8.0f}")
+        print(C.table_row(r, columns))
     print(f"\ntotal runtime {total:.1f}s", flush=True)
 
     out = {
@@ -208,8 +204,7 @@ def main(argv=None):
     }
     C.write_json(args.out, "austerity_fig8_sgld.json", out)
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    fig, axes = C.figure(2, 3, figsize=(13, 7))
     g, dens = post["grid"], post["density"]
     lo = min(np.quantile(np.concatenate(list(draws.values())), 0.0005), g[dens > dens.max() * 1e-4][0])
     hi = max(np.quantile(np.concatenate(list(draws.values())), 0.9995), g[dens > dens.max() * 1e-4][-1])
@@ -235,11 +230,9 @@ def main(argv=None):
     for ax in axes.flat:
         ax.set_xlabel(r"$\theta$", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"Austerity Fig. 8: N = {args.n}, lambda = {lam:g}, lambda0 = {lam0:g}, alpha = {args.alpha:g}, "
-                 f"batch {args.batch}, {args.samples} samples", fontsize=10)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "austerity_fig8_sgld.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, "austerity_fig8_sgld.png",
+                    suptitle=f"Austerity Fig. 8: N = {args.n}, lambda = {lam:g}, lambda0 = {lam0:g}, "
+                             f"alpha = {args.alpha:g}, batch {args.batch}, {args.samples} samples")
     return 0
 
 

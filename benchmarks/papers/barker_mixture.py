@@ -60,7 +60,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -161,10 +160,8 @@ def scores(counts, P, min_expected=5.0):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--temperature", type=float, default=1e4)
-    ap.add_argument("--samples", type=int, default=5000)
+    ap = C.parser(__doc__)
+    C.add_options(ap, n=1_000_000, temperature=1e4, samples=5000)
     ap.add_argument("--warmup", type=int, default=500, help="burn-in steps discarded (not in the paper)")
     ap.add_argument("--chains", type=int, default=4)
     ap.add_argument("--confidence-bound", default="bernstein-serfling",
@@ -179,9 +176,7 @@ def main(argv=None):
     ap.add_argument("--sub", type=int, default=5, help="integration points per bin side")
     ap.add_argument("--data-bins", type=int, default=5000, help="bins of x for the exact posterior's log-likelihood")
     ap.add_argument("--iid-reps", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.n, args.temperature, args.samples, args.warmup, args.chains = 20_000, 200.0, 200, 20, 2
@@ -397,10 +392,9 @@ def main(argv=None):
     }
     C.write_json(args.out, f"barker_mixture{suffix}.json", out)
 
-    plt = C.pyplot()
     tests = [("barker", "minibatch Barker (delta 0.5)"), ("austerity", "austerity eps 0.005"),
              ("confidence", f"confidence gamma 1.5, delta 0.01 ({args.confidence_bound})")]
-    fig, axes = plt.subplots(2, 3, figsize=(14, 8.5))
+    fig, axes = C.figure(2, 3, figsize=(14, 8.5))
     edges = np.logspace(2, math.log10(args.n) + 0.05, 40)
     for ax, (k, lab) in zip(axes[0], tests):
         r = next(rr for rr in rows if rr["test"] == k)
@@ -431,11 +425,9 @@ def main(argv=None):
                      f"(iid {iid_summary['eq22']['mean']:.1f}), chi2 {r['chi2_mean']:.0f} (iid {iid_summary['chi2']['mean']:.0f})",
                      fontsize=8)
     rw_text = "RW cov diag(0.15, 0.15)" if args.rw == "cov" else "RW sd 0.15 (cov diag(0.0225, 0.0225))"
-    fig.suptitle(f"Minibatch Barker Sec. 6.1: N = {args.n}, T = {T:g}, {rw_text}, {args.chains} chains x "
-                 f"{args.samples} samples", fontsize=10)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, f"barker_mixture{suffix}.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, f"barker_mixture{suffix}.png",
+                    suptitle=f"Minibatch Barker Sec. 6.1: N = {args.n}, T = {T:g}, {rw_text}, {args.chains} chains x "
+                             f"{args.samples} samples")
     return 0
 
 

@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -204,8 +203,7 @@ def part_bias(tm, args):
 
 
 def plot_bias(rows, out):
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.figure(1, 2, figsize=(11, 4.2))
     iss = [r for r in rows if r["method"] == "ISS"]
     ns = sorted({r["n"] for r in iss})
     exact = [r for r in rows if r["method"] == "exact MH"]
@@ -237,9 +235,8 @@ def plot_bias(rows, out):
 def plot_report(rows, out):
     """Time per step and the widest sd ratio of each configuration, per N and setting (the report's Table 1
     as a time per iteration, and how far each run is from the posterior)."""
-    plt = C.pyplot()
     sizes = sorted({r["N"] for r in rows})
-    fig, axes = plt.subplots(len(sizes), 2, figsize=(12, 3.6 * len(sizes)), squeeze=False)
+    fig, axes = C.figure(len(sizes), 2, figsize=(12, 3.6 * len(sizes)), squeeze=False)
     for i, N in enumerate(sizes):
         for j, (key, lab) in enumerate((("ms_per_step", "ms per iteration (2 chains, vectorised)"),
                                         ("sd_ratio_max", "max sd / posterior sd"))):
@@ -332,7 +329,7 @@ def _ints(s):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--parts", default="report,bias,peers")
     ap.add_argument("--out", default=C.DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
@@ -388,45 +385,42 @@ def main(argv=None):
     meta = C.machine_info(argv)
     C.header("ISS-MCMC (Maire, Friel & Alquier 2019; Mwakima & Zhang report)", meta)
     for part in parts:
-        {"report": do_report, "bias": do_bias, "peers": do_peers}[part](tm, args, meta)
+        run_part(tm, args, meta, part)
 
 
-def do_report(tm, args, meta):
-    if True:
-        rows = part_report(tm, args)
-        cols = [("N", "d"), ("setting", "s"), ("method", "s"), ("sampling_s", ".2f"), ("ms_per_step", ".3f"),
-                ("acceptance", ".3f"), ("subset_acceptance", ".3f"), ("ess_min", ".0f"), ("max_mean_err_sd", ".2f"),
-                ("sd_ratio_min", ".2f"), ("sd_ratio_max", ".2f")]
-        tab = md_table(rows, cols, ["N", "setting", "method", "sampling s", "ms/step", "accept", "U accept",
-                                    "ESS min", "max dmean/sd", "sd ratio min", "sd ratio max"])
-        print(tab)
-        C.write_json(args.out, "iss_mcmc_report.json", {"meta": meta, "rows": rows, "table": tab})
-        plot_report(rows, args.out)
+# each part: (rows, JSON file, figure or None, table columns (title, key, format))
+PARTS = {
+    "report": (part_report, "iss_mcmc_report.json", plot_report, [
+        ("N", "N", "d"), ("setting", "setting", "s"), ("method", "method", "s"),
+        ("sampling s", "sampling_s", ".2f"),
+        ("ms/step", "ms_per_step", ".3f"), ("accept", "acceptance", ".3f"), ("U accept", "subset_acceptance", ".3f"),
+        ("ESS min", "ess_min", ".0f"), ("max dmean/sd", "max_mean_err_sd", ".2f"),
+        ("sd ratio min", "sd_ratio_min", ".2f"), ("sd ratio max", "sd_ratio_max", ".2f")]),
+    "bias": (part_bias, "iss_mcmc_bias.json", plot_bias, [
+        ("n", "n", "d"), ("k", "k", "d"), ("eps", "eps", "g"), ("max dmean/sd", "max_mean_err_sd", ".3f"),
+        ("sd ratio min", "sd_ratio_min", ".2f"), ("sd ratio max", "sd_ratio_max", ".2f"),
+        ("predicted sd ratio", "sd_ratio_pred", ".2f"), ("U accept", "subset_acceptance", ".3f"),
+        ("final ||Delta||^2", "mean_final_delta_sq", ".3g"), ("R-hat", "rhat_max", ".3f"),
+        ("ESS min", "ess_min", ".0f"), ("ms/step", "ms_per_step", ".3f")]),
+    "peers": (part_peers, None, None, [
+        ("data", "dataset", "s"), ("method", "method", "s"), ("draws", "draws", "d"),
+        ("sampling s", "sampling_s", ".1f"),
+        ("ESS min", "ess_min", ".0f"), ("ESS/s", "ess_per_s", ".1f"), ("max dmean/sd", "max_mean_err_sd", ".3f"),
+        ("sd ratio min", "sd_ratio_min", ".2f"), ("sd ratio max", "sd_ratio_max", ".2f"),
+        ("items/step", "items_per_step", ".0f"), ("ms/step", "ms_per_step", ".3f"), ("setup s", "setup_s", ".1f"),
+        ("compile s", "compile_s", ".1f")]),
+}
 
 
-def do_bias(tm, args, meta):
-    if True:
-        rows = part_bias(tm, args)
-        cols = [("n", "d"), ("k", "d"), ("eps", "g"), ("max_mean_err_sd", ".3f"), ("sd_ratio_min", ".2f"),
-                ("sd_ratio_max", ".2f"), ("sd_ratio_pred", ".2f"), ("subset_acceptance", ".3f"),
-                ("mean_final_delta_sq", ".3g"), ("rhat_max", ".3f"), ("ess_min", ".0f"), ("ms_per_step", ".3f")]
-        tab = md_table(rows, cols, ["n", "k", "eps", "max dmean/sd", "sd ratio min", "sd ratio max",
-                                    "predicted sd ratio", "U accept", "final ||Delta||^2", "R-hat", "ESS min", "ms/step"])
-        print(tab)
-        C.write_json(args.out, "iss_mcmc_bias.json", {"meta": meta, "rows": rows, "table": tab})
-        plot_bias(rows, args.out)
-
-
-def do_peers(tm, args, meta):
-    if True:
-        rows = part_peers(tm, args)
-        cols = [("dataset", "s"), ("method", "s"), ("draws", "d"), ("sampling_s", ".1f"), ("ess_min", ".0f"),
-                ("ess_per_s", ".1f"), ("max_mean_err_sd", ".3f"), ("sd_ratio_min", ".2f"), ("sd_ratio_max", ".2f"),
-                ("items_per_step", ".0f"), ("ms_per_step", ".3f"), ("setup_s", ".1f"), ("compile_s", ".1f")]
-        tab = md_table(rows, cols, ["data", "method", "draws", "sampling s", "ESS min", "ESS/s", "max dmean/sd",
-                                    "sd ratio min", "sd ratio max", "items/step", "ms/step", "setup s", "compile s"])
-        print(tab)
-        C.write_json(args.out, args.peers_file, {"meta": meta, "rows": rows, "table": tab})
+def run_part(tm, args, meta, part):
+    """Run one part, print its table and write its JSON (``--peers-file`` for the peers) and figure."""
+    make_rows, filename, plot, columns = PARTS[part]
+    rows = make_rows(tm, args)
+    tab = md_table(rows, [(key, fmt) for _, key, fmt in columns], [title for title, _, _ in columns])
+    print(tab)
+    C.write_json(args.out, filename or args.peers_file, {"meta": meta, "rows": rows, "table": tab})
+    if plot is not None:
+        plot(rows, args.out)
 
 
 if __name__ == "__main__":

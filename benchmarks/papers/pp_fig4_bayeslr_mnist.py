@@ -39,7 +39,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -144,20 +143,16 @@ def risk_curve(draws, times, Xte, p_ref, n_points=60):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--mnist", default=None)
-    ap.add_argument("--components", type=int, default=50)
-    ap.add_argument("--prior-var", type=float, default=0.1)
-    ap.add_argument("--batch", type=int, default=100)
+    C.add_options(ap, components=50, prior_var=0.1, batch=100)
     ap.add_argument("--epsilons", default="0.01,0.05")
     ap.add_argument("--chains", type=int, default=8)
     ap.add_argument("--budget", type=float, default=40.0, help="sampling seconds per method")
     ap.add_argument("--max-draws", type=int, default=60000, help="cap on draws per chain")
     ap.add_argument("--ref-draws", type=int, default=6000)
     ap.add_argument("--vmap", action="store_true", help="run the chains side by side in one call")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     folder = os.path.abspath(args.mnist) if args.mnist else default_mnist_dir()
     if args.smoke:
@@ -273,8 +268,7 @@ def main(argv=None):
     suffix = "_vmap" if args.vmap else ""
     C.write_json(args.out, f"pp_fig4_bayeslr_mnist{suffix}.json", out)
 
-    plt = C.pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = C.figure(figsize=(6.4, 4.4))
     for i, (label, run) in enumerate(runs.items()):
         ax.plot(run["t"], run["risk"], "-" if label == "exact MH" else "--", color="k" if label == "exact MH" else f"C{i}",
                 label=f"{label} (T = {run['draws_per_chain']})")
@@ -285,9 +279,7 @@ def main(argv=None):
     ax.set_ylabel("risk of the predictive mean (2,037 test images)")
     ax.set_title(f"BayesLR on MNIST 7 vs 9 via tm.from_numpyro (N = {n}, d = {d}, batch {args.batch})", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, f"pp_fig4_bayeslr_mnist{suffix}.png")
-    plt.close(fig)
+    C.finish_figure(fig, args.out, f"pp_fig4_bayeslr_mnist{suffix}.png")
     return 0
 
 

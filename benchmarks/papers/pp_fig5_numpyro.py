@@ -28,7 +28,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import sys
@@ -38,34 +37,16 @@ import warnings
 import numpy as np
 
 import _common as C
-from pp_fig5_sublinear import TRUE_W, make_data
+from pp_fig5_sublinear import TRUE_W, mapped, parse_args, plot_items, setup, slopes_over_n, timed
 
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6,1e7")
-    ap.add_argument("--epsilon", type=float, default=0.01)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--proposal-sd", type=float, default=0.1)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--keys", type=int, default=300)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--chain-steps", type=int, default=300)
-    ap.add_argument("--large-n", type=float, default=1e5)
-    ap.add_argument("--exact-budget", type=float, default=2e6)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
-    args = ap.parse_args(argv[1:])
-    if args.smoke:
-        args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
-        args.large_n = 1e3
+    args = parse_args(__doc__, argv, sizes="1e3,1e4,1e5,1e6,1e7", pairs=3, repeats=2, exact_budget=2e6)
     warnings.simplefilter("ignore")
     logging.getLogger("arviz").setLevel(logging.ERROR)
 
     import jax
-    import jax.numpy as jnp
     import numpyro
     import numpyro.distributions as dist
 
@@ -79,31 +60,8 @@ def main(argv=None):
     t_start = time.perf_counter()
     meta = C.machine_info(argv)
     C.header("probabilistic programs Fig. 5 through the NumPyro front end", meta)
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
-    X_all, y_all = make_data(max(sizes), args.seed)
+    sizes, X_all, y_all, theta, props, austerity, exact = setup(tm, args)
     hand = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
-    rng = np.random.default_rng(args.seed + 1)
-    theta = jnp.asarray(TRUE_W, jnp.float32)
-    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
-    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
-    exact = tm.acceptance.Exact()
-
-    def mapped(f, wrap):
-        # 1e-30 * uniform: a no-op in float32 that keeps XLA from hoisting the exact sum out of the loop
-        def one(th, tp, k):
-            tp = tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype)
-            return f(wrap(th), wrap(tp), k)
-
-        return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
-
-    def timed(g, th, tp, keys, repeats):
-        jax.block_until_ready(g(th, tp, keys))
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(g(th, tp, keys))
-            best = min(best, time.perf_counter() - t0)
-        return best / keys.shape[0]
 
     rows = []
     for n in sizes:
@@ -148,12 +106,8 @@ def main(argv=None):
               f"{1e6 * row['chain_s_per_step']:8.1f} us/step | from_numpyro {build_s:.2f}s", flush=True)
 
     Ns = np.array([r["N"] for r in rows], float)
-    big = Ns >= args.large_n
-    slopes = {}
-    for key in ("items_mean", "s_per_decision", "hand_s_per_decision", "exact_s_per_decision", "chain_items_mean",
-                "chain_s_per_step", "from_numpyro_s"):
-        v = np.array([r[key] for r in rows], float)
-        slopes[key] = {"all": C.slope(Ns, v), "large": C.slope(Ns[big], v[big])}
+    slopes = slopes_over_n(rows, ("items_mean", "s_per_decision", "hand_s_per_decision", "exact_s_per_decision",
+                                  "chain_items_mean", "chain_s_per_step", "from_numpyro_s"), args.large_n, "large")
     total = time.perf_counter() - t_start
     print(f"\nlog-log slopes (all sizes / N >= {args.large_n:g}):")
     for k, v in slopes.items():
@@ -166,35 +120,17 @@ def main(argv=None):
            "rows": rows, "slopes": slopes, "total_runtime_s": total}
     C.write_json(args.out, "pp_fig5_numpyro.json", out)
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = C.figure(1, 2, figsize=(11, 4.2))
     ax = axes[0]
-    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
-            label=f"austerity via from_numpyro, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
-    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
-            label=f"austerity via from_numpyro, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
-    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("items read per iteration")
-    ax.set_title(f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}", fontsize=9)
-    ax.legend(fontsize=7)
+    plot_items(ax, Ns, rows, slopes, args, "austerity via from_numpyro")
     ax = axes[1]
     for key, style, lab in (("s_per_decision", "o-", "austerity via from_numpyro"),
                             ("hand_s_per_decision", "x--", "austerity, hand-written model"),
                             ("chain_s_per_step", "s--", "austerity via from_numpyro, RW chain"),
                             ("exact_s_per_decision", "k^:", "exact MH via from_numpyro")):
         ax.plot(Ns, 1e3 * np.array([r[key] for r in rows]), style, label=f"{lab} (slope {slopes[key]['all']:.2f})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("ms per iteration")
-    ax.set_title("(c) time per iteration (2-core shared CPU: noisy)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_fig5_numpyro.png")
-    plt.close(fig)
+    C.log_log(ax, "N", "ms per iteration", "(c) time per iteration (2-core shared CPU: noisy)")
+    C.finish_figure(fig, args.out, "pp_fig5_numpyro.png")
     return 0
 
 

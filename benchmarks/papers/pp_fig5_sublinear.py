@@ -35,7 +35,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -55,68 +54,105 @@ def make_data(n, seed):
     return X, y
 
 
-def main(argv=None):
-    argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7")
-    ap.add_argument("--epsilon", type=float, default=0.01)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--proposal-sd", type=float, default=0.1)
-    ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--keys", type=int, default=300)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--chain-steps", type=int, default=300)
-    ap.add_argument("--large-n", type=float, default=1e5)
-    ap.add_argument("--exact-budget", type=float, default=3e6, help="items per exact timing run (sets its key count)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny run (seconds) for the tests")
-    ap.add_argument("--out", default=C.DEFAULT_OUT)
+def parse_args(doc, argv, *, sizes, pairs, repeats, exact_budget):
+    """The options of this script and of ``pp_fig5_numpyro.py`` (the same experiment), with their defaults."""
+    ap = C.parser(doc)
+    C.add_options(ap, sizes=sizes, epsilon=0.01, batch=100, proposal_sd=0.1, pairs=pairs, keys=300, repeats=repeats,
+                  chain_steps=300, large_n=1e5)
+    ap.add_argument("--exact-budget", type=float, default=exact_budget,
+                    help="items per exact timing run (sets its key count)")
+    C.add_run_options(ap, C.DEFAULT_OUT)
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.sizes, args.pairs, args.keys, args.repeats, args.chain_steps = "1e3,1e4", 1, 20, 1, 20
         args.large_n = 1e3
+    return args
+
+
+def setup(tm, args):
+    """The sizes N, the data for the largest, the current point w* and ``--pairs`` proposals
+    ``w* + proposal_sd z`` (float32), the austerity test and the exact one."""
+    import jax.numpy as jnp
+
+    sizes = C.numbers(args.sizes, int)
+    X_all, y_all = make_data(max(sizes), args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    theta = jnp.asarray(TRUE_W, jnp.float32)
+    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
+    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
+    return sizes, X_all, y_all, theta, props, austerity, tm.acceptance.Exact()
+
+
+def mapped(f, wrap=None):
+    """One compiled program that makes len(keys) decisions one after another (lax.map); ``wrap`` turns a flat
+    parameter into the model's (the NumPyro front end's dict).
+
+    theta' gets ``1e-30 * uniform`` per key: numerically a no-op in float32 (far below one ulp of
+    theta', so every decision is unchanged) but not loop-invariant, so XLA cannot hoist the exact test's
+    full-data sum out of the loop and compute it once for all keys (which it did: 0.2 ns per item).
+    """
+    import jax
+
+    wrap = wrap or (lambda t: t)
+
+    def one(th, tp, k):
+        tp = tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype)
+        return f(wrap(th), wrap(tp), k)
+
+    return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
+
+
+def timed(g, th, tp, keys, repeats):
+    """Best wall time per decision of ``g(th, tp, keys)`` over ``repeats`` calls, after one warm-up call."""
+    import jax
+
+    jax.block_until_ready(g(th, tp, keys))  # compile (first pair only) and warm up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(g(th, tp, keys))
+        best = min(best, time.perf_counter() - t0)
+    return best / keys.shape[0]
+
+
+def slopes_over_n(rows, keys, large_n, large_name):
+    """Log-log slope of each key against N, over all sizes (``"all"``) and over N >= ``large_n``
+    (``large_name``)."""
+    Ns = np.array([r["N"] for r in rows], float)
+    big = Ns >= large_n
+    return {key: {"all": C.slope(Ns, v), large_name: C.slope(Ns[big], v[big])}
+            for key, v in ((key, np.array([r[key] for r in rows], float)) for key in keys)}
+
+
+def plot_items(ax, Ns, rows, slopes, args, label):
+    """Panel (b): items read per iteration against N, at the fixed pairs and along the chain (``label`` names
+    the sampler), with N itself for exact MH."""
+    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
+            label=f"{label}, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
+    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
+            label=f"{label}, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
+    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
+    C.log_log(ax, "N", "items read per iteration",
+              f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}")
+
+
+def main(argv=None):
+    argv = sys.argv if argv is None else argv
+    args = parse_args(__doc__, argv, sizes="1e3,3e3,1e4,3e4,1e5,3e5,1e6,3e6,1e7", pairs=4, repeats=3,
+                      exact_budget=3e6)
 
     import jax
-    import jax.numpy as jnp
 
     import tallmh as tm
 
     t_start = time.perf_counter()
     meta = C.machine_info(argv)
     C.header("probabilistic programs Sec. 4.1.1 / Fig. 5: sublinear austerity at a fixed proposal", meta)
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
-    X_all, y_all = make_data(max(sizes), args.seed)
+    sizes, X_all, y_all, theta, props, austerity, exact = setup(tm, args)
     model = tm.models.LogisticRegression(prior_scale=math.sqrt(0.1))
-    rng = np.random.default_rng(args.seed + 1)
-    theta = jnp.asarray(TRUE_W, jnp.float32)
-    props = [theta + args.proposal_sd * jnp.asarray(rng.standard_normal(2), jnp.float32) for _ in range(args.pairs)]
-    austerity = tm.acceptance.Austerity(epsilon=args.epsilon, batch_size=args.batch)
-    exact = tm.acceptance.Exact()
     print(f"# w* = {TRUE_W}, prior N(0, 0.1 I), austerity eps {args.epsilon} batch {args.batch}, proposal sd "
           f"{args.proposal_sd}; pairs theta' - theta = {[np.round(np.asarray(p - theta), 3).tolist() for p in props]}",
           flush=True)
-
-    def mapped(f):
-        """One compiled program that makes len(keys) decisions one after another (lax.map).
-
-        theta' gets ``1e-30 * uniform`` per key: numerically a no-op in float32 (far below one ulp of
-        theta', so every decision is unchanged) but not loop-invariant, so XLA cannot hoist the exact test's
-        full-data sum out of the loop and compute it once for all keys (which it did: 0.2 ns per item).
-        """
-
-        def one(th, tp, k):
-            return f(th, tp + 1e-30 * jax.random.uniform(jax.random.fold_in(k, 12345), tp.shape, tp.dtype), k)
-
-        return jax.jit(lambda th, tp, ks: jax.lax.map(lambda k: one(th, tp, k), ks))
-
-    def timed(g, th, tp, keys, repeats):
-        jax.block_until_ready(g(th, tp, keys))  # compile (first pair only) and warm up
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(g(th, tp, keys))
-            best = min(best, time.perf_counter() - t0)
-        return best / keys.shape[0]
 
     rows = []
     for n in sizes:
@@ -164,22 +200,21 @@ def main(argv=None):
 
     Ns = np.array([r["N"] for r in rows], float)
     big = Ns >= args.large_n
-    slopes = {}
-    for key in ("items_mean", "s_per_decision", "exact_s_per_decision", "chain_items_mean", "chain_s_per_step"):
-        v = np.array([r[key] for r in rows], float)
-        slopes[key] = {"all": C.slope(Ns, v), f"N>={args.large_n:g}": C.slope(Ns[big], v[big])}
+    slopes = slopes_over_n(rows, ("items_mean", "s_per_decision", "exact_s_per_decision", "chain_items_mean",
+                                  "chain_s_per_step"), args.large_n, f"N>={args.large_n:g}")
     per_pair_slopes = []
     for k in range(args.pairs):
         v = np.array([r["pairs"][k]["items_mean"] for r in rows], float)
         per_pair_slopes.append({"all": C.slope(Ns, v), "large": C.slope(Ns[big], v[big])})
     total = time.perf_counter() - t_start
     print()
-    print(f"{'N':>9s} {'items':>9s} {'frac %':>7s} {'us/dec':>8s} {'exact us':>10s} {'wrong %':>7s} {'chain items':>11s} "
-          f"{'chain us':>9s}")
-    for r in rows:
-        print(f"{r['N']:9d} {r['items_mean']:9.1f} {100 * r['items_mean'] / r['N']:7.2f} {1e6 * r['s_per_decision']:8.1f} "
-              f"{1e6 * r['exact_s_per_decision']:10.1f} {100 * r['wrong_decision_rate']:7.2f} {r['chain_items_mean']:11.1f} "
-              f"{1e6 * r['chain_s_per_step']:9.1f}")
+    C.print_table(rows, [("N", "9d", "N"), ("items", "9.1f", "items_mean"),
+                         ("frac %", "7.2f", lambda r: 100 * r["items_mean"] / r["N"]),
+                         ("us/dec", "8.1f", lambda r: 1e6 * r["s_per_decision"]),
+                         ("exact us", "10.1f", lambda r: 1e6 * r["exact_s_per_decision"]),
+                         ("wrong %", "7.2f", C.percent("wrong_decision_rate")),
+                         ("chain items", "11.1f", "chain_items_mean"),
+                         ("chain us", "9.1f", lambda r: 1e6 * r["chain_s_per_step"])])
     print(f"\nlog-log slopes (all sizes / N >= {args.large_n:g}):")
     for k, v in slopes.items():
         print(f"  {k:22s} {v['all']:6.3f} / {v[f'N>={args.large_n:g}']:6.3f}")
@@ -200,8 +235,7 @@ def main(argv=None):
     }
     C.write_json(args.out, "pp_fig5_sublinear.json", out)
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.3))
+    fig, axes = C.figure(1, 3, figsize=(14, 4.3))
     Xs = X_all[: min(2000, max(sizes))]
     ys = y_all[: len(Xs)]
     ax = axes[0]
@@ -212,17 +246,7 @@ def main(argv=None):
     ax = axes[1]
     for k in range(args.pairs):
         ax.plot(Ns, [r["pairs"][k]["items_mean"] for r in rows], "-", color="tab:green", alpha=0.35, lw=1)
-    ax.plot(Ns, [r["items_mean"] for r in rows], "o-", color="tab:green",
-            label=f"austerity, fixed pairs (slope {slopes['items_mean']['all']:.2f})")
-    ax.plot(Ns, [r["chain_items_mean"] for r in rows], "s--", color="tab:purple",
-            label=f"austerity, RW chain (slope {slopes['chain_items_mean']['all']:.2f})")
-    ax.plot(Ns, Ns, "k:", label="N (exact MH)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("items read per iteration")
-    ax.set_title(f"(b) items per iteration, eps {args.epsilon}, batch {args.batch}, sd {args.proposal_sd}", fontsize=9)
-    ax.legend(fontsize=7)
+    plot_items(ax, Ns, rows, slopes, args, "austerity")
     ax = axes[2]
     ax.plot(Ns, 1e3 * np.array([r["s_per_decision"] for r in rows]), "o-", color="tab:green",
             label=f"austerity, fixed pairs (slope {slopes['s_per_decision']['all']:.2f})")
@@ -230,15 +254,8 @@ def main(argv=None):
             label=f"austerity, RW chain (slope {slopes['chain_s_per_step']['all']:.2f})")
     ax.plot(Ns, 1e3 * np.array([r["exact_s_per_decision"] for r in rows]), "k^:",
             label=f"exact MH (slope {slopes['exact_s_per_decision']['all']:.2f})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel("ms per iteration")
-    ax.set_title("(c) time per iteration (2-core CPU, shared: noisy)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_fig5_sublinear.png")
-    plt.close(fig)
+    C.log_log(ax, "N", "ms per iteration", "(c) time per iteration (2-core CPU, shared: noisy)")
+    C.finish_figure(fig, args.out, "pp_fig5_sublinear.png")
     return 0
 
 

@@ -40,7 +40,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -108,14 +107,12 @@ def run_method(name, prog, model, data, init, predict_fn, args, y_test, clusters
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = C.parser(__doc__)
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--n-test", type=int, default=1000)
     ap.add_argument("--clusters", type=int, default=10, help="K of the finite NumPyro JointDPM")
     ap.add_argument("--max-clusters", type=int, default=20, help="K_max of the hand-written CRP version")
-    ap.add_argument("--step-z", type=int, default=200)
-    ap.add_argument("--epsilon", type=float, default=0.3)
-    ap.add_argument("--batch", type=int, default=100)
+    C.add_options(ap, step_z=200, epsilon=0.3, batch=100)
     ap.add_argument("--sigma", type=float, default=0.15, help="random-walk sd of the weights' proposal")
     ap.add_argument("--scale-mu", type=float, default=0.03)
     ap.add_argument("--scale-sd", type=float, default=0.03, help="random-walk sd on log sd")
@@ -197,8 +194,7 @@ def main(argv=None):
     print(f"time to exact's final accuracy {final_ex:.3f} (-0.5%): exact {t_ex:.1f}s, subsampled {t_sub:.1f}s "
           f"-> {speedup:.1f}x (paper: 10x)")
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = C.figure(1, 2, figsize=(11, 4))
     ax = axes[0]
     for name, (col, ls) in zip(names, (("r", "-"), ("b", "-"), ("r", ":"), ("b", ":"))):
         c = np.array(runs[name]["curve"])
@@ -213,8 +209,7 @@ def main(argv=None):
     ax.set_title("training data (first 2,000 points)")
     fig.suptitle(f"JointDPM (NumPyro, K = {args.clusters}), N = {args.n}: exact vs austerity eps = {args.epsilon} "
                  "on each cluster's members")
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_jointdpm.png" if not args.smoke else "pp_jointdpm_smoke.png")
+    C.finish_figure(fig, args.out, "pp_jointdpm.png" if not args.smoke else "pp_jointdpm_smoke.png")
     C.write_json(args.out, "pp_jointdpm.json" if not args.smoke else "pp_jointdpm_smoke.json", {
         "meta": meta, "args": vars(args), "runs": runs,
         "time_to_exact_final_accuracy": {"exact_s": t_ex, "subsampled_s": t_sub, "speedup": speedup},

@@ -41,7 +41,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -112,19 +111,12 @@ def nuts_reference(x, args, meta, num_warmup=500, num_samples=1000):
 
 def main(argv=None):
     argv = sys.argv if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--series", type=int, default=2000)
-    ap.add_argument("--length", type=int, default=5)
-    ap.add_argument("--particles", type=int, default=5)
-    ap.add_argument("--window", type=int, default=5)
-    ap.add_argument("--series-per-step", type=int, default=500)
+    ap = C.parser(__doc__)
+    C.add_options(ap, series=2000, length=5, particles=5, window=5, series_per_step=500)
     ap.add_argument("--repeats", type=int, default=3, help="MH updates of phi and of sigma per cycle")
     ap.add_argument("--scale-phi", type=float, default=1.5, help="random-walk sd on logit phi")
     ap.add_argument("--scale-sigma2", type=float, default=0.45, help="random-walk sd on log sigma^2")
-    ap.add_argument("--epsilon", type=float, default=0.05)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--chains", type=int, default=2)
+    C.add_options(ap, epsilon=0.05, batch=100, steps=600, chains=2)
     ap.add_argument("--ref-chunks", type=int, default=4, help="reference run length, in chunks of --steps")
     ap.add_argument("--warmup-chunks", type=int, default=1)
     ap.add_argument("--thin", type=int, default=1)
@@ -201,8 +193,7 @@ def main(argv=None):
     ratio = {p: results[names[1]][p]["ess_per_s"] / results[names[0]][p]["ess_per_s"] for p in ("phi", "sigma")}
     print(f"ESS/s subsampled / exact: phi {ratio['phi']:.2f}x, sigma {ratio['sigma']:.2f}x (paper: about 2x)")
 
-    plt = C.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = C.figure(1, 3, figsize=(14, 4))
     for ax, p in zip(axes[:2], ("phi", "sigma")):
         bins = np.linspace(np.quantile(ref[p], 0.001), np.quantile(ref[p], 0.999), 40)
         ax.hist(ref[p].ravel(), bins=bins, density=True, alpha=0.4, color="g", label="long exact run")
@@ -225,8 +216,7 @@ def main(argv=None):
     ax.legend(fontsize=7)
     fig.suptitle(f"Stochastic volatility (NumPyro model, non-centred), {args.series} series x {args.length}: "
                  "particle Gibbs + (subsampled) MH")
-    fig.tight_layout()
-    C.save_fig(fig, args.out, "pp_sv.png" if not args.smoke else "pp_sv_smoke.png")
+    C.finish_figure(fig, args.out, "pp_sv.png" if not args.smoke else "pp_sv_smoke.png")
     for r in results.values():
         r["draws"] = {p: np.asarray(v)[:, ::max(1, np.asarray(v).shape[1] // 500)].round(5).tolist()
                       for p, v in r["draws"].items()}
