@@ -198,8 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--warmup", type=_int_at_least("--warmup", 0), default=None,
                       help="warmup steps before the budget instead of a burn-in share (default: 500 with "
                            "--proposal adaptive, which adapts in warmup; none with laplace)")
-    demo.add_argument("--reference-draws", type=_int_at_least("--reference-draws", 50), default=5000,
-                      help="draws per chain of the exact-MH reference run (after 10%% burn-in)")
+    demo.add_argument("--reference-draws", type=_int_at_least("--reference-draws", 50), default=1000,
+                      help="draws per chain of the exact-MH reference run (Langevin proposal; after a warmup "
+                           "of a fifth as many steps, at least 100)")
     demo.add_argument("--reference-chains", type=_int_at_least("--reference-chains", 1), default=2,
                       help="chains of the reference run")
     demo.add_argument("--cache", default=None,

@@ -425,7 +425,8 @@ def sample(
     chunk_size : fixed steps per compiled call (default: sized so that a call takes ``chunk_seconds``)
     control_variates : a :class:`tallmh.ControlVariates` to use Taylor control variates in the
         approximate tests (:mod:`tallmh.control_variates`); its full passes are counted in
-        ``result.setup_items``. None: on with the default test, off with a test you chose; False: off
+        ``result.setup_items``. With the exact test they serve only the Langevin proposal's minibatch
+        gradient (exact MH with a nearly exact MALA drift); the test still reads all N items. None: on with the default test, off with a test you chose; False: off
     audit : self-audit rate: the fraction of steps at which the exact test also decides with the same u
         (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default (approximate
         tests; none for ``Exact``): enough audited chain-steps, spread over warmup and sampling, to flag a
@@ -511,8 +512,10 @@ def sample(
     elif control_variates is False:
         control_variates = None
     is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
-    if control_variates is not None and getattr(test, "tracks_log_lik", False):
-        raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
+    if control_variates is not None and getattr(test, "tracks_log_lik", False) \
+            and not (proposal is None or getattr(proposal, "needs_data", False)):
+        raise ConfigError("with the exact test, control variates serve only the Langevin proposal's gradient "
+                          "(the test reads all data); use proposal=tm.proposals.Langevin() or drop them")
     if getattr(test, "batch_auto", False):
         notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
                      f"boundary keeps the error promise at any batch; where the items need more, it reads more)")
