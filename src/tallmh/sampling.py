@@ -97,12 +97,18 @@ def differentiable(model, data, n, init) -> bool:
         jax.tree_util.tree_map(lambda a: a[:min(n, 16)], data)
     flat, unravel = ravel_pytree(init)
 
-    def total(t):
+    def total(t, rows):
         th = unravel(t)
         return jnp.sum(model.log_lik(th, rows)) + jnp.asarray(model.log_prior(th), t.dtype)
 
+    def grad_and_hvp(t, rows):  # one compiled program (the rows an argument: cached across processes)
+        return jax.jvp(lambda u: jax.grad(total)(u, rows), (t,), (jnp.ones_like(t),))
+
     try:
-        g, hv = jax.jvp(jax.grad(total), (flat,), (jnp.ones_like(flat),))
+        try:
+            g, hv = jax.jit(grad_and_hvp)(flat, rows)
+        except Exception:  # noqa: BLE001 - a model that only runs eagerly: as before
+            g, hv = grad_and_hvp(flat, rows)
         return bool(np.all(np.isfinite(np.asarray(g))) and np.all(np.isfinite(np.asarray(hv))))
     except Exception:  # noqa: BLE001 - any failure to differentiate means: not differentiable
         return False
