@@ -29,9 +29,7 @@ if mode == "off-by-call":
     tm.set_compilation_cache(None)
 if mode in ("sample", "off-by-call"):
     data, _ = tm.models.LogisticRegression.simulate(400, d=3, seed=1)
-    # device arrays: NumPy data is read in place from an aligned span around its address, so its compiled
-    # program (and cache key) depends on where malloc put it (benchmarks/README.md, time to a trusted posterior)
-    data = jax.tree_util.tree_map(jax.numpy.asarray, data)
+    data = jax.tree_util.tree_map(jax.numpy.asarray, data)  # device arrays (NumPy data: "numpy-at-K" below)
     tm.sample(tm.models.LogisticRegression(), data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
               control_variates=tm.ControlVariates(order=2), num_samples=30, num_warmup=30, num_chains=2,
               seed=0, progress=False, audit=0.0)
@@ -132,7 +130,7 @@ def test_set_compilation_cache_in_process(tmp_path):
 def test_sampler_programs_cached_across_processes(tmp_path):
     """The default path (mode search, control variates, kernel init, the chain) compiles nothing in a second
     process: every program is read from the cache; and ``set_compilation_cache(None)`` writes nothing.
-    (Data as device arrays; see the child script for NumPy data.)"""
+    (Data as device arrays; NumPy data: test_numpy_data_at_another_offset_hits_the_cache.)"""
     off = _run(tmp_path, "off-by-call")
     assert off["dir"] is None and off["hits"] == 0 and off["misses"] == 0
     assert _files(str(tmp_path / "xdg" / "tallmh" / "jax")) == 0
