@@ -20,8 +20,8 @@ Pieces, each usable alone:
 - :func:`posterior_mode`: the mode and the Laplace covariance (inverse negative Hessian) there, with the
   full passes over the data counted. Logistic and linear regression in float64 from sums over the rows;
   any other model by damped Newton with autodiff (:func:`tallmh.control_variates.find_center`).
-- :func:`reference_posterior`: a long exact-MH run from dispersed Laplace draws, cached on disk by data
-  and settings.
+- :func:`reference_posterior`: an exact-MH run (the Langevin proposal with the control-variate drift,
+  chains from dispersed Laplace draws), cached on disk by data and settings.
 - :func:`run_budgeted`: one method for a fixed number of seconds of sampling (``tm.sample(budget_s=...)``).
 - :class:`Comparison`: the runs, the table against the reference and the report (``report.html`` with
   traces, marginals, data per step, and each method's verdict at the top).
