@@ -168,9 +168,3 @@ def test_exact_test_with_control_variate_gradient_matches_the_posterior(linreg):
     ok, report = posterior_check(bad.samples, mean, np.sqrt(np.diag(cov)))
     assert not ok, report
 
-
-def test_exact_test_refuses_control_variates_without_a_gradient_proposal(linreg):
-    model, data, _, _ = linreg
-    with pytest.raises(tm.ConfigError, match="serve only the Langevin proposal"):
-        tm.sample(model, data, test=tm.acceptance.Exact(), proposal=tm.proposals.RandomWalk(0.01),
-                  control_variates=tm.ControlVariates(), num_samples=10, num_warmup=0, num_chains=1, progress=False)
