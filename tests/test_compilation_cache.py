@@ -29,10 +29,26 @@ if mode == "off-by-call":
     tm.set_compilation_cache(None)
 if mode in ("sample", "off-by-call"):
     data, _ = tm.models.LogisticRegression.simulate(400, d=3, seed=1)
-    # device arrays: NumPy data is read in place from an aligned span around its address, so its compiled
-    # program (and cache key) depends on where malloc put it (benchmarks/README.md, time to a trusted posterior)
-    data = jax.tree_util.tree_map(jax.numpy.asarray, data)
+    data = jax.tree_util.tree_map(jax.numpy.asarray, data)  # device arrays (NumPy data: "numpy-at-K" below)
     tm.sample(tm.models.LogisticRegression(), data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
+              control_variates=tm.ControlVariates(order=2), num_samples=30, num_warmup=30, num_chains=2,
+              seed=0, progress=False, audit=0.0)
+elif mode.startswith("numpy-at-"):
+    # NumPy data at a given offset within 64 bytes (a view into a larger buffer), as malloc may place a small
+    # array differently in each process: the compiled programs must not depend on it
+    import numpy as np
+    k = int(mode.rsplit("-", 1)[1])
+    data, _ = tm.models.LogisticRegression.simulate(400, d=3, seed=1)
+    placed = {}
+    for name, a in data.items():
+        a = np.asarray(a)
+        buf = np.empty(a.size + 16, a.dtype)
+        shift = (k - buf.ctypes.data % 64) % 64 // a.dtype.itemsize
+        view = buf[shift:shift + a.size].reshape(a.shape)
+        view[...] = a
+        assert view.ctypes.data % 64 == k
+        placed[name] = view
+    tm.sample(tm.models.LogisticRegression(), placed, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
               control_variates=tm.ControlVariates(order=2), num_samples=30, num_warmup=30, num_chains=2,
               seed=0, progress=False, audit=0.0)
 else:
@@ -114,7 +130,7 @@ def test_set_compilation_cache_in_process(tmp_path):
 def test_sampler_programs_cached_across_processes(tmp_path):
     """The default path (mode search, control variates, kernel init, the chain) compiles nothing in a second
     process: every program is read from the cache; and ``set_compilation_cache(None)`` writes nothing.
-    (Data as device arrays; see the child script for NumPy data.)"""
+    (Data as device arrays; NumPy data: test_numpy_data_at_another_offset_hits_the_cache.)"""
     off = _run(tmp_path, "off-by-call")
     assert off["dir"] is None and off["hits"] == 0 and off["misses"] == 0
     assert _files(str(tmp_path / "xdg" / "tallmh" / "jax")) == 0
@@ -122,3 +138,13 @@ def test_sampler_programs_cached_across_processes(tmp_path):
     assert first["misses"] >= 5 and _files(first["dir"]) >= first["misses"]
     second = _run(tmp_path, "sample")
     assert second["misses"] == 0 and second["hits"] >= first["misses"]
+
+
+@pytest.mark.slow
+def test_numpy_data_at_another_offset_hits_the_cache(tmp_path):
+    """Small NumPy arrays land at malloc-dependent offsets within 64 bytes: a second process whose arrays sit
+    elsewhere compiles nothing (they are copied into aligned buffers, not read in place at their offset)."""
+    first = _run(tmp_path, "numpy-at-4")
+    assert first["misses"] >= 5
+    second = _run(tmp_path, "numpy-at-36")
+    assert second["misses"] == 0 and second["hits"] >= first["misses"], (first, second)

@@ -128,11 +128,12 @@ def test_posterior_with_first_order_control_variates(linreg, test):
     assert r.setup_items >= 20_000 * 2  # the Newton and sum passes are counted
 
 
-def test_control_variates_with_exact_is_an_error(linreg):
+def test_control_variates_with_exact_and_no_gradient_proposal_is_an_error(linreg):
+    # with the exact test, control variates only shape the Langevin proposal's gradient (tests/test_langevin.py)
     model, data, *_ = linreg
-    with pytest.raises(tm.ConfigError, match="approximate tests"):
-        tm.sample(model, data, test=tm.acceptance.Exact(), num_samples=5, num_warmup=0, num_chains=1,
-                  control_variates=tm.ControlVariates(), progress=False)
+    with pytest.raises(tm.ConfigError, match="serve only the Langevin proposal"):
+        tm.sample(model, data, test=tm.acceptance.Exact(), proposal=tm.proposals.RandomWalk(0.01), num_samples=5,
+                  num_warmup=0, num_chains=1, control_variates=tm.ControlVariates(), progress=False)
 
 
 @pytest.mark.slow

@@ -21,6 +21,14 @@ from tallmh.errors import DataError
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu" or jax.device_count() != 1,
                               reason="in-place reading needs the CPU backend with one device")
+COPY_BELOW = ds._COPY_BELOW_BYTES  # the default: smaller unaligned arrays are copied
+
+
+@pytest.fixture(autouse=True)
+def in_place_at_any_size(monkeypatch):
+    """These tests exercise in-place reading on small arrays, which by default are copied (see
+    test_small_unaligned_arrays_are_copied_large_ones_read_in_place)."""
+    monkeypatch.setattr(ds, "_COPY_BELOW_BYTES", 0)
 
 
 def at_offset(shape, dtype, off_bytes, fill=None):
@@ -72,6 +80,23 @@ def test_unaligned_array_is_read_in_place(off):
     assert got["X"].shape == (3, 4, 3)
     np.testing.assert_array_equal(np.asarray(got["X"]), X[:12].reshape(3, 4, 3))
     np.testing.assert_array_equal(ds.read_rows(out, 10, 20)["X"], X[10:20])
+
+
+@cpu_only
+def test_small_unaligned_arrays_are_copied_large_ones_read_in_place(monkeypatch):
+    # a small array's offset within 64 bytes depends on malloc; read in place, it would be part of the
+    # compiled program, so a second process could miss the compilation cache: it is copied instead
+    monkeypatch.setattr(ds, "_COPY_BELOW_BYTES", COPY_BELOW)
+    small = at_offset((1000, 3), np.float32, 16)
+    out = validate_data({"X": small}, in_place=True)["X"]
+    assert isinstance(out, jax.Array) and out.unsafe_buffer_pointer() != small.ctypes.data
+    np.testing.assert_array_equal(np.asarray(out), small)
+    aligned = at_offset((1000, 3), np.float32, 0)  # aligned: aliased at any size (no offset in the program)
+    assert validate_data({"X": aligned}, in_place=True)["X"].unsafe_buffer_pointer() == aligned.ctypes.data
+    rows = COPY_BELOW // (4 * 3) + 1
+    big = at_offset((rows, 3), np.float32, 16, 1.0)
+    leaf = validate_data({"X": big}, in_place=True, check_finite=False)["X"]
+    assert isinstance(leaf, ds.InPlaceArray) and leaf.buf.unsafe_buffer_pointer() == big.ctypes.data - 16
 
 
 @cpu_only

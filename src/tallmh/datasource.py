@@ -234,6 +234,12 @@ def _register_alias(x, arr, checked):
 
 
 _ALIGN = 64  # bytes: the CPU client aliases host memory only at this alignment (else it copies)
+# Arrays smaller than this are copied into JAX's own (aligned) buffer rather than read in place: malloc puts
+# them in its heap at an address whose offset within 64 bytes depends on what the process allocated
+# before, and the in-place program depends on that offset (a second process would then miss the
+# persistent compilation cache). Larger ones are memory-mapped by malloc (glibc's largest dynamic
+# threshold is 32 MiB) at a fixed offset from a page boundary; their copy is what reading in place avoids.
+_COPY_BELOW_BYTES = 32 << 20
 
 
 class _Span:
@@ -305,7 +311,9 @@ def in_place_leaf(arr, checked: bool = False):
     """An in-memory NumPy array as a data leaf that compiled code reads without copying it, or None
     where that is impossible (then the caller copies it, as before).
 
-    A 64-byte-aligned array becomes a plain ``jax.Array`` aliasing it; any other an :class:`InPlaceArray`.
+    A 64-byte-aligned array becomes a plain ``jax.Array`` aliasing it; any other an :class:`InPlaceArray`,
+    except below 32 MiB (``_COPY_BELOW_BYTES``), where the copy is cheap and keeps the compiled program
+    independent of where malloc placed the array.
     Needs the CPU backend with one device (a row-sharded or accelerator layout needs its own copy), a
     C-contiguous array of the dtype JAX would use (``float64`` with x64 off would be converted, i.e.
     copied), and fewer than 2**31 elements (int32 element offsets).
@@ -320,6 +328,8 @@ def in_place_leaf(arr, checked: bool = False):
         return None
     addr = int(arr.ctypes.data)
     off_bytes = addr % _ALIGN
+    if off_bytes != 0 and arr.nbytes < _COPY_BELOW_BYTES:
+        return None  # copied (cheap): the same program in every process (see _COPY_BELOW_BYTES)
     if off_bytes == 0:
         x = jax.device_put(arr)
         return x if _aliases(x, arr) else None

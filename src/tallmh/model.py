@@ -85,6 +85,10 @@ def check_model(model: Model, data, theta, n: int):
     Checks: the log prior is a finite scalar; ``log_lik`` on a batch of b items returns shape ``(b,)`` of
     finite values. Touches at most 16 items (not counted: it happens once, before sampling).
     """
+    b = min(n, 16)
+    batch = jax.tree_util.tree_map(lambda a: a[:b], data)
+    if _passes_compiled(model, theta, batch, b):
+        return  # (one compiled program instead of a dozen eager ones; any doubt: the eager checks below)
     try:
         lp = jnp.asarray(model.log_prior(theta))
     except Exception as e:  # noqa: BLE001 - re-raised with context
@@ -93,8 +97,6 @@ def check_model(model: Model, data, theta, n: int):
         raise ModelError(f"log_prior must return a scalar; it returned shape {lp.shape}")
     if not np.isfinite(float(lp)):
         raise ModelError(f"the log prior at the initial point is not finite ({float(lp)})")
-    b = min(n, 16)
-    batch = jax.tree_util.tree_map(lambda a: a[:b], data)
     try:
         ll = jnp.asarray(model.log_lik(theta, batch))
     except Exception as e:  # noqa: BLE001
@@ -106,3 +108,19 @@ def check_model(model: Model, data, theta, n: int):
         )
     if not np.all(np.isfinite(np.asarray(ll))):
         raise ModelError("log_lik returns non-finite values at the initial point")
+
+
+def _passes_compiled(model, theta, batch, b) -> bool:
+    """Whether the checks of :func:`check_model` pass when the log prior and log-likelihood are evaluated
+    in one compiled program (the batch an argument, not a constant, so the program is cached across
+    processes). False on any failure, including a model that cannot be traced: the eager checks then
+    run and name the problem."""
+    def probe(th, rows):
+        return jnp.asarray(model.log_prior(th)), jnp.asarray(model.log_lik(th, rows))
+
+    try:
+        lp, ll = jax.jit(probe)(theta, batch)
+        return (lp.shape == () and ll.shape == (b,) and bool(np.isfinite(float(lp)))
+                and bool(np.all(np.isfinite(np.asarray(ll)))))
+    except Exception:  # noqa: BLE001 - the eager checks report it
+        return False

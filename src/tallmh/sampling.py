@@ -101,12 +101,18 @@ def differentiable(model, data, n, init) -> bool:
         jax.tree_util.tree_map(lambda a: a[:min(n, 16)], data)
     flat, unravel = ravel_pytree(init)
 
-    def total(t):
+    def total(t, rows):
         th = unravel(t)
         return jnp.sum(model.log_lik(th, rows)) + jnp.asarray(model.log_prior(th), t.dtype)
 
+    def grad_and_hvp(t, rows):  # one compiled program (the rows an argument: cached across processes)
+        return jax.jvp(lambda u: jax.grad(total)(u, rows), (t,), (jnp.ones_like(t),))
+
     try:
-        g, hv = jax.jvp(jax.grad(total), (flat,), (jnp.ones_like(flat),))
+        try:
+            g, hv = jax.jit(grad_and_hvp)(flat, rows)
+        except Exception:  # noqa: BLE001 - a model that only runs eagerly: as before
+            g, hv = grad_and_hvp(flat, rows)
         return bool(np.all(np.isfinite(np.asarray(g))) and np.all(np.isfinite(np.asarray(hv))))
     except Exception:  # noqa: BLE001 - any failure to differentiate means: not differentiable
         return False
@@ -438,7 +444,8 @@ def sample(
     chunk_size : fixed steps per compiled call (default: sized so that a call takes ``chunk_seconds``)
     control_variates : a :class:`tallmh.ControlVariates` to use Taylor control variates in the
         approximate tests (:mod:`tallmh.control_variates`); its full passes are counted in
-        ``result.setup_items``. None: on with the default test, off with a test you chose; False: off
+        ``result.setup_items``. With the exact test they serve only the Langevin proposal's minibatch
+        gradient (exact MH with a nearly exact MALA drift); the test still reads all N items. None: on with the default test, off with a test you chose; False: off
     audit : self-audit rate: the fraction of steps at which the exact test also decides with the same u
         (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default (approximate
         tests; none for ``Exact``): enough audited chain-steps, spread over warmup and sampling, to flag a
@@ -589,8 +596,10 @@ class _Run:
         elif control_variates is False:
             control_variates = None
         self.is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
-        if control_variates is not None and getattr(test, "tracks_log_lik", False):
-            raise ConfigError("control variates are for the approximate tests; the exact test reads all data")
+        if control_variates is not None and getattr(test, "tracks_log_lik", False) \
+                and not (self.proposal is None or getattr(self.proposal, "needs_data", False)):
+            raise ConfigError("with the exact test, control variates serve only the Langevin proposal's gradient "
+                              "(the test reads all data); use proposal=tm.proposals.Langevin() or drop them")
         if getattr(test, "batch_auto", False):
             notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
                          f"boundary keeps the error promise at any batch; where the items need more, it reads more)")

@@ -16,6 +16,19 @@ __all__ = ["LogisticRegression", "softplus_diff"]
 MAX_FEATURE = 1e15
 
 
+@jax.jit
+def _feature_stats(X):
+    """``(max_ij |x_ij|, max_i ||x_i||)`` over the finite entries and rows, in one compiled pass over X (an
+    in-memory array read in place is not copied)."""
+    a = jnp.abs(X)
+    finite = jnp.isfinite(a)
+    biggest = jnp.max(jnp.where(finite, a, 0.0))
+    # rows with a non-finite value (only where the finiteness check was waived) are left out of the
+    # bound: their ratios are non-finite, counted and their proposals rejected
+    norms = jnp.linalg.norm(jnp.where(finite, X, 0.0), axis=1)
+    return biggest, jnp.max(jnp.where(jnp.all(finite, axis=1), norms, 0.0))
+
+
 def softplus_diff(z, d):
     """``softplus(z + d) - softplus(z)`` accurate to a few ulps relative for any margin ``z`` and step ``d``.
 
@@ -99,17 +112,17 @@ class LogisticRegression(Model):
             raise DataError(f"LogisticRegression needs data['y'] of shape (N,); got {y.shape}")
         if not np.all((y == 0) | (y == 1)):
             raise DataError("LogisticRegression needs a binary target y with values 0 and 1")
-        X = jnp.asarray(data["X"])
-        a = jnp.abs(X)
-        finite = jnp.isfinite(a)
-        biggest = float(jnp.max(jnp.where(finite, a, 0.0))) if a.size else 0.0
+        X = data["X"]
+        if not isinstance(X, jax.Array) and type(X).__name__ != "InPlaceArray":
+            X = jnp.asarray(X)
+        if not np.prod(np.shape(X)):
+            return {"max_norm": jnp.zeros((), X.dtype)}
+        biggest, max_norm = _feature_stats(X)
+        biggest = float(biggest)
         if biggest > MAX_FEATURE:
             raise DataError(f"LogisticRegression: data['X'] holds a value of magnitude {biggest:.3g}, beyond the "
                             f"useful range of {X.dtype} margins (|x| <= {MAX_FEATURE:.0e}); rescale the features")
-        # rows with a non-finite value (only where the finiteness check was waived) are left out of the
-        # bound: their ratios are non-finite, counted and their proposals rejected
-        norms = jnp.linalg.norm(jnp.where(finite, X, 0.0), axis=1)
-        return {"max_norm": jnp.max(jnp.where(jnp.all(finite, axis=1), norms, 0.0))}
+        return {"max_norm": max_norm}
 
     def lik_ratio_bound(self, theta, theta_prop, stats):
         """``||theta' - theta|| max_i ||x_i||`` (Sec. 4.2) plus headroom for the float rounding of the ``l_i``.
