@@ -109,6 +109,7 @@ def _demo(args, argv, held):
 
 def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) -> int:
     """Print the demo's table, verdicts and lesson and write its report to ``out``; returns the exit status."""
+    from . import report as rp
     from .compare import machine
 
     runs, ref, mode = comparison.runs, comparison.reference, comparison.mode
