@@ -532,7 +532,25 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
             raise ModelError("models with scan (numpyro.contrib.control_flow) are not supported by from_numpyro: "
                              "write the per-item likelihood without scan inside the data plate")
 
-    # the arrays and their leading lengths
+    leaves = _array_leaves(named)
+    plate = _data_plate(plates, samples, data_plate, {int(np.shape(l)[0]) for _, _, _, l in leaves})
+    pname, n = plate["name"], int(plate["size"])
+    data, data_keys = _plate_data(plates, pname, n, leaves)
+    dims = {f[0]: f[1] for s in samples for f in s["frames"]}
+    info = _site_kinds(samples, pname, local, state_sites)
+    enum_plates = _enum_plates(samples, info, pname)
+    probe = _take(data, [0])
+    model = NumPyroModel(model_fn, named, rebuild, data_keys, pname, n, info, probe, dims.get(pname, -1), local)
+    model._enum_plates = next(iter(enum_plates.values())) if enum_plates else ()
+    model._plate_sizes = {p["name"]: int(p["size"]) for p in plates}
+    _prepare(model, data, n)
+    if check:
+        _checks(model, data, n, named, rebuild, check_full_max)
+    return model, data
+
+
+def _array_leaves(named):
+    """``[(name, argument, leaf index, array)]``: the arrays of at least one axis among the arguments."""
     leaves = []
     for arg, val in named.items():
         flat, _ = jax.tree_util.tree_flatten_with_path(val)
@@ -540,29 +558,35 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
             if _is_array(leaf) and np.ndim(leaf) >= 1:
                 nm = arg if not path else f"{arg}/{_path_name(path)}"
                 leaves.append((nm, arg, i, leaf))
-    lengths = {int(np.shape(l)[0]) for _, _, _, l in leaves}
+    return leaves
 
-    # the data plate
+
+def _data_plate(plates, samples, data_plate, lengths):
+    """The data plate: the one named, or the only plate holding observed sites whose size is the leading
+    length of some argument array (``lengths``)."""
     names = [p["name"] for p in plates]
     if data_plate is not None:
         if data_plate not in names:
             raise ModelError(f"the model has no plate named {data_plate!r}"
                              + (f" (its plates: {names})" if names else " (it has no plate)"))
-        plate = [p for p in plates if p["name"] == data_plate][0]
-    else:
-        with_obs = {f[0] for s in samples if s["observed"] for f in s["frames"]}
-        cands = [p for p in plates if p["name"] in with_obs and p["size"] in lengths]
-        if not cands:
-            raise ModelError(
-                "no data plate found: put the observed sites inside numpyro.plate(name, N), where N is the "
-                "leading length of the data arrays passed to the model" +
-                (f" (plates {names} have sizes {[p['size'] for p in plates]}; array lengths {sorted(lengths)})"
-                 if plates else ""))
-        if len(cands) > 1:
-            raise ModelError(f"several plates could be the data plate ({[p['name'] for p in cands]}): pass "
-                             "data_plate=NAME")
-        plate = cands[0]
-    pname, n = plate["name"], int(plate["size"])
+        return [p for p in plates if p["name"] == data_plate][0]
+    with_obs = {f[0] for s in samples if s["observed"] for f in s["frames"]}
+    cands = [p for p in plates if p["name"] in with_obs and p["size"] in lengths]
+    if not cands:
+        raise ModelError(
+            "no data plate found: put the observed sites inside numpyro.plate(name, N), where N is the "
+            "leading length of the data arrays passed to the model" +
+            (f" (plates {names} have sizes {[p['size'] for p in plates]}; array lengths {sorted(lengths)})"
+             if plates else ""))
+    if len(cands) > 1:
+        raise ModelError(f"several plates could be the data plate ({[p['name'] for p in cands]}): pass "
+                         "data_plate=NAME")
+    return cands[0]
+
+
+def _plate_data(plates, pname, n, leaves):
+    """``(data, data_keys)``: the arrays of leading length N by name, and where each sits in the arguments.
+    Refuses other plates that subsample themselves."""
     others = [p["name"] for p in plates if p["name"] != pname and p["subsample_size"] is not None
               and p["subsample_size"] != p["size"]]
     if others:
@@ -574,9 +598,12 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
                          f"length {n}: pass the data arrays as arguments of the model")
     data = {nm: l for nm, _, _, l in data_leaves}
     data_keys = {nm: (arg, i) for nm, arg, i, _ in data_leaves}
+    return data, data_keys
 
-    # the sites
-    dims = {f[0]: f[1] for s in samples for f in s["frames"]}
+
+def _site_kinds(samples, pname, local, state_sites):
+    """``{site name: SiteInfo}``: each sample site classified (global, global_observed, local_observed,
+    local_enumerated, local_latent); refuses the sites tallmh cannot handle."""
     info = {}
     for s in samples:
         inside = any(f[0] == pname for f in s["frames"])
@@ -603,8 +630,11 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
         raise ModelError(f"state_sites {bad} are not latent sample sites inside the data plate {pname!r}")
     if not any(i.kind == "global" for i in info.values()):
         raise ModelError("the model has no latent site outside the data plate: nothing for MH to sample")
+    return info
 
-    # the enumerated sites' further plates (inside the data plate): one set shared by all of them
+
+def _enum_plates(samples, info, pname):
+    """The enumerated sites' further plates (inside the data plate): one set, shared by all of them."""
     enum_plates = {}
     for s in samples:
         if s["name"] in info and info[s["name"]].kind == "local_enumerated":
@@ -615,14 +645,7 @@ def describe(model_fn, *args, data_plate: Optional[str] = None, local: str = "en
             + ", ".join(f"{k!r}: {list(v) or 'data plate only'}" for k, v in enum_plates.items())
             + "): tallmh sums out one level of plates only; put them in the same plates, marginalise some "
             "in the model, or keep them in the state (tm.blocks.from_numpyro(..., state=(...)))")
-    probe = _take(data, [0])
-    model = NumPyroModel(model_fn, named, rebuild, data_keys, pname, n, info, probe, dims.get(pname, -1), local)
-    model._enum_plates = next(iter(enum_plates.values())) if enum_plates else ()
-    model._plate_sizes = {p["name"]: int(p["size"]) for p in plates}
-    _prepare(model, data, n)
-    if check:
-        _checks(model, data, n, named, rebuild, check_full_max)
-    return model, data
+    return enum_plates
 
 
 def from_numpyro(numpyro_model, *args, data_plate: Optional[str] = None, check: bool = True, **kwargs):
