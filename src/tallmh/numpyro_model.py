@@ -684,12 +684,29 @@ def _outside_probe(model: NumPyroModel):
 def _prepare(model: NumPyroModel, data, n):
     """Probe runs on 1-2 items: the initial point, enumeration supports, deterministic output sites."""
     from numpyro import handlers
+
+    b0 = min(n, 2)
+    rows = _take(data, list(range(b0)))
+    model._init = _initial_point(model, rows, b0)
+    model._supports = {}
+    enum = model.enumerated_sites
+    if enum:  # the joint support of the enumerated sites (Cartesian product), from a concrete run
+        Sub = _plate_messenger()
+        args, kwargs = model._args_for(rows)
+        tr = handlers.trace(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1)).get_trace(*args, **kwargs)
+        model._supports = _enum_joint_supports(tr, enum)
+        _check_enum_batch_axes(tr, enum)
+        _check_enum_structure(model, data, n)
+    _find_deterministic_outputs(model, data, n)
+
+
+def _initial_point(model: NumPyroModel, rows, b0):
+    """``{global site: unconstrained value}`` at NumPyro's ``init_to_median``, from a run on ``b0`` rows."""
+    from numpyro import handlers
     from numpyro.distributions.transforms import biject_to
     from numpyro.infer.initialization import init_to_median
 
     Sub = _plate_messenger()
-    b0 = min(n, 2)
-    rows = _take(data, list(range(b0)))
 
     def init_fn(rows):
         args, kwargs = model._args_for(rows)
@@ -704,43 +721,51 @@ def _prepare(model: NumPyroModel, data, n):
         raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
         raise ModelError(f"the model fails on {b0} data items: {type(e).__name__}: {e}") from e
-    model._init = {k: np.asarray(v) for k, v in init.items()}
-    model._supports = {}
-    enum = model.enumerated_sites
-    if enum:  # the joint support of the enumerated sites (Cartesian product), from a concrete run
-        args, kwargs = model._args_for(rows)
-        tr = handlers.trace(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1)).get_trace(*args, **kwargs)
-        for r in range(1, len(enum) + 1):
-            for subset in itertools.combinations(enum, r):
-                sups = []
-                for s in subset:
-                    fn = tr[s]["fn"]
-                    try:
-                        sup = fn.enumerate_support(expand=False)
-                    except Exception as e:  # noqa: BLE001
-                        raise ModelError(f"site {s!r} (discrete, inside the data plate) cannot be enumerated: "
-                                         f"{type(e).__name__}: {e}") from e
-                    sups.append(np.asarray(sup).reshape((-1,) + tuple(fn.event_shape)))
-                total = int(np.prod([len(x) for x in sups]))
-                if total > _MAX_ENUM:
-                    raise ModelError(f"the joint support of the per-item discrete latents {list(subset)} has "
-                                     f"{total} values (more than {_MAX_ENUM}): too many to sum out per item")
-                grids = list(itertools.product(*[range(len(x)) for x in sups]))
-                model._supports[subset] = {s: jnp.asarray(np.stack([sups[j][g[j]] for g in grids]))
-                                           for j, s in enumerate(subset)}
-        for s in enum:  # every batch axis of an enumerated site must be a plate (its cells independent)
-            site = tr[s]
-            bshape = tuple(site["fn"].batch_shape)
-            pdims = {f.dim for f in site["cond_indep_stack"]}
-            free = [bshape[a] for a in range(len(bshape)) if a - len(bshape) not in pdims and bshape[a] > 1]
-            if free:
-                raise ModelError(
-                    f"site {s!r} (discrete, summed out per item) has batch axes of sizes {free} that are not "
-                    "plates: its components would have to be summed out jointly, which tallmh does not do; "
-                    "declare such an axis with numpyro.plate if its components are conditionally independent, "
-                    "or write one site per component")
-        _check_enum_structure(model, data, n)
-    # deterministic sites outside the plate that do not depend on the items are reported with the draws
+    return {k: np.asarray(v) for k, v in init.items()}
+
+
+def _enum_joint_supports(tr, enum):
+    """``{subset of enumerated sites: {site: values}}``: the joint support (Cartesian product) of every
+    subset of the enumerated sites, read from the trace ``tr`` of a concrete run."""
+    supports = {}
+    for r in range(1, len(enum) + 1):
+        for subset in itertools.combinations(enum, r):
+            sups = []
+            for s in subset:
+                fn = tr[s]["fn"]
+                try:
+                    sup = fn.enumerate_support(expand=False)
+                except Exception as e:  # noqa: BLE001
+                    raise ModelError(f"site {s!r} (discrete, inside the data plate) cannot be enumerated: "
+                                     f"{type(e).__name__}: {e}") from e
+                sups.append(np.asarray(sup).reshape((-1,) + tuple(fn.event_shape)))
+            total = int(np.prod([len(x) for x in sups]))
+            if total > _MAX_ENUM:
+                raise ModelError(f"the joint support of the per-item discrete latents {list(subset)} has "
+                                 f"{total} values (more than {_MAX_ENUM}): too many to sum out per item")
+            grids = list(itertools.product(*[range(len(x)) for x in sups]))
+            supports[subset] = {s: jnp.asarray(np.stack([sups[j][g[j]] for g in grids]))
+                                for j, s in enumerate(subset)}
+    return supports
+
+
+def _check_enum_batch_axes(tr, enum):
+    """Every batch axis of an enumerated site must be a plate (its cells independent)."""
+    for s in enum:
+        site = tr[s]
+        bshape = tuple(site["fn"].batch_shape)
+        pdims = {f.dim for f in site["cond_indep_stack"]}
+        free = [bshape[a] for a in range(len(bshape)) if a - len(bshape) not in pdims and bshape[a] > 1]
+        if free:
+            raise ModelError(
+                f"site {s!r} (discrete, summed out per item) has batch axes of sizes {free} that are not "
+                "plates: its components would have to be summed out jointly, which tallmh does not do; "
+                "declare such an axis with numpyro.plate if its components are conditionally independent, "
+                "or write one site per component")
+
+
+def _find_deterministic_outputs(model: NumPyroModel, data, n):
+    """Deterministic sites outside the plate that do not depend on the items are reported with the draws."""
     probe = _outside_probe(model)
     model._probe_fn = probe
     _, d1 = probe(model._init, _take(data, [0]))
@@ -847,16 +872,27 @@ def _check_enum_brute_force(model: NumPyroModel, data, n, thetas, rows, local=No
 
 def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
     """Construction checks on a few items (see the module docstring); raise ModelError with the reason."""
-    from numpyro.infer.util import potential_energy
-
     theta0 = model.init()
     rng = np.random.default_rng(0)
     theta1 = jax.tree_util.tree_map(lambda a: a + 0.1 * jnp.asarray(rng.standard_normal(np.shape(a)), a.dtype),
                                     theta0)
+    _check_prior_ignores_items(model, data, n, (theta0, theta1))
+    # additivity over items (per-item latents kept in a state get fixed probe values)
+    fills = {s: f for s, f in model._fill_locals().items() if s in model.local_latent_sites}
+    _check_additive(model, data, n, (theta0, theta1), fills)
+    # enumeration: the summed-out per-item log-likelihood equals the brute-force sum over every joint value
+    # of the enumerated cells, on two items (skipped where an item has more than 4096 configurations)
+    if model.enumerated_sites:
+        _check_enum_brute_force(model, data, n, (theta0, theta1), sorted({0, n - 1}), fills)
+    if n <= check_full_max and not model.local_latent_sites:
+        _check_full_density(model, data, n, named, rebuild, theta0)
+
+
+def _check_prior_ignores_items(model: NumPyroModel, data, n, thetas):
+    """The log prior must not depend on the items passed, and must be finite at ``thetas``."""
     probe = model._probe_fn
-    # the log prior must not depend on the items passed
     rows2 = [n - 1, n // 2, 0][: max(1, min(n, 3))]
-    for th in (theta0, theta1):
+    for th in thetas:
         lp1, _ = probe(th, _take(data, [0]))
         lp2, _ = probe(th, _take(data, rows2))
         for name in lp1:
@@ -870,8 +906,10 @@ def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
         val = float(model.log_prior(th))
         if not np.isfinite(val):
             raise ModelError(f"the log prior is not finite at the initial point ({val})")
-    # additivity over items (per-item latents kept in a state get fixed probe values)
-    fills = {s: f for s, f in model._fill_locals().items() if s in model.local_latent_sites}
+
+
+def _check_additive(model: NumPyroModel, data, n, thetas, fills):
+    """One finite log-likelihood per item, and ll(A u B) = ll(A) ++ ll(B) on a few items."""
 
     def ll(th, rows):
         if fills:
@@ -880,48 +918,47 @@ def _checks(model: NumPyroModel, data, n, named, rebuild, check_full_max):
 
     a = list(range(min(n, 3)))
     bset = sorted({n - 1, n // 2, max(0, n - 2)} - set(a))
-    if bset:
-        for th in (theta0, theta1):
-            ll_ab = np.asarray(ll(th, a + bset))
-            ll_a = np.asarray(ll(th, a))
-            ll_b = np.asarray(ll(th, bset))
-            if ll_ab.shape != (len(a) + len(bset),) or ll_a.shape != (len(a),):
-                raise ModelError(f"the data plate {model.data_plate!r} does not give one log-likelihood per item "
-                                 f"(shape {ll_ab.shape} for {len(a) + len(bset)} items)")
-            both = np.concatenate([ll_a, ll_b])
-            if not np.allclose(ll_ab, both, rtol=1e-4, atol=1e-4):
-                raise ModelError(
-                    f"the per-item log-likelihoods are not additive over items: ll(A u B) = {ll_ab.round(4)} but "
-                    f"ll(A) ++ ll(B) = {both.round(4)} (A = {a}, B = {bset}). Items must be conditionally "
-                    "independent given the global sites, the plate's items must be the rows of the data "
-                    "arguments (index them with the plate's indices, or use the arrays whole), and the model "
-                    "must not use the number of rows passed except as the plate size")
-            if not np.all(np.isfinite(ll_ab)):
-                raise ModelError("log_lik is not finite at the initial point")
-    # enumeration: the summed-out per-item log-likelihood equals the brute-force sum over every joint value
-    # of the enumerated cells, on two items (skipped where an item has more than 4096 configurations)
-    if model.enumerated_sites:
-        _check_enum_brute_force(model, data, n, (theta0, theta1), sorted({0, n - 1}), fills)
-    # the decomposition reproduces NumPyro's own log density on the full data (small N); enumerated sites are
-    # fixed at one value in every cell on both sides (their sum is checked against brute force above)
-    if n <= check_full_max and not model.local_latent_sites:
-        from numpyro import handlers
+    if not bset:
+        return
+    for th in thetas:
+        ll_ab = np.asarray(ll(th, a + bset))
+        ll_a = np.asarray(ll(th, a))
+        ll_b = np.asarray(ll(th, bset))
+        if ll_ab.shape != (len(a) + len(bset),) or ll_a.shape != (len(a),):
+            raise ModelError(f"the data plate {model.data_plate!r} does not give one log-likelihood per item "
+                             f"(shape {ll_ab.shape} for {len(a) + len(bset)} items)")
+        both = np.concatenate([ll_a, ll_b])
+        if not np.allclose(ll_ab, both, rtol=1e-4, atol=1e-4):
+            raise ModelError(
+                f"the per-item log-likelihoods are not additive over items: ll(A u B) = {ll_ab.round(4)} but "
+                f"ll(A) ++ ll(B) = {both.round(4)} (A = {a}, B = {bset}). Items must be conditionally "
+                "independent given the global sites, the plate's items must be the rows of the data "
+                "arguments (index them with the plate's indices, or use the arrays whole), and the model "
+                "must not use the number of rows passed except as the plate size")
+        if not np.all(np.isfinite(ll_ab)):
+            raise ModelError("log_lik is not finite at the initial point")
 
-        Sub = _plate_messenger()
-        args, kwargs = rebuild(named)
-        fixed = {s: f for s, f in model._fill_locals().items() if s in model.enumerated_sites}
-        full = Sub(model.model_fn, model.data_plate, n)
-        if fixed:
-            full = handlers.substitute(full, substitute_fn=lambda msg: fixed[msg["name"]](msg)
-                                       if msg["type"] == "sample" and msg["name"] in fixed else None)
-        try:
-            pe = float(jax.jit(lambda th: potential_energy(full, args, kwargs, th))(theta0))
-        except Exception:  # noqa: BLE001 - NumPyro cannot evaluate it: skip this check
-            pe = None
-        if pe is not None:
-            ll = model._item_log_lik(theta0, data, fixed) if fixed else model.log_lik(theta0, data)
-            ours = float(model.log_prior(theta0) + jnp.sum(ll))
-            if not np.isclose(ours, -pe, rtol=1e-4, atol=1e-3 * max(1.0, np.sqrt(n))):
-                raise ModelError(
-                    f"log_prior + sum(log_lik) = {ours:.6g} differs from NumPyro's log density {-pe:.6g} on the "
-                    "full data: the model probably uses the number of rows passed outside the data plate")
+
+def _check_full_density(model: NumPyroModel, data, n, named, rebuild, theta0):
+    """The decomposition reproduces NumPyro's own log density on the full data (small N); enumerated sites
+    are fixed at one value in every cell on both sides (their sum is checked against brute force)."""
+    from numpyro import handlers
+    from numpyro.infer.util import potential_energy
+
+    Sub = _plate_messenger()
+    args, kwargs = rebuild(named)
+    fixed = {s: f for s, f in model._fill_locals().items() if s in model.enumerated_sites}
+    full = Sub(model.model_fn, model.data_plate, n)
+    if fixed:
+        full = handlers.substitute(full, substitute_fn=lambda msg: fixed[msg["name"]](msg)
+                                   if msg["type"] == "sample" and msg["name"] in fixed else None)
+    try:
+        pe = float(jax.jit(lambda th: potential_energy(full, args, kwargs, th))(theta0))
+    except Exception:  # noqa: BLE001 - NumPyro cannot evaluate it: skip this check
+        return
+    ll = model._item_log_lik(theta0, data, fixed) if fixed else model.log_lik(theta0, data)
+    ours = float(model.log_prior(theta0) + jnp.sum(ll))
+    if not np.isclose(ours, -pe, rtol=1e-4, atol=1e-3 * max(1.0, np.sqrt(n))):
+        raise ModelError(
+            f"log_prior + sum(log_lik) = {ours:.6g} differs from NumPyro's log density {-pe:.6g} on the "
+            "full data: the model probably uses the number of rows passed outside the data plate")
