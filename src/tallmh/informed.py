@@ -249,191 +249,253 @@ class Informed:
             raise ConfigError("Informed works with data-free proposals (AdaptiveMetropolis, RandomWalk), "
                               f"not {type(proposal).__name__}")
         self.check(n_items)
-        N, m, k = int(n_items), self.subset_size, self.swap
-        scale = N / m
-        eps = self.epsilon
-        user_stat = self.statistic
-        chunk = int(min(self.chunk, N))
+        iss = _ISSKernel(self, model, proposal, n_items, unravel)
         base = build_kernel(model, proposal, AlwaysAccept(), n_items, unravel, stats, None)
-        fixed_center = None if self.center is None else np.asarray(self.center, float)
-        newton_steps = self.newton_steps
+        return Kernel(iss.init, iss.step, base.full_log_lik, base.grad_estimate)
 
-        def loglik(theta, batch):
-            return model.log_lik(unravel(theta), batch)
 
-        def log_prior(theta):
-            return jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
+def _inv_sqrt(prec):
+    """``(P^{-1/2}, P^{-1})`` of a symmetric ``P`` whose eigenvalues are floored at 1e-12 of the largest."""
+    prec = 0.5 * (prec + prec.T)
+    lam, vec = jnp.linalg.eigh(prec)
+    lam = jnp.maximum(lam, 1e-12 * jnp.maximum(jnp.max(jnp.abs(lam)), 1e-30))
+    return (vec * (1.0 / jnp.sqrt(lam))) @ vec.T, (vec * (1.0 / lam)) @ vec.T
 
-        def item_stats(batch, center, whiten, dtype):
-            if user_stat is not None:
-                s = jnp.asarray(user_stat(batch), dtype)
-                b = jax.tree_util.tree_leaves(batch)[0].shape[0]
-                if s.ndim == 1:
-                    s = s[:, None]
-                if s.ndim != 2 or s.shape[0] != b:
-                    raise ModelError(f"Informed statistic(batch) must return shape (b,) or (b, s) for a batch "
-                                     f"of b = {b} items; it returned shape {s.shape}")
-                return s
-            scores = jax.jacfwd(lambda t: loglik(t, batch))(center)  # (b, d)
-            return scores.astype(dtype) @ whiten.T
 
-        def full_pass(data, fn, init):
-            """Sum of ``fn(batch, mask)`` over the N items in chunks (one pass)."""
+class _ISSKernel:
+    """The ISS-MCMC kernel of one ``Informed`` test for one model, proposal and N, stage by stage.
 
-            def body(acc, start):
-                idx = start + jnp.arange(chunk, dtype=jnp.int32)
-                mask = idx < N
-                batch = take(data, jnp.minimum(idx, N - 1))
-                return jax.tree_util.tree_map(jnp.add, acc, fn(batch, mask)), None
+    Set-up (``init``): the whitening of the default statistic (``_whitening``: from ``center=``, the
+    ``cv``, or Newton), the full-data mean of the statistic (``_mean_stat``), the first subset
+    (``_first_subset``). One iteration (``step``): the subset move (``_swap_positions``,
+    ``_subset_move``; report eq. (4)-(5)), then the theta move on pi_n(theta | Y_U) (``_theta_move``;
+    report eq. (7)) and the proposal's adaptation (``_adapt``).
+    """
 
-            out, _ = jax.lax.scan(body, init, _chunk_starts(N, chunk))
-            return out
+    def __init__(self, test: Informed, model, proposal, n_items, unravel):
+        self.model, self.proposal, self.unravel = model, proposal, unravel
+        self.N, self.m, self.k = int(n_items), test.subset_size, test.swap
+        self.scale = self.N / self.m
+        self.eps = test.epsilon
+        self.user_stat = test.statistic
+        self.chunk = int(min(test.chunk, self.N))
+        self.fixed_center = None if test.center is None else np.asarray(test.center, float)
+        self.newton_steps = test.newton_steps
 
-        def grad_hess(theta, data):
-            """Gradient and Hessian of the log posterior (one full pass)."""
-            d = theta.shape[0]
+    # --- model terms ---------------------------------------------------------------------------------
 
-            def fn(batch, mask):
-                def tot(t):
-                    return jnp.sum(jnp.where(mask, loglik(t, batch), 0.0))
+    def loglik(self, theta, batch):
+        return self.model.log_lik(self.unravel(theta), batch)
 
-                return jax.grad(tot)(theta), jax.hessian(tot)(theta)
+    def log_prior(self, theta):
+        return jnp.asarray(self.model.log_prior(self.unravel(theta)), theta.dtype)
 
-            g, h = full_pass(data, fn, (jnp.zeros(d, theta.dtype), jnp.zeros((d, d), theta.dtype)))
-            return g + jax.grad(log_prior)(theta), h + jax.hessian(log_prior)(theta)
+    def item_stats(self, batch, center, whiten, dtype):
+        """Per-item statistics S(y_i), shape (b, s): the user's, or the whitened scores at ``center``."""
+        if self.user_stat is not None:
+            s = jnp.asarray(self.user_stat(batch), dtype)
+            b = jax.tree_util.tree_leaves(batch)[0].shape[0]
+            if s.ndim == 1:
+                s = s[:, None]
+            if s.ndim != 2 or s.shape[0] != b:
+                raise ModelError(f"Informed statistic(batch) must return shape (b,) or (b, s) for a batch "
+                                 f"of b = {b} items; it returned shape {s.shape}")
+            return s
+        scores = jax.jacfwd(lambda t: self.loglik(t, batch))(center)  # (b, d)
+        return scores.astype(dtype) @ whiten.T
 
-        def inv_sqrt(prec):
-            prec = 0.5 * (prec + prec.T)
-            lam, vec = jnp.linalg.eigh(prec)
-            lam = jnp.maximum(lam, 1e-12 * jnp.maximum(jnp.max(jnp.abs(lam)), 1e-30))
-            return (vec * (1.0 / jnp.sqrt(lam))) @ vec.T, (vec * (1.0 / lam)) @ vec.T
+    # --- full passes (set-up only) -------------------------------------------------------------------
 
-        def newton(theta, data):
-            """Damped-free Newton from theta (eigenvalues of -H floored); returns (theta_hat, -H, passes)."""
-            d = theta.shape[0]
+    def full_pass(self, data, fn, zero):
+        """Sum of ``fn(batch, mask)`` over the N items in chunks (one pass), starting from ``zero``."""
+        N, chunk = self.N, self.chunk
 
-            def cond(s):
-                return (s[2] < newton_steps) & ~s[3]
+        def body(acc, start):
+            idx = start + jnp.arange(chunk, dtype=jnp.int32)
+            mask = idx < N
+            batch = take(data, jnp.minimum(idx, N - 1))
+            return jax.tree_util.tree_map(jnp.add, acc, fn(batch, mask)), None
 
-            def body(s):
-                th, _, it, _ = s
-                g, h = grad_hess(th, data)
-                _, cov = inv_sqrt(-h)
-                step = cov @ g
-                dec = g @ step
-                done = ~(dec >= 1e-8) | ~jnp.all(jnp.isfinite(step))
-                th = jnp.where(done, th, th + step)
-                return th, -h, it + 1, done
+        out, _ = jax.lax.scan(body, zero, _chunk_starts(N, chunk))
+        return out
 
-            th, prec, it, _ = jax.lax.while_loop(
-                cond, body, (theta, jnp.eye(d, dtype=theta.dtype), jnp.int32(0), jnp.bool_(False)))
-            return th, prec, it
+    def grad_hess(self, theta, data):
+        """Gradient and Hessian of the log posterior (one full pass)."""
+        d = theta.shape[0]
 
-        def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
-            if data is None:
-                raise ConfigError("Informed's kernel.init needs the data")
-            dtype = theta.dtype
-            d = theta.shape[0]
-            lp = log_prior(theta)
-            pstate = proposal.init(theta, N, cov_hint) if cov_hint is not None else proposal.init(theta, N)
-            chain_passes = jnp.int32(0)
-            shared = 1  # the statistic's sum
-            if user_stat is not None:
-                center = jnp.zeros(d, dtype)
-                whiten = jnp.zeros((d, d), dtype)
-            else:
-                if fixed_center is not None:
-                    if fixed_center.shape[0] != d:
-                        raise ConfigError(f"Informed center has {fixed_center.shape[0]} coordinates; the "
-                                          f"parameter has {d}")
-                    center = jnp.asarray(fixed_center, dtype)
-                    _, h = grad_hess(center, data)
-                    prec = -h
-                    shared += 1
-                elif cv is not None:
-                    center = cv.center.astype(dtype)
-                    prec = -(cv.hess_sum.astype(dtype) + jax.hessian(log_prior)(center))
-                else:
-                    center, prec, chain_passes = newton(theta, data)
-                whiten, _ = inv_sqrt(prec)
-            s_sum = full_pass(data, lambda batch, mask: jnp.sum(
-                jnp.where(mask[:, None], item_stats(batch, center, whiten, dtype), 0.0), axis=0),
-                jnp.zeros(jax.eval_shape(lambda b: item_stats(b, center, whiten, dtype),
-                                         take(data, jnp.arange(1))).shape[1:], dtype))
-            mean_stat = s_sum / N
-            if m > N // 2:
-                idx = jax.random.choice(_hash_key(theta), N, (m,), replace=False).astype(jnp.int32)
-            else:
-                idx = _distinct_draw(_hash_key(theta), m, N)
-            batch = take(data, idx)
-            stat = item_stats(batch, center, whiten, dtype) - mean_stat
-            ll = loglik(theta, batch).astype(dtype)
-            delta = -scale * jnp.sum(stat, axis=0)
-            ex = ISSState(idx, stat, ll, mean_stat, center, whiten, jnp.sum(delta**2), jnp.int32(0), jnp.int32(0),
-                          jnp.asarray(chain_passes, jnp.int32), jnp.int32(shared))
-            return KernelState(theta, lp, jnp.zeros((), dtype), pstate, None, ex)
+        def fn(batch, mask):
+            def tot(t):
+                return jnp.sum(jnp.where(mask, self.loglik(t, batch), 0.0))
 
-        def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False):
-            ex: ISSState = state.extra
-            dtype = state.theta.dtype
-            k_pos, k_cand, k_u1, k_prop, k_u2 = jax.random.split(key, 5)
-            # 1. subset move: swap k members (positions pos) for k non-members (cand)
-            if k == 1:
-                pos = jax.random.randint(k_pos, (1,), 0, m, dtype=jnp.int32)
-            elif k == m:
-                pos = jnp.arange(m, dtype=jnp.int32)
-            elif 2 * k > m:  # rejection would need many rounds: a permutation, O(n log n)
-                pos = jax.random.permutation(k_pos, m)[:k].astype(jnp.int32)
-            else:
-                pos = _distinct_draw(k_pos, k, m)
-            cand = _distinct_draw(k_cand, k, N, ex.idx)
-            batch_new = take(data, cand)
-            stat_new = item_stats(batch_new, ex.center, ex.whiten, dtype) - ex.mean_stat
-            ll_new = loglik(state.theta, batch_new).astype(dtype)
-            sum_cur = jnp.sum(ex.stat, axis=0)
-            dsq_cur = jnp.sum((scale * sum_cur) ** 2)
-            sum_new = sum_cur - jnp.sum(ex.stat[pos], axis=0) + jnp.sum(stat_new, axis=0)
-            dsq_new = jnp.sum((scale * sum_new) ** 2)
-            log_b = eps * (dsq_cur - dsq_new) if eps > 0 else jnp.zeros((), dtype)
-            u1 = jax.random.uniform(k_u1, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
-            take_u = (jnp.log(u1) < log_b) & jnp.isfinite(dsq_new) & jnp.all(jnp.isfinite(stat_new))
-            idx = jnp.where(take_u, ex.idx.at[pos].set(cand), ex.idx)
-            stat = jnp.where(take_u, ex.stat.at[pos].set(stat_new), ex.stat)
-            ll = jnp.where(take_u, ex.ll.at[pos].set(ll_new), ex.ll)
-            dsq = jnp.where(take_u, dsq_new, dsq_cur)
-            # 2. theta move on pi_n(theta | Y_U) ∝ p(theta) p(Y_U | theta)^(N/n)
-            theta_p, log_q = proposal.propose(k_prop, state.theta, state.proposal)
-            lp_p = log_prior(theta_p)
-            in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(theta_p).all()
+            return jax.grad(tot)(theta), jax.hessian(tot)(theta)
 
-            def read():
-                llp = loglik(theta_p, take(data, idx)).astype(dtype)
-                return llp, jnp.sum(~jnp.isfinite(llp)).astype(jnp.int32), jnp.int32(m)
+        g, h = self.full_pass(data, fn, (jnp.zeros(d, theta.dtype), jnp.zeros((d, d), theta.dtype)))
+        return g + jax.grad(self.log_prior)(theta), h + jax.hessian(self.log_prior)(theta)
 
-            def skip():
-                return ll, jnp.int32(0), jnp.int32(0)
+    def newton(self, theta, data):
+        """Damped-free Newton from theta (eigenvalues of -H floored); returns (theta_hat, -H, passes)."""
+        d = theta.shape[0]
 
-            # selected, not branched on: a lax.cond on this per-chain flag would, under vmap over chains,
-            # broadcast the data to one copy per chain at every step (see tallmh.kernel). The m items are
-            # read either way, and counted.
-            ll_p, nonfinite, _ = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), read(), skip())
-            read_n = jnp.int32(m)
-            log_a = lp_p - state.log_prior + log_q + scale * jnp.sum(jnp.where(jnp.isfinite(ll_p), ll_p - ll, 0.0))
-            u2 = jax.random.uniform(k_u2, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
-            acc = in_support & (nonfinite == 0) & (jnp.log(u2) < log_a)
-            theta = jnp.where(acc, theta_p, state.theta)
-            lp = jnp.where(acc, lp_p, state.log_prior)
-            ll = jnp.where(acc, ll_p, ll)
-            if isinstance(adapt, bool):
-                pstate = proposal.update(state.proposal, theta, acc, step_index) if adapt else state.proposal
-            else:
-                pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
-                                      lambda: state.proposal)
-            ex = ex._replace(idx=idx, stat=stat, ll=ll, delta_sq=dsq,
-                             subset_accepted=ex.subset_accepted + take_u.astype(jnp.int32), steps=ex.steps + 1)
-            z = jnp.zeros((), jnp.int32)
-            info = StepInfo(acc, read_n + jnp.int32(k), jnp.int32(1), nonfinite, jnp.zeros((), dtype),
-                            jnp.bool_(False), jnp.bool_(False), z)
-            return KernelState(theta, lp, state.log_lik, pstate, None, ex), info
+        def cond(s):
+            return (s[2] < self.newton_steps) & ~s[3]
 
-        return Kernel(init, step, base.full_log_lik, base.grad_estimate)
+        def body(s):
+            th, _, it, _ = s
+            g, h = self.grad_hess(th, data)
+            _, cov = _inv_sqrt(-h)
+            step = cov @ g
+            dec = g @ step
+            done = ~(dec >= 1e-8) | ~jnp.all(jnp.isfinite(step))
+            th = jnp.where(done, th, th + step)
+            return th, -h, it + 1, done
+
+        th, prec, it, _ = jax.lax.while_loop(
+            cond, body, (theta, jnp.eye(d, dtype=theta.dtype), jnp.int32(0), jnp.bool_(False)))
+        return th, prec, it
+
+    # --- init ----------------------------------------------------------------------------------------
+
+    def _whitening(self, theta, data, cv):
+        """``(center, whiten, chain_passes, shared_passes)`` of the statistic (zeros for a user statistic)."""
+        dtype = theta.dtype
+        d = theta.shape[0]
+        chain_passes = jnp.int32(0)
+        shared = 1  # the statistic's sum
+        if self.user_stat is not None:
+            return jnp.zeros(d, dtype), jnp.zeros((d, d), dtype), chain_passes, shared
+        if self.fixed_center is not None:
+            if self.fixed_center.shape[0] != d:
+                raise ConfigError(f"Informed center has {self.fixed_center.shape[0]} coordinates; the "
+                                  f"parameter has {d}")
+            center = jnp.asarray(self.fixed_center, dtype)
+            _, h = self.grad_hess(center, data)
+            prec = -h
+            shared += 1
+        elif cv is not None:
+            center = cv.center.astype(dtype)
+            prec = -(cv.hess_sum.astype(dtype) + jax.hessian(self.log_prior)(center))
+        else:
+            center, prec, chain_passes = self.newton(theta, data)
+        whiten, _ = _inv_sqrt(prec)
+        return center, whiten, chain_passes, shared
+
+    def _mean_stat(self, data, center, whiten, dtype):
+        """Mean over all N items of S(y_i) (one full pass)."""
+        s_sum = self.full_pass(data, lambda batch, mask: jnp.sum(
+            jnp.where(mask[:, None], self.item_stats(batch, center, whiten, dtype), 0.0), axis=0),
+            jnp.zeros(jax.eval_shape(lambda b: self.item_stats(b, center, whiten, dtype),
+                                     take(data, jnp.arange(1))).shape[1:], dtype))
+        return s_sum / self.N
+
+    def _first_subset(self, theta):
+        """The initial subset: m distinct items, drawn with a key hashed from ``theta``."""
+        N, m = self.N, self.m
+        if m > N // 2:
+            return jax.random.choice(_hash_key(theta), N, (m,), replace=False).astype(jnp.int32)
+        return _distinct_draw(_hash_key(theta), m, N)
+
+    def init(self, theta, data=None, cv=None, cov_hint=None) -> KernelState:
+        if data is None:
+            raise ConfigError("Informed's kernel.init needs the data")
+        dtype = theta.dtype
+        lp = self.log_prior(theta)
+        N = self.N
+        pstate = self.proposal.init(theta, N, cov_hint) if cov_hint is not None else self.proposal.init(theta, N)
+        center, whiten, chain_passes, shared = self._whitening(theta, data, cv)
+        mean_stat = self._mean_stat(data, center, whiten, dtype)
+        idx = self._first_subset(theta)
+        batch = take(data, idx)
+        stat = self.item_stats(batch, center, whiten, dtype) - mean_stat
+        ll = self.loglik(theta, batch).astype(dtype)
+        delta = -self.scale * jnp.sum(stat, axis=0)
+        ex = ISSState(idx, stat, ll, mean_stat, center, whiten, jnp.sum(delta**2), jnp.int32(0), jnp.int32(0),
+                      jnp.asarray(chain_passes, jnp.int32), jnp.int32(shared))
+        return KernelState(theta, lp, jnp.zeros((), dtype), pstate, None, ex)
+
+    # --- step ----------------------------------------------------------------------------------------
+
+    def _swap_positions(self, key):
+        """The k positions in the subset whose members are swapped out (distinct, uniform)."""
+        k, m = self.k, self.m
+        if k == 1:
+            return jax.random.randint(key, (1,), 0, m, dtype=jnp.int32)
+        if k == m:
+            return jnp.arange(m, dtype=jnp.int32)
+        if 2 * k > m:  # rejection would need many rounds: a permutation, O(n log n)
+            return jax.random.permutation(key, m)[:k].astype(jnp.int32)
+        return _distinct_draw(key, k, m)
+
+    def _subset_move(self, k_pos, k_cand, k_u1, ex: ISSState, theta, data, dtype):
+        """Swap k members for k non-members, accepted with prob. min(1, exp(eps (|Delta|^2 - |Delta'|^2))).
+
+        Returns the subset's ``(idx, stat, ll, delta_sq)`` after the move and whether it was taken.
+        """
+        scale = self.scale
+        pos = self._swap_positions(k_pos)
+        cand = _distinct_draw(k_cand, self.k, self.N, ex.idx)
+        batch_new = take(data, cand)
+        stat_new = self.item_stats(batch_new, ex.center, ex.whiten, dtype) - ex.mean_stat
+        ll_new = self.loglik(theta, batch_new).astype(dtype)
+        sum_cur = jnp.sum(ex.stat, axis=0)
+        dsq_cur = jnp.sum((scale * sum_cur) ** 2)
+        sum_new = sum_cur - jnp.sum(ex.stat[pos], axis=0) + jnp.sum(stat_new, axis=0)
+        dsq_new = jnp.sum((scale * sum_new) ** 2)
+        log_b = self.eps * (dsq_cur - dsq_new) if self.eps > 0 else jnp.zeros((), dtype)
+        u1 = jax.random.uniform(k_u1, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+        take_u = (jnp.log(u1) < log_b) & jnp.isfinite(dsq_new) & jnp.all(jnp.isfinite(stat_new))
+        idx = jnp.where(take_u, ex.idx.at[pos].set(cand), ex.idx)
+        stat = jnp.where(take_u, ex.stat.at[pos].set(stat_new), ex.stat)
+        ll = jnp.where(take_u, ex.ll.at[pos].set(ll_new), ex.ll)
+        dsq = jnp.where(take_u, dsq_new, dsq_cur)
+        return idx, stat, ll, dsq, take_u
+
+    def _theta_move(self, k_prop, k_u2, state: KernelState, idx, ll, data, dtype):
+        """MH on pi_n(theta | Y_U) ∝ p(theta) p(Y_U | theta)^(N/n) for the subset ``idx``.
+
+        Returns ``(theta, log_prior, ll, accepted, nonfinite)`` after the move.
+        """
+        theta_p, log_q = self.proposal.propose(k_prop, state.theta, state.proposal)
+        lp_p = self.log_prior(theta_p)
+        in_support = jnp.isfinite(lp_p) & jnp.isfinite(log_q) & jnp.isfinite(theta_p).all()
+
+        def read():
+            llp = self.loglik(theta_p, take(data, idx)).astype(dtype)
+            return llp, jnp.sum(~jnp.isfinite(llp)).astype(jnp.int32), jnp.int32(self.m)
+
+        def skip():
+            return ll, jnp.int32(0), jnp.int32(0)
+
+        # selected, not branched on: a lax.cond on this per-chain flag would, under vmap over chains,
+        # broadcast the data to one copy per chain at every step (see tallmh.kernel). The m items are
+        # read either way, and counted.
+        ll_p, nonfinite, _ = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), read(), skip())
+        log_a = (lp_p - state.log_prior + log_q
+                 + self.scale * jnp.sum(jnp.where(jnp.isfinite(ll_p), ll_p - ll, 0.0)))
+        u2 = jax.random.uniform(k_u2, (), dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+        acc = in_support & (nonfinite == 0) & (jnp.log(u2) < log_a)
+        theta = jnp.where(acc, theta_p, state.theta)
+        lp = jnp.where(acc, lp_p, state.log_prior)
+        ll = jnp.where(acc, ll_p, ll)
+        return theta, lp, ll, acc, nonfinite
+
+    def _adapt(self, pstate, theta, acc, step_index, adapt):
+        """The proposal's state after this step (``adapt``: a Python bool or a traced flag)."""
+        if isinstance(adapt, bool):
+            return self.proposal.update(pstate, theta, acc, step_index) if adapt else pstate
+        return jax.lax.cond(adapt, lambda: self.proposal.update(pstate, theta, acc, step_index), lambda: pstate)
+
+    def step(self, key, state: KernelState, data, step_index, adapt, stats=None, audit=False):
+        ex: ISSState = state.extra
+        dtype = state.theta.dtype
+        k_pos, k_cand, k_u1, k_prop, k_u2 = jax.random.split(key, 5)
+        # 1. subset move: swap k members (positions pos) for k non-members (cand)
+        idx, stat, ll, dsq, take_u = self._subset_move(k_pos, k_cand, k_u1, ex, state.theta, data, dtype)
+        # 2. theta move on pi_n(theta | Y_U) ∝ p(theta) p(Y_U | theta)^(N/n)
+        theta, lp, ll, acc, nonfinite = self._theta_move(k_prop, k_u2, state, idx, ll, data, dtype)
+        pstate = self._adapt(state.proposal, theta, acc, step_index, adapt)
+        ex = ex._replace(idx=idx, stat=stat, ll=ll, delta_sq=dsq,
+                         subset_accepted=ex.subset_accepted + take_u.astype(jnp.int32), steps=ex.steps + 1)
+        z = jnp.zeros((), jnp.int32)
+        info = StepInfo(acc, jnp.int32(self.m) + jnp.int32(self.k), jnp.int32(1), nonfinite, jnp.zeros((), dtype),
+                        jnp.bool_(False), jnp.bool_(False), z)
+        return KernelState(theta, lp, state.log_lik, pstate, None, ex), info

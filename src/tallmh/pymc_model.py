@@ -180,12 +180,8 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
     """
     x64 = bool(jax.config.jax_enable_x64)
     pm = _pymc()
-    from pytensor import tensor as pt
-    from pytensor.compile.sharedvalue import SharedVariable
-    from pytensor.graph.replace import clone_replace
-    from pymc.logprob.basic import transformed_conditional_logp
     from pymc.logprob.utils import replace_rvs_by_values
-    from pymc.sampling.jax import get_jaxified_graph
+    from pymc.sampling.jax import get_jaxified_graph  # noqa: F401 - loads PyTensor's JAX backend now
 
     # PyTensor's JAX backend sets JAX's 64-bit mode from its floatX when first imported; keep the caller's
     jax.config.update("jax_enable_x64", x64)
@@ -198,9 +194,38 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
         raise ModelError("the model has no observed variable: nothing for a subsample to read")
     if not free:
         raise ModelError("the model has no free random variable: nothing for MH to sample")
-    dims = getattr(m, "named_vars_to_dims", {}) or {}
+    obs_values, n = _observed_rows(m, observed)
+    ip = _check_globals(m, free, observed, n)
 
-    # the observed variables and the number of rows N
+    # the observed variables' graphs in terms of the value variables
+    rv_to_val = {rv: m.rvs_to_values[rv] for rv in free}
+    transforms = {rv: t for rv, t in m.rvs_to_transforms.items() if rv in rv_to_val}
+    value_vars = [rv_to_val[rv] for rv in free]
+    obs_graphs = replace_rvs_by_values(observed, rvs_to_values=rv_to_val, rvs_to_transforms=transforms)
+
+    data_vars, data_arrays = _data_inputs(observed, obs_values, obs_graphs, n)
+    data_names = list(data_vars)
+    placeholders, repl = _batch_inputs(data_vars, data_arrays, obs_graphs, n, x64)
+    per_item = _per_row_log_lik(observed, obs_values, obs_graphs, repl)
+    prior = _log_prior_graph(m, free, data_vars)
+    out_vars, out_names = _output_graphs(m, free, rv_to_val, transforms, value_vars, set(data_vars.values()))
+
+    ph_list = [placeholders[k] for k in data_names]
+    lik_fn = _jaxify(value_vars + ph_list, [per_item], "log-likelihood")
+    prior_fn = _jaxify(value_vars, [prior], "prior")
+    out_fn = _jaxify(value_vars, out_vars, "output map")
+    value_names = [v.name for v in value_vars]
+    fdt = np.float64 if x64 else np.float32
+    init = {k: np.asarray(ip[k], fdt) for k in value_names}
+    model = PyMCModel(m, n, value_names, [rv.name for rv in free], [rv.name for rv in observed], data_names,
+                      out_names, prior_fn, lik_fn, out_fn, init, {k: a.dtype for k, a in data_arrays.items()})
+    if check:
+        _checks(model, data_arrays, n, check_full_max)
+    return model, data_arrays
+
+
+def _observed_rows(m, observed):
+    """``({observed rv: (value variable, array)}, N)``: the observed values, all with the same N rows."""
     obs_values, lengths = {}, {}
     for rv in observed:
         val = m.rvs_to_values[rv]
@@ -216,10 +241,13 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
     if len(set(lengths.values())) > 1:
         raise ModelError(f"observed variables have different leading lengths {lengths}: tallmh reads rows of one "
                          "data axis; give every observed variable the same rows (N along axis 0)")
-    n = next(iter(lengths.values()))
-    obs_dims = {dims[rv.name][0] for rv in observed if dims.get(rv.name)}
+    return obs_values, next(iter(lengths.values()))
 
-    # the free variables: continuous globals only
+
+def _check_globals(m, free, observed, n):
+    """Refuse free variables that are not continuous globals; return PyMC's initial point."""
+    dims = getattr(m, "named_vars_to_dims", {}) or {}
+    obs_dims = {dims[rv.name][0] for rv in observed if dims.get(rv.name)}
     for rv in free:
         if _discrete(rv):
             raise ModelError(f"free variable {rv.name!r} is discrete: tallmh's MH moves continuous global "
@@ -238,14 +266,14 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
                     if rv.name.endswith("_unobserved") else "")
             raise ModelError(f"free variable {rv.name!r} has leading length {n}, the number of data rows: it "
                              f"looks like a per-item latent, which cannot be subsampled{hint}")
+    return ip
 
-    # the observed variables' graphs in terms of the value variables
-    rv_to_val = {rv: m.rvs_to_values[rv] for rv in free}
-    transforms = {rv: t for rv, t in m.rvs_to_transforms.items() if rv in rv_to_val}
-    value_vars = [rv_to_val[rv] for rv in free]
-    obs_graphs = replace_rvs_by_values(observed, rvs_to_values=rv_to_val, rvs_to_transforms=transforms)
 
-    # the data: observed values, then shared and constant arrays with leading length N
+def _data_inputs(observed, obs_values, obs_graphs, n):
+    """``({name: variable}, {name: array})``: the observed values, then shared and constant arrays with
+    leading length N that the observed graphs read."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
     data_vars: Dict[str, object] = {}  # name -> pytensor variable
     data_arrays: Dict[str, np.ndarray] = {}
     seen = set()
@@ -269,9 +297,16 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
             name = f"data_{k}"
         data_vars[name], data_arrays[name] = v, arr
         seen.add(v)
-    data_names = list(data_vars)
+    return data_vars, data_arrays
 
-    # placeholders for a batch of rows, and the sizes that were N
+
+def _batch_inputs(data_vars, data_arrays, obs_graphs, n, x64):
+    """Placeholders for a batch of rows (``{name: placeholder}``) and the replacements that put them, and
+    the batch size wherever the graphs held N, in the observed graphs. ``data_arrays`` is cast in place to
+    the placeholders' dtypes (32-bit ones unless JAX runs in 64-bit mode)."""
+    from pytensor import tensor as pt
+    from pytensor.compile.sharedvalue import SharedVariable
+
     placeholders, repl = {}, {}
     for name, v in data_vars.items():
         arr = data_arrays[name]
@@ -283,7 +318,7 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
         placeholders[name] = ph
         repl[v] = ph.astype(v.type.dtype) if ph.type.dtype != v.type.dtype else ph
         data_arrays[name] = arr.astype(dtype) if str(arr.dtype) != dtype else arr
-    b_sym = placeholders[data_names[0]].shape[0]
+    b_sym = placeholders[next(iter(data_vars))].shape[0]
     for var in _roots(obs_graphs):  # dim lengths (e.g. coords of the rows) equal to N, held in shared scalars
         if isinstance(var, SharedVariable) and _is_tensor(var) and var.type.ndim == 0 and var not in repl:
             val = _value_of(var)
@@ -296,6 +331,13 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
         if sval is not None and sval.ndim == 1 and len(sval) >= 1 and int(sval[0]) == n and size not in repl:
             rest = pt.as_tensor(sval[1:].astype(sval.dtype))
             repl[size] = pt.concatenate([b_sym.astype(size.type.dtype)[None], rest])
+    return placeholders, repl
+
+
+def _per_row_log_lik(observed, obs_values, obs_graphs, repl):
+    """The graph of the per-row log-likelihood ``(b,)`` of a batch: the observed variables' terms summed."""
+    from pytensor.graph.replace import clone_replace
+    from pymc.logprob.basic import transformed_conditional_logp
 
     try:
         batch_graphs = clone_replace(obs_graphs, replace=repl, rebuild_strict=False)
@@ -317,8 +359,11 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
     except Exception as e:  # noqa: BLE001 - re-raised with context
         raise ModelError(f"the observed variables cannot be rewritten for a batch of rows: {type(e).__name__}: {e}"
                          ) from e
+    return per_item
 
-    # the prior: free variables (with Jacobians) and potentials; neither may read the data
+
+def _log_prior_graph(m, free, data_vars):
+    """The prior: free variables (with Jacobians) and potentials; neither may read the data."""
     data_set = set(data_vars.values())
     prior_terms = [m.logp(vars=free, jacobian=True, sum=True)]
     for pot in m.potentials:
@@ -331,8 +376,14 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
         names = [k for k, v in data_vars.items() if v in reads]
         raise ModelError(f"the prior (free variables' densities or a pm.Potential) reads the data arrays {names}: "
                          "a subsample cannot evaluate it; write per-row terms as observed variables")
+    return prior
 
-    # the output: free variables on the constrained scale, and deterministics that do not read the data
+
+def _output_graphs(m, free, rv_to_val, transforms, value_vars, data_set):
+    """``(graphs, names)`` of the output: free variables on the constrained scale, and deterministics that
+    do not read the data."""
+    from pymc.logprob.utils import replace_rvs_by_values
+
     out_vars, out_names = [], []
     det_graphs = m.replace_rvs_by_values(list(m.deterministics)) if m.deterministics else []
     for rv, g in zip(free, replace_rvs_by_values(free, rvs_to_values=rv_to_val, rvs_to_transforms=transforms)):
@@ -345,27 +396,19 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
             continue
         out_vars.append(g)
         out_names.append(det.name)
+    return out_vars, out_names
 
-    def jaxify(inputs, outputs, what):
-        try:
-            return get_jaxified_graph(inputs=inputs, outputs=outputs)
-        except NotImplementedError as e:
-            raise ModelError(f"the {what} uses an operation PyTensor's JAX backend cannot compile: {e}") from e
-        except Exception as e:  # noqa: BLE001
-            raise ModelError(f"the {what} cannot be compiled to JAX: {type(e).__name__}: {e}") from e
 
-    ph_list = [placeholders[k] for k in data_names]
-    lik_fn = jaxify(value_vars + ph_list, [per_item], "log-likelihood")
-    prior_fn = jaxify(value_vars, [prior], "prior")
-    out_fn = jaxify(value_vars, out_vars, "output map")
-    value_names = [v.name for v in value_vars]
-    fdt = np.float64 if x64 else np.float32
-    init = {k: np.asarray(ip[k], fdt) for k in value_names}
-    model = PyMCModel(m, n, value_names, [rv.name for rv in free], [rv.name for rv in observed], data_names,
-                      out_names, prior_fn, lik_fn, out_fn, init, {k: a.dtype for k, a in data_arrays.items()})
-    if check:
-        _checks(model, data_arrays, n, check_full_max)
-    return model, data_arrays
+def _jaxify(inputs, outputs, what):
+    """PyTensor graph -> JAX function, or a ModelError naming ``what`` cannot be compiled."""
+    from pymc.sampling.jax import get_jaxified_graph
+
+    try:
+        return get_jaxified_graph(inputs=inputs, outputs=outputs)
+    except NotImplementedError as e:
+        raise ModelError(f"the {what} uses an operation PyTensor's JAX backend cannot compile: {e}") from e
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"the {what} cannot be compiled to JAX: {type(e).__name__}: {e}") from e
 
 
 def _take(data, idx):
