@@ -270,9 +270,11 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
                 sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
                 out["passes"] += 1
             out["sums"] = sums
-            out["cov"] = setup.laplace_cov(model, unravel, sums)
-            if out["cov"] is None:
-                notes.append("the Hessian at the posterior mode is not negative definite: no Laplace start")
+            out["cov"], laplace = setup.start_cov(model, unravel, sums)
+            if not laplace:
+                notes.append("the Hessian at the end of the mode search is not negative definite (no mode found): "
+                             + ("chains start dispersed by its positive part, not by the Laplace approximation"
+                                if out["cov"] is not None else "no Laplace start"))
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - a model Newton cannot handle: start at init

@@ -25,7 +25,8 @@ from .cache_keys import shape_key, value_key
 from .data import take
 from .errors import ModelError
 
-__all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "warm_rows"]
+__all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
+           "warm_rows"]
 
 _CHUNK = 8192
 
@@ -266,6 +267,36 @@ def _prior_fns(model, unravel, th):
     return vgh, pair
 
 
+EIG_FLOOR = 1e-6  # eigenvalues of the scaled negative Hessian are floored at this times the largest
+
+
+def positive_part(neg_h):
+    """A positive-definite stand-in for a symmetric matrix ``A`` (the negative Hessian of the log posterior)
+    that is not positive definite: with ``D = diag(sqrt|A_ii|)`` and the eigen-decomposition ``D^-1 A D^-1 =
+    V L V^T``, returns ``D V |L|_+ V^T D``, where ``|L|_+`` are the eigenvalues' absolute values, floored at
+    ``EIG_FLOOR`` times the largest. On a positive-definite ``A`` it returns ``A`` (up to rounding).
+
+    The absolute values are the eigenvalue modification of Newton's method (Nocedal & Wright, Numerical
+    Optimization, 2nd ed., Sec. 3.4; the saddle-free Newton step of Dauphin et al., NeurIPS 2014): the
+    step ``(|A|)^-1 g`` is an ascent direction that moves *along* directions of negative curvature, at the
+    scale of their curvature, instead of the vanishing gradient steps a large Levenberg shift gives. The
+    diagonal scaling makes the floor act per coordinate's own scale (a hierarchical model's group effects
+    have curvature 10^4 times its hyperparameters')."""
+    a = 0.5 * (np.asarray(neg_h, np.float64) + np.asarray(neg_h, np.float64).T)
+    dg = np.sqrt(np.maximum(np.abs(np.diag(a)), 1e-300))
+    dg = np.where(np.isfinite(dg) & (dg > 0), dg, 1.0)
+    w, v = np.linalg.eigh(a / dg[:, None] / dg[None, :])
+    top = max(float(np.max(np.abs(w))), 1e-300)
+    w = np.maximum(np.abs(w), EIG_FLOOR * top)
+    m = (v * w) @ v.T
+    return 0.5 * (m + m.T) * dg[:, None] * dg[None, :]
+
+
+def modified_newton_step(neg_h, g):
+    """The eigenvalue-modified Newton step ``positive_part(A)^-1 g`` (see :func:`positive_part`)."""
+    return np.linalg.solve(positive_part(neg_h), np.asarray(g, np.float64))
+
+
 def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
@@ -307,16 +338,15 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
         v, g, h = pv + scale * lv, pg + scale * lg, ph + scale * lh
         if not np.isfinite(v):
             raise ModelError("the log posterior is not finite at the control-variate starting point")
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
+            break  # derivatives overflow here (e.g. far down a funnel): no step can be computed
         neg_h = -0.5 * (h + h.T)
         gn = g
-        lam = 0.0
-        for _ in range(8):  # make the system positive definite if needed (Levenberg damping)
-            try:
-                step = np.linalg.solve(neg_h + lam * np.eye(d), gn)
-                np.linalg.cholesky(neg_h + lam * np.eye(d))
-                break
-            except np.linalg.LinAlgError:
-                lam = max(1e-6, 10 * lam) * (1 + np.abs(np.diag(neg_h)).max())
+        try:
+            np.linalg.cholesky(neg_h)
+            step = np.linalg.solve(neg_h, gn)
+        except np.linalg.LinAlgError:  # not concave here (e.g. a hierarchical prior's funnel)
+            step = np.asarray(modified_newton_step(neg_h, gn), np.float64)
         decrement = float(gn @ step)
         if decrement < tol:
             break
@@ -348,6 +378,30 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
     return th, passes, last
 
 
+
+
+def start_cov(model, unravel, cv):
+    """The covariance that disperses the chains' starts and preconditions the proposal: ``(cov, laplace)``.
+
+    The Laplace covariance (:func:`laplace_cov`, ``laplace=True``) where the negative Hessian of the log
+    posterior at ``cv.center`` is positive definite. Elsewhere (the search ended at a point that is not a
+    mode, such as a saddle of a centred hierarchical model's funnel), the inverse of its positive part
+    (:func:`positive_part`: eigenvalues' absolute values in the diagonally scaled metric), which is positive
+    definite and has the local curvature's scale in every direction (``laplace=False``). ``(None, False)``
+    when the Hessian is not finite."""
+    cov = laplace_cov(model, unravel, cv)
+    if cov is not None:
+        return cov, True
+    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
+    prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
+    if not np.all(np.isfinite(prec)):
+        return None, False
+    try:
+        cov = np.linalg.inv(positive_part(prec))
+        np.linalg.cholesky(0.5 * (cov + cov.T))
+    except np.linalg.LinAlgError:
+        return None, False
+    return jnp.asarray(0.5 * (cov + cov.T), cv.center.dtype), False
 
 
 def laplace_cov(model, unravel, cv):
