@@ -114,6 +114,9 @@ def main(argv=None):
     ap.add_argument("--no-nuts", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="NUTS 2 chains x (200 + 200)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
+    ap.add_argument("--save-draws", default=None, help="write tallmh's draws (constrained, by site) to this .npz")
+    ap.add_argument("--nuts-cache", default=None, help="NUTS's draws: read from this .npz if it exists, else "
+                                                        "run NUTS and write them there")
     args = ap.parse_args(argv[1:])
     if args.smoke:
         args.nuts_warmup, args.nuts_samples, args.chains = 200, 200, 2
@@ -128,8 +131,18 @@ def main(argv=None):
     out = {"n": args.n, "groups": args.groups, "tallmh_s": t_tm, "verdict": res.verdict,
            "notes": list(res.notes), "device": jax.devices()[0].device_kind, "sites": {}}
     T = flat_sites(tdraws)
+    if args.save_draws:
+        np.savez(args.save_draws, **tdraws)
     if not args.no_nuts:
-        ndraws, t_nuts = run_nuts(data, args.groups, args.nuts_warmup, args.nuts_samples, args.chains, args.seed)
+        if args.nuts_cache and os.path.exists(args.nuts_cache):
+            with np.load(args.nuts_cache) as z:
+                ndraws = {k: z[k] for k in z.files if k != "wall_s"}
+                t_nuts = float(z["wall_s"])
+        else:
+            ndraws, t_nuts = run_nuts(data, args.groups, args.nuts_warmup, args.nuts_samples, args.chains,
+                                      args.seed)
+            if args.nuts_cache:
+                np.savez(args.nuts_cache, wall_s=t_nuts, **ndraws)
         out["nuts_s"] = t_nuts
         print(f"NUTS {args.chains} x ({args.nuts_warmup} + {args.nuts_samples}): {t_nuts:.1f} s")
         R = flat_sites(ndraws)
@@ -151,7 +164,7 @@ def main(argv=None):
         print(f"worst |mean difference| / NUTS sd: {worst:.3f}; tallmh {t_tm:.1f} s vs NUTS {t_nuts:.1f} s")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(out, f, indent=1, default=float)
     return out
 
 

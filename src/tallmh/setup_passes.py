@@ -156,7 +156,12 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     """Posterior mode by damped Newton with autodiff (:class:`ModeSearch`).
 
     Each iteration makes one pass computing the log posterior's gradient and Hessian over the data in
-    chunks (chunk sums accumulated in float64 on the host); a step that lowers the log posterior is halved
+    chunks (chunk sums accumulated in float64 on the host). Where the negative Hessian is positive definite
+    the step is Newton's; where it is not (a centred hierarchical model's funnel, where the first Newton step
+    from the prior's centre often lands), the step is the eigenvalue-modified Newton step
+    (:func:`positive_part`), which climbs out along the directions of negative curvature at their own scale
+    (a large Levenberg shift there made gradient steps too short to leave the funnel in ``max_iter``
+    iterations). A step that lowers the log posterior is halved
     (up to 30 times; each trial is a counted pass). The trial compares ``sum_i (ell_i(cand) - ell_i(theta))``
     made from per-item differences with a compensated sum (:func:`~tallmh.acceptance.base.df_sum`), not
     two full log-likelihoods near ``-N``, whose difference float32 cannot resolve. Stops when the Newton
