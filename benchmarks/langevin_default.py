@@ -64,12 +64,13 @@ def main(argv=None):
         from jax.flatten_util import ravel_pytree
 
         from tallmh import control_variates as cvm
+        from tallmh import setup_passes as setup
 
         flat0, unravel = ravel_pytree(jnp.zeros(11, jnp.float32))
-        c, _ = cvm.find_center(model, data, n, unravel, flat0)
+        c, _ = setup.find_center(model, data, n, unravel, flat0)
         sums = cvm.proxy_sums(model, data, n, unravel, c, 2)
         mean_l = np.asarray(c, float)
-        sd_l = np.sqrt(np.diag(np.asarray(cvm.laplace_cov(model, unravel, sums), float)))
+        sd_l = np.sqrt(np.diag(np.asarray(setup.laplace_cov(model, unravel, sums), float)))
         for chains in chain_counts:
             for test_name in ("austerity", "barker"):
                 for prop_name in ("am", "mala"):

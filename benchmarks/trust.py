@@ -101,11 +101,12 @@ def _gauss_ref(x):
 def _laplace_ref(model, data):
     import jax.numpy as jnp
     from tallmh import control_variates as cvm
+    from tallmh import setup_passes as setup
 
     jd = {k: jnp.asarray(v) for k, v in data.items()}
     n = len(data["y"])
-    c, _ = cvm.find_center(model, jd, n, lambda x: x, jnp.zeros(data["X"].shape[1]))
-    cov = cvm.laplace_cov(model, lambda x: x, cvm.proxy_sums(model, jd, n, lambda x: x, c, 2))
+    c, _ = setup.find_center(model, jd, n, lambda x: x, jnp.zeros(data["X"].shape[1]))
+    cov = setup.laplace_cov(model, lambda x: x, cvm.proxy_sums(model, jd, n, lambda x: x, c, 2))
     return {"mean": np.asarray(c, float), "sd": np.sqrt(np.diag(np.asarray(cov, float)))}
 
 

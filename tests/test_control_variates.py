@@ -9,6 +9,7 @@ from jax.flatten_util import ravel_pytree
 
 import tallmh as tm
 from tallmh import control_variates as cvm
+from tallmh import setup_passes as setup
 
 from .acceptance.helpers import decisions, logistic_problem
 from .stats_helpers import posterior_check
@@ -154,7 +155,7 @@ def test_mode_search_warm_start_and_reused_sums():
     control-variate sums of its last pass: the same mode (to float32 resolution, far inside one posterior
     sd), fewer full passes, and sums equal to a separate proxy_sums pass. The data is sorted by y, so a
     sub-sample of the first rows only would start Newton far off (the warm rows span the whole data)."""
-    n = cvm.WARM_MIN_N
+    n = setup.WARM_MIN_N
     rng = np.random.default_rng(3)
     X = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, 3))], 1).astype(np.float32)
     y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([0.3, 1.0, -0.5, 0.2]))))).astype(np.float32)
@@ -162,17 +163,17 @@ def test_mode_search_warm_start_and_reused_sums():
     data = {"X": jnp.asarray(X[order]), "y": jnp.asarray(y[order])}
     model = tm.models.LogisticRegression(prior_scale=10.0)
     flat0, unravel = ravel_pytree(model.init(data))
-    cold = cvm.mode_search(model, data, n, unravel, flat0, warm_start=False)
-    warm = cvm.mode_search(model, data, n, unravel, flat0)
+    cold = setup.mode_search(model, data, n, unravel, flat0, warm_start=False)
+    warm = setup.mode_search(model, data, n, unravel, flat0)
     assert cold.warm_items == 0 and warm.warm_items > 0
     assert warm.passes < cold.passes
-    sd = np.sqrt(np.diag(np.asarray(cvm.laplace_cov(model, unravel, warm.sums), np.float64)))
+    sd = np.sqrt(np.diag(np.asarray(setup.laplace_cov(model, unravel, cvm.state_at_mode(warm)), np.float64)))
     assert np.max(np.abs(np.asarray(warm.center, np.float64) - np.asarray(cold.center, np.float64)) / sd) < 0.01
     direct = cvm.proxy_sums(model, data, n, unravel, warm.center, 2)
-    np.testing.assert_array_equal(np.asarray(warm.sums.grad_sum), np.asarray(direct.grad_sum))
-    np.testing.assert_array_equal(np.asarray(warm.sums.hess_sum), np.asarray(direct.hess_sum))
-    rows = cvm.warm_rows(n)
-    assert rows.min() == 0 and rows.max() == n - 1 and len(np.unique(rows)) == cvm.WARM_ROWS
+    np.testing.assert_array_equal(np.asarray(warm.grad_sum), np.asarray(direct.grad_sum))
+    np.testing.assert_array_equal(np.asarray(warm.hess_sum), np.asarray(direct.hess_sum))
+    rows = setup.warm_rows(n)
+    assert rows.min() == 0 and rows.max() == n - 1 and len(np.unique(rows)) == setup.WARM_ROWS
     # every item the set-up read is counted: full passes times N plus the warm start's reads
     res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
                     control_variates=tm.ControlVariates(), num_samples=20, num_warmup=0, num_chains=1, seed=0,
@@ -205,10 +206,10 @@ def test_logistic_closed_form_derivatives_equal_autodiff():
         np.testing.assert_allclose(h, jax.hessian(total)(th), rtol=1e-11, atol=1e-11)
         assert not np.allclose(g, jax.grad(lambda t: jnp.sum(model.log_lik(t, batch)))(th))  # the mask counts
     _, unravel = ravel_pytree(jnp.zeros(5))
-    assert cvm._closed_form_vgh(model, unravel, jnp.zeros(5)) is not None
+    assert setup.closed_form_vgh(model, unravel, jnp.zeros(5)) is not None
 
     class Probit(tm.models.LogisticRegression):
         def log_lik(self, theta, batch):
             return jax.scipy.stats.norm.logcdf(jnp.where(batch["y"] > 0.5, 1.0, -1.0) * (batch["X"] @ theta))
 
-    assert cvm._closed_form_vgh(Probit(), unravel, jnp.zeros(5)) is None
+    assert setup.closed_form_vgh(Probit(), unravel, jnp.zeros(5)) is None

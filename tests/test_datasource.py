@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import control_variates as cvm
+from tallmh import setup_passes
 from tallmh import datasource as ds
 from tallmh.data import take, validate_data
 
@@ -114,8 +114,8 @@ def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypa
     data, paths, _ = files
     # small blocks, so that "never whole" is visible at N = 5000: set-up reads at most 1024 rows at a time
     monkeypatch.setattr(ds, "BLOCK_ROWS", 1024)
-    monkeypatch.setattr(cvm, "_CHUNK", 512)
-    monkeypatch.setattr(cvm, "_BLOCK_CHUNKS", 2)
+    monkeypatch.setattr(setup_passes, "_CHUNK", 512)
+    monkeypatch.setattr(setup_passes, "_BLOCK_CHUNKS", 2)
     disk = tm.data.from_npy(paths, gather="callback", check_finite=False)
     counters = {}
     for k, leaf in disk.items():

@@ -92,7 +92,7 @@ def test_starts_at_the_mode_dispersed(problem):
     info = r.resume_info["start_info"]
     assert info["mode_found"] and info["laplace"]
     # the first draws of the chains differ (dispersed starts) and lie near the mode (within ~6 Laplace sd)
-    mode, _ = tm.control_variates.find_center(model, {k: jnp.asarray(v) for k, v in data.items()}, 3000,
+    mode, _ = tm.setup_passes.find_center(model, {k: jnp.asarray(v) for k, v in data.items()}, 3000,
                                               lambda x: x, jnp.zeros(3))
     first = r.flat_samples[:, 0]
     assert not np.allclose(first[0], first[1])

@@ -15,7 +15,7 @@ import importlib
 # argument checks) do not load JAX until something needs it.
 _SUBMODULES = ("acceptance", "blocks", "diagnostics", "models", "proposals", "data", "datasource", "compare",
                "report", "results", "sampling", "distributed", "datasets", "errors", "kernel", "model",
-               "control_variates", "numpyro_model", "pymc_model", "formula", "informed", "cli")
+               "control_variates", "setup_passes", "numpyro_model", "pymc_model", "formula", "informed", "cli")
 _NAMES = {
     "Cycle": "blocks", "sample_program": "blocks", "ControlVariates": "control_variates",
     "ConfigError": "errors", "DataError": "errors", "ModelError": "errors", "TallmhError": "errors",
@@ -25,8 +25,8 @@ _NAMES = {
     "set_compilation_cache": "_cache", "compilation_cache_dir": "_cache",
 }
 # modules that compile programs: loading one through the package sets up JAX's compilation cache first
-_COMPILES = ("sampling", "kernel", "blocks", "control_variates", "informed", "numpyro_model", "pymc_model",
-             "distributed")
+_COMPILES = ("sampling", "kernel", "blocks", "control_variates", "setup_passes", "informed", "numpyro_model",
+             "pymc_model", "distributed")
 
 
 def _setup_cache():

@@ -19,7 +19,7 @@ Pieces, each usable alone:
 
 - :func:`posterior_mode`: the mode and the Laplace covariance (inverse negative Hessian) there, with the
   full passes over the data counted. Logistic and linear regression in float64 from sums over the rows;
-  any other model by damped Newton with autodiff (:func:`tallmh.control_variates.find_center`).
+  any other model by damped Newton with autodiff (:func:`tallmh.setup_passes.find_center`).
 - :func:`reference_posterior`: an exact-MH run (the Langevin proposal with the control-variate drift,
   chains from dispersed Laplace draws), cached on disk by data and settings.
 - :func:`run_budgeted`: one method for a fixed number of seconds of sampling (``tm.sample(budget_s=...)``).
@@ -172,6 +172,7 @@ def posterior_mode(model, data, init=None, max_iter: int = 50) -> Mode:
         from jax.flatten_util import ravel_pytree
 
         from . import control_variates as cvm
+        from . import setup_passes as setup
         from .data import num_items, validate_data
 
         data = validate_data(data)
@@ -182,12 +183,12 @@ def posterior_mode(model, data, init=None, max_iter: int = 50) -> Mode:
             init = model.init(data)
         init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
         flat0, unravel = ravel_pytree(init)
-        found = cvm.mode_search(model, data, n, unravel, flat0, max_iter)
-        center, passes, sums = found.center, found.passes, found.sums
+        found = setup.mode_search(model, data, n, unravel, flat0, max_iter)
+        center, passes, sums = found.center, found.passes, cvm.state_at_mode(found)
         if sums is None:
             sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
             passes += 1
-        cov = cvm.laplace_cov(model, unravel, sums)
+        cov = setup.laplace_cov(model, unravel, sums)
         if cov is None:
             raise ModelError("the negative Hessian of the log posterior at the mode is not positive definite: "
                              "no Laplace approximation there")

@@ -15,7 +15,8 @@ same Taylor proxies).
 
 Per item, ``g_i . a`` and ``a^T H_i a`` are directional derivatives, computed by nested forward-mode
 ``jax.jvp`` at the cost of a few likelihood evaluations; no per-item d x d Hessian is formed. The sums
-``G, H`` and the optimiser that finds ``theta_hat`` read the full data; every such pass is counted.
+``G, H`` and the optimiser that finds ``theta_hat`` read the full data (:mod:`tallmh.setup_passes`); every
+such pass is counted.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .cache_keys import shape_key, value_key
-from .data import take
-from .errors import ConfigError, ModelError
+from .errors import ConfigError
+from .setup_passes import closed_form_vgh, full_pass, mode_search
 
-__all__ = ["ControlVariates", "CVState", "ModeSearch", "find_center", "mode_search", "proxy_sums", "proxy_terms"]
 
-_CHUNK = 8192
+__all__ = ["ControlVariates", "CVState", "proxy_sums", "proxy_terms", "proxy_sum_diff", "state_at_mode"]
 
 
 class CVState(NamedTuple):
@@ -62,100 +62,20 @@ class ControlVariates:
             raise ConfigError(f"ControlVariates order must be 1 or 2; got {self.order}")
 
 
-def _chunks(n, size=_CHUNK):
-    for s in range(0, n, size):
-        yield s, min(size, n - s)
-
-
-def _chunk_batch(data, start, size, n):
-    idx = jnp.arange(start, start + size)
-    return take(data, jnp.minimum(idx, n - 1))
-
-
-_DECREMENT_FLOOR = 1e-3  # Newton decrements below this are not verified by a line search (find_center)
-_BLOCK_CHUNKS = 128  # chunks per compiled block: 2**20 rows read per call
-
-
-def _full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
-    """Apply ``chunk_fn(*args, batch, mask)`` to every chunk of ``_CHUNK`` rows; yields its per-chunk
-    results (NumPy, in row order) so that the caller accumulates them in float64 on the host.
-
-    The rows are read in blocks of up to ``_BLOCK_CHUNKS`` chunks (2**20 rows) by one compiled call
-    that takes the data as an argument (``take`` inside it: a gather for in-memory and zero-copy data, a
-    host read for :class:`~tallmh.datasource.HostArray` leaves) and maps ``chunk_fn`` over the block's
-    chunks one after the other (``lax.map``: memory of one chunk's derivatives, not of the block's). The
-    chunk boundaries and the order of accumulation do not depend on where the data lives, so in-memory
-    and on-disk data give the same sums, bit for bit. A pass over on-disk data of at least
-    ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar.
-    """
-    from . import datasource as ds
-
-    size = _CHUNK if n > _CHUNK else n
-    nchunks = -(-n // size)
-    k = min(nchunks, _BLOCK_CHUNKS)
-    key = (chunk_fn, n, size, k)
-    fn = _PASS_FNS.get(key)
-    if fn is None:
-        def block(args, data, start):
-            idx = start + jnp.arange(k * size, dtype=jnp.int32)
-            batch = take(data, jnp.minimum(idx, n - 1))
-            mask = (idx < n).reshape(k, size)
-            batch = jax.tree_util.tree_map(lambda a: a.reshape((k, size) + a.shape[1:]), batch)
-            return jax.lax.map(lambda bm: chunk_fn(*args, bm[0], bm[1]), (batch, mask))
-
-        fn = jax.jit(block)
-        if len(_PASS_FNS) >= 32:
-            _PASS_FNS.pop(next(iter(_PASS_FNS)))
-        _PASS_FNS[key] = fn
-    bar = ds.progress_bar(n, desc, ds.is_out_of_core(data))
-    ds.advise(data, "sequential")
-    try:
-        for start in range(0, n, k * size):
-            res = jax.tree_util.tree_map(np.asarray, fn(args, data, jnp.int32(start)))
-            rows = min(k * size, n - start)
-            for c in range(-(-rows // size)):
-                yield jax.tree_util.tree_map(lambda a: a[c], res)
-            if bar is not None:
-                bar.update(rows)
-    finally:
-        ds.advise(data, "normal")
-        if bar is not None:
-            bar.close()
-
-
-_PASS_FNS: dict = {}
-_NEWTON_FNS: dict = {}  # per-chunk functions of the set-up passes (see _newton_chunk_fns)
-
-
-def _closed_form_vgh(model, unravel, th):
-    """The model's closed-form ``lik_value_grad_hess(theta, batch, mask)`` (value, gradient and Hessian
-    sums of the log-likelihood over a chunk, e.g. :class:`tallmh.models.LogisticRegression`), or None
-    (then autodiff). Used only when the class that defines it also defines ``log_lik`` (a subclass with
-    its own likelihood does not inherit derivatives of another) and the parameter is a flat vector."""
-    fn = getattr(model, "lik_value_grad_hess", None)
-    if not callable(fn):
-        return None
-    mro = type(model).__mro__
-    owner = next((c for c in mro if "lik_value_grad_hess" in vars(c)), None)
-    if owner is None or owner is not next((c for c in mro if "log_lik" in vars(c)), None):
-        return None
-    flat = unravel(th)
-    if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(th.shape)):
-        return None
-    return fn
+_PROXY_FNS: dict = {}  # per-chunk functions of proxy_sums (see _proxy_chunk_fn)
 
 
 def _proxy_chunk_fn(model, unravel, order, center):
     """The per-chunk sums of :func:`proxy_sums`, one per model, parameter structure and order (cached like
-    :func:`_newton_chunk_fns`, so that repeated calls reuse the compiled pass)."""
+    the mode search's, so that repeated calls reuse the compiled pass)."""
 
     d = center.shape[0]
     key = ("proxy", order, value_key(model), shape_key(unravel(center)))
-    fn = _NEWTON_FNS.get(key)
+    fn = _PROXY_FNS.get(key)
     if fn is not None:
         return fn
 
-    closed_form = _closed_form_vgh(model, unravel, center)
+    closed_form = closed_form_vgh(model, unravel, center)
 
     def chunk_sums(center, batch, mask):
         if closed_form is not None:
@@ -169,9 +89,9 @@ def _proxy_chunk_fn(model, unravel, order, center):
         h = jax.hessian(total)(center) if order == 2 else jnp.zeros((d, d), center.dtype)
         return g, h
 
-    if len(_NEWTON_FNS) >= 16:
-        _NEWTON_FNS.pop(next(iter(_NEWTON_FNS)))
-    _NEWTON_FNS[key] = chunk_sums
+    if len(_PROXY_FNS) >= 16:
+        _PROXY_FNS.pop(next(iter(_PROXY_FNS)))
+    _PROXY_FNS[key] = chunk_sums
     return chunk_sums
 
 
@@ -181,245 +101,18 @@ def proxy_sums(model, data, n, unravel, center, order=2):
     Each chunk's sums (8192 items) are made on the device in the working precision; the chunks are
     accumulated in float64 on the host, so the result has the precision of a float32 sum of 8192 items,
     not of N items (``G`` is a sum of N terms that nearly cancel at the mode). The pass reads the rows in
-    blocks of 2**20 (:func:`_full_pass`), so on-disk data is streamed, never loaded whole.
+    blocks of 2**20 (:func:`full_pass`), so on-disk data is streamed, never loaded whole.
     """
     d = center.shape[0]
     chunk_sums = _proxy_chunk_fn(model, unravel, order, center)
     G = np.zeros(d, np.float64)
     H = np.zeros((d, d), np.float64)
-    for g, h in _full_pass(chunk_sums, data, n, (center,), "tallmh: control-variate sums"):
+    for g, h in full_pass(chunk_sums, data, n, (center,), "tallmh: control-variate sums"):
         G += np.asarray(g, np.float64)
         H += np.asarray(h, np.float64)
     H = 0.5 * (H + H.T)
     return CVState(center, jnp.asarray(G, center.dtype), jnp.asarray(H, center.dtype))
 
-
-class ModeSearch(NamedTuple):
-    """What :func:`mode_search` found: the mode, the full passes it made, the control-variate sums at the
-    mode when its last pass computed them (else None), and the items its sub-sample warm start read."""
-
-    center: jax.Array
-    passes: int
-    sums: Optional["CVState"]
-    warm_items: int
-
-
-WARM_ROWS = 2**16  # rows of the sub-sample whose scaled posterior mode starts Newton on the full data
-WARM_BLOCKS = 64  # ... read as this many runs of contiguous rows spread evenly over the data
-WARM_MIN_N = 4 * WARM_ROWS  # below this N the warm start saves nothing
-
-
-def warm_rows(n):
-    """Row indices of the warm-start sub-sample: ``WARM_BLOCKS`` runs of contiguous rows at evenly spaced
-    offsets (contiguous, so on-disk data is read in a few sequential reads; spread, so data sorted by
-    some column is covered end to end). Deterministic: the same rows for the same N."""
-    per = WARM_ROWS // WARM_BLOCKS
-    starts = (np.arange(WARM_BLOCKS, dtype=np.int64) * (n - per)) // max(1, WARM_BLOCKS - 1)
-    return (starts[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1).astype(np.int32)
-
-
-def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
-    """Posterior mode by damped Newton with autodiff; returns ``(theta_hat, full passes made)``.
-
-    See :func:`mode_search` (which this calls), which also returns the control-variate sums at the mode.
-    """
-    res = mode_search(model, data, n, unravel, flat0, max_iter, tol)
-    return res.center, res.passes
-
-
-def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_start=True) -> ModeSearch:
-    """Posterior mode by damped Newton with autodiff (:class:`ModeSearch`).
-
-    Each iteration makes one pass computing the log posterior's gradient and Hessian over the data in
-    chunks (chunk sums accumulated in float64 on the host); a step that lowers the log posterior is halved
-    (up to 30 times; each trial is a counted pass). The trial compares ``sum_i (ell_i(cand) - ell_i(theta))``
-    made from per-item differences with a compensated sum (:func:`~tallmh.acceptance.base.df_sum`), not
-    two full log-likelihoods near ``-N``, whose difference float32 cannot resolve. Stops when the Newton
-    decrement is below ``tol``, or below ``_DECREMENT_FLOOR`` (1e-3, i.e. theta within 0.032 posterior sd
-    of the mode) when the full step's computed gain is negative (float rounding of the difference, not a
-    worse point), or when an accepted step no longer changes theta in its float precision, or after
-    ``max_iter`` iterations. (At large N the float32 decrement stalls above ``tol``: without the last two
-    stops every further iteration re-made the same line search, 230 passes instead of 10 at N = 10^6.)
-    Every pass streams the rows in blocks of 2**20 (:func:`_full_pass`), so on-disk data is never loaded
-    whole.
-
-    Two savings at large N (``N >= WARM_MIN_N``):
-
-    - **Warm start**: Newton first runs, from ``flat0``, on a sub-sample of ``WARM_ROWS`` rows
-      (:func:`warm_rows`) with its log-likelihood scaled by ``N / WARM_ROWS``; that mode is within a few
-      ``sqrt(N / WARM_ROWS)`` posterior sds of the full one, where Newton on the full data converges in
-      two or three iterations, so the full passes drop from about 10 to about 5. The sub-sample's reads
-      are returned in ``warm_items``. ``warm_start=False`` or a failed warm start (non-finite) starts the
-      full-data Newton at ``flat0`` as before.
-    - **Sums reused**: when the search stops at a point where it has just made the gradient and Hessian
-      pass, those sums (less the prior's) are the control-variate sums ``G, H`` at the mode
-      (:func:`proxy_sums` computes the same chunk sums the same way), returned in ``sums``, so the caller
-      need not make another pass.
-    """
-    d = flat0.shape[0]
-    th = jnp.asarray(flat0)
-    warm_items = 0
-    if warm_start and n >= WARM_MIN_N:
-        idx = jnp.asarray(warm_rows(n))
-        sub = jax.jit(take)(data, idx)
-        m = int(idx.shape[0])
-        try:
-            th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start")
-            warm_items = m * (p_w + 1)  # the gather, and each of its passes
-            if bool(np.all(np.isfinite(np.asarray(th_w)))):
-                th = th_w
-        except ModelError:
-            warm_items = m
-        del sub
-    th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol)
-    sums = None
-    if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
-        _, g_lik, h_lik = last
-        h_lik = 0.5 * (h_lik + h_lik.T)
-        sums = CVState(th, jnp.asarray(g_lik, th.dtype), jnp.asarray(h_lik, th.dtype))
-    return ModeSearch(th, passes, sums, int(warm_items))
-
-
-
-def _newton_chunk_fns(model, unravel, th):
-    """The per-chunk functions of :func:`_newton` (value, gradient and Hessian; compensated log-likelihood
-    difference), one pair per model (by value for tallmh's own models) and parameter structure, so that
-    :func:`_full_pass` finds its compiled passes again on the next call instead of compiling new ones."""
-
-    key = (value_key(model), shape_key(unravel(th)))
-    fns = _NEWTON_FNS.get(key)
-    if fns is not None:
-        return fns
-    from .acceptance.base import df_sum
-
-    closed_form = _closed_form_vgh(model, unravel, th)
-
-    def chunk_vgh(t0, batch, mask):
-        if closed_form is not None:
-            return closed_form(unravel(t0), batch, mask)
-
-        def total(t):
-            return jnp.sum(jnp.where(mask, model.log_lik(unravel(t), batch), 0.0))
-
-        v, g = jax.value_and_grad(total)(t0)
-        return v, g, jax.hessian(total)(t0)
-
-    def chunk_dv(t0, cand, batch, mask):
-        dl = model.log_lik(unravel(cand), batch) - model.log_lik(unravel(t0), batch)
-        hi, lo = df_sum(jnp.where(mask, dl, 0.0))
-        return hi, lo
-
-    if len(_NEWTON_FNS) >= 16:
-        _NEWTON_FNS.pop(next(iter(_NEWTON_FNS)))
-    _NEWTON_FNS[key] = (chunk_vgh, chunk_dv)
-    return chunk_vgh, chunk_dv
-
-
-_PRIOR_FNS: dict = {}  # compiled log-prior derivatives of the set-up passes (see _prior_fns)
-
-
-def _prior_fns(model, unravel, th):
-    """The log prior's ``(value, gradient, Hessian)`` at ``t`` and its values at two points ``(t0, t1)``, each
-    one compiled program, cached per model (by value for tallmh's own models) and parameter structure:
-    evaluated eagerly, every operation of the prior and of its derivatives would be compiled apart
-    (dozens of small programs in a fresh process)."""
-
-    key = (value_key(model), shape_key(unravel(th)), str(jnp.asarray(th).dtype))
-    fns = _PRIOR_FNS.get(key)
-    if fns is not None:
-        return fns
-
-    def lp(t):
-        return model.log_prior(unravel(t))
-
-    vgh = jax.jit(lambda t: (lp(t), jax.grad(lp)(t), jax.hessian(lp)(t)))
-    pair = jax.jit(lambda t0, t1: (lp(t0), lp(t1)))
-    if len(_PRIOR_FNS) >= 16:
-        _PRIOR_FNS.pop(next(iter(_PRIOR_FNS)))
-    _PRIOR_FNS[key] = (vgh, pair)
-    return vgh, pair
-
-
-def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
-    """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
-    ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
-    unscaled gradient and Hessian sums at ``theta_d``."""
-    d = th.shape[0]
-    what = f"tallmh: Newton {label} pass" if label else "tallmh: Newton pass"
-
-    chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
-
-    prior_vgh, prior_pair = _prior_fns(model, unravel, th)
-
-    def prior_parts(t0):
-        lp, g, h = prior_vgh(t0)
-        return float(lp), np.asarray(g, np.float64), np.asarray(h, np.float64)
-
-    def lik_derivs(t0):
-        v, g, h = 0.0, np.zeros(d, np.float64), np.zeros((d, d), np.float64)
-        for cv, cg, ch in _full_pass(chunk_vgh, data, n, (t0,), what):
-            v += float(cv)
-            g = g + np.asarray(cg, np.float64)
-            h = h + np.asarray(ch, np.float64)
-        return v, g, h
-
-    def full_diff(t0, cand):
-        lp0, lp1 = prior_pair(t0, cand)
-        dv = float(lp1) - float(lp0)
-        lik = 0.0
-        for hi, lo in _full_pass(chunk_dv, data, n, (t0, cand), what.replace("pass", "line search")):
-            lik += float(hi) + float(lo)
-        return dv + scale * lik
-
-    passes = 0
-    last = None
-    for _ in range(max_iter):
-        lv, lg, lh = lik_derivs(th)
-        passes += 1
-        last = (th, lg, lh)
-        pv, pg, ph = prior_parts(th)
-        v, g, h = pv + scale * lv, pg + scale * lg, ph + scale * lh
-        if not np.isfinite(v):
-            raise ModelError("the log posterior is not finite at the control-variate starting point")
-        neg_h = -0.5 * (h + h.T)
-        gn = g
-        lam = 0.0
-        for _ in range(8):  # make the system positive definite if needed (Levenberg damping)
-            try:
-                step = np.linalg.solve(neg_h + lam * np.eye(d), gn)
-                np.linalg.cholesky(neg_h + lam * np.eye(d))
-                break
-            except np.linalg.LinAlgError:
-                lam = max(1e-6, 10 * lam) * (1 + np.abs(np.diag(neg_h)).max())
-        decrement = float(gn @ step)
-        if decrement < tol:
-            break
-        t = 1.0
-        stalled = False
-        for _ in range(30):
-            # on the host: eager device arithmetic would compile a program per operation and shape
-            th_h = np.asarray(th)
-            cand_h = th_h + (t * step).astype(th_h.dtype)
-            cand = jnp.asarray(cand_h)
-            dv = full_diff(th, cand)
-            passes += 1
-            # accept a step that does not lower the log posterior beyond float rounding of the difference
-            if np.isfinite(dv) and dv >= -1e-6 * max(1.0, decrement):
-                stalled = bool(np.array_equal(cand_h, th_h))
-                th = cand
-                break
-            if t == 1.0 and decrement < _DECREMENT_FLOOR:
-                # the full Newton step predicts a gain of decrement/2 < 5e-4, and the computed difference
-                # says it loses: that is the float rounding of the difference, not a worse point. theta is
-                # within sqrt(decrement) < 0.032 posterior sd (Laplace metric) of the mode: stop here.
-                stalled = True
-                break
-            t *= 0.5
-        else:
-            break
-        if stalled:  # the step is below the float resolution of theta: Newton cannot move it any more
-            break
-    return th, passes, last
 
 
 def proxy_terms(model, unravel, cv: CVState, batch, direction, order=2):
@@ -449,16 +142,12 @@ def proxy_sum_diff(cv: CVState, theta, theta_p, order=2):
     return s
 
 
-def laplace_cov(model, unravel, cv: CVState):
-    """``(-(H + hess log prior(theta_hat)))^-1`` from the stored sums, or None if not positive definite."""
-    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
-    prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
-    try:
-        np.linalg.cholesky(prec)
-    except np.linalg.LinAlgError:
+def state_at_mode(found) -> Optional[CVState]:
+    """The control-variate state at the mode a :class:`~tallmh.setup_passes.ModeSearch` found, from the
+    gradient and Hessian sums of its last pass, or None when it made none there (then :func:`proxy_sums`)."""
+    if found.grad_sum is None:
         return None
-    cov = np.linalg.inv(prec)
-    return jnp.asarray(0.5 * (cov + cov.T), cv.center.dtype)
+    return CVState(found.center, found.grad_sum, found.hess_sum)
 
 
 def zero_state(d, dtype) -> CVState:
@@ -478,8 +167,8 @@ def prepare(cvopt: Optional[ControlVariates], model, data, n, unravel, flat0):
     else:
         found = mode_search(model, data, n, unravel, flat0, cvopt.max_newton)
         center, passes, extra = found.center, found.passes, found.warm_items
-        if found.sums is not None:  # the search's last pass made these sums at the mode already
-            state = found.sums
+        state = state_at_mode(found)
+        if state is not None:  # the search's last pass made these sums at the mode already
             if cvopt.order == 1:
                 state = state._replace(hess_sum=jnp.zeros_like(state.hess_sum))
             return state, passes, extra

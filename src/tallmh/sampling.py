@@ -44,6 +44,7 @@ from jax.flatten_util import ravel_pytree
 from . import checkpoint as ckpt
 from . import _cache
 from . import control_variates as cvm
+from . import setup_passes as setup
 from . import datasource as ds
 from . import distributed
 from .acceptance import Exact
@@ -269,19 +270,21 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
     sums = None
     if want_mode:
         try:
-            found = cvm.mode_search(model, data, n, unravel, flat0,
-                                    control_variates.max_newton if control_variates is not None else 30)
+            found = setup.mode_search(model, data, n, unravel, flat0,
+                                      control_variates.max_newton if control_variates is not None else 30)
             center = found.center
             out["passes"] += found.passes
             out["extra_items"] += found.warm_items
-            sums = found.sums  # the search's last pass made the sums at the mode, unless it ended on a step
+            sums = cvm.state_at_mode(found)  # the search's last pass made them at the mode, unless it ended on a step
             if sums is None:
                 sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
                 out["passes"] += 1
             out["sums"] = sums
-            out["cov"] = cvm.laplace_cov(model, unravel, sums)
-            if out["cov"] is None:
-                notes.append("the Hessian at the posterior mode is not negative definite: no Laplace start")
+            out["cov"], laplace = setup.start_cov(model, unravel, sums)
+            if not laplace:
+                notes.append("the Hessian at the end of the mode search is not negative definite (no mode found): "
+                             + ("chains start dispersed by its positive part, not by the Laplace approximation"
+                                if out["cov"] is not None else "no Laplace start"))
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - a model Newton cannot handle: start at init
@@ -305,7 +308,7 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
             out["extra_items"] += extra
         out["cv"] = cv0
         if out["cov"] is None and control_variates.order == 2:
-            out["cov"] = cvm.laplace_cov(model, unravel, cv0)
+            out["cov"] = setup.laplace_cov(model, unravel, cv0)
         if init_given is None and center is None:
             center = cv0.center
     base = center if (init_given is None and center is not None) else flat0

@@ -1,0 +1,423 @@
+"""The runner's set-up stage: the passes over the full data made before the chains start.
+
+- **Streamed full passes** (:func:`full_pass`): a per-chunk function applied to every chunk of 8192 rows,
+  read in compiled blocks of 2**20 rows, so on-disk data is streamed, never loaded whole; chunk results are
+  accumulated in float64 on the host.
+- **Mode search** (:func:`mode_search`, :func:`find_center`): damped Newton on the log posterior, each
+  iteration one counted pass for the gradient and Hessian sums, with a sub-sample warm start at large N.
+- **Laplace approximation** (:func:`laplace_cov`): the inverse negative Hessian of the log posterior at the
+  mode (Tierney & Kadane, JASA 1986), the adaptive proposal's starting covariance and the spread of the
+  chains' start points.
+
+The control variates' sums at the mode (:func:`tallmh.control_variates.proxy_sums`) are made by the same
+streamed pass; the mode search hands back its last pass's sums so that the caller need not make another.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cache_keys import shape_key, value_key
+from .data import take
+from .errors import ModelError
+
+__all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
+           "warm_rows"]
+
+_CHUNK = 8192
+
+
+def _chunks(n, size=_CHUNK):
+    for s in range(0, n, size):
+        yield s, min(size, n - s)
+
+
+def _chunk_batch(data, start, size, n):
+    idx = jnp.arange(start, start + size)
+    return take(data, jnp.minimum(idx, n - 1))
+
+
+_DECREMENT_FLOOR = 1e-3  # Newton decrements below this are not verified by a line search (find_center)
+_BLOCK_CHUNKS = 128  # chunks per compiled block: 2**20 rows read per call
+
+
+
+def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
+    """Apply ``chunk_fn(*args, batch, mask)`` to every chunk of ``_CHUNK`` rows; yields its per-chunk
+    results (NumPy, in row order) so that the caller accumulates them in float64 on the host.
+
+    The rows are read in blocks of up to ``_BLOCK_CHUNKS`` chunks (2**20 rows) by one compiled call
+    that takes the data as an argument (``take`` inside it: a gather for in-memory and zero-copy data, a
+    host read for :class:`~tallmh.datasource.HostArray` leaves) and maps ``chunk_fn`` over the block's
+    chunks one after the other (``lax.map``: memory of one chunk's derivatives, not of the block's). The
+    chunk boundaries and the order of accumulation do not depend on where the data lives, so in-memory
+    and on-disk data give the same sums, bit for bit. A pass over on-disk data of at least
+    ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar.
+    """
+    from . import datasource as ds
+
+    size = _CHUNK if n > _CHUNK else n
+    nchunks = -(-n // size)
+    k = min(nchunks, _BLOCK_CHUNKS)
+    key = (chunk_fn, n, size, k)
+    fn = _PASS_FNS.get(key)
+    if fn is None:
+        def block(args, data, start):
+            idx = start + jnp.arange(k * size, dtype=jnp.int32)
+            batch = take(data, jnp.minimum(idx, n - 1))
+            mask = (idx < n).reshape(k, size)
+            batch = jax.tree_util.tree_map(lambda a: a.reshape((k, size) + a.shape[1:]), batch)
+            return jax.lax.map(lambda bm: chunk_fn(*args, bm[0], bm[1]), (batch, mask))
+
+        fn = jax.jit(block)
+        if len(_PASS_FNS) >= 32:
+            _PASS_FNS.pop(next(iter(_PASS_FNS)))
+        _PASS_FNS[key] = fn
+    bar = ds.progress_bar(n, desc, ds.is_out_of_core(data))
+    ds.advise(data, "sequential")
+    try:
+        for start in range(0, n, k * size):
+            res = jax.tree_util.tree_map(np.asarray, fn(args, data, jnp.int32(start)))
+            rows = min(k * size, n - start)
+            for c in range(-(-rows // size)):
+                yield jax.tree_util.tree_map(lambda a: a[c], res)
+            if bar is not None:
+                bar.update(rows)
+    finally:
+        ds.advise(data, "normal")
+        if bar is not None:
+            bar.close()
+
+
+_PASS_FNS: dict = {}
+_NEWTON_FNS: dict = {}  # per-chunk functions of the set-up passes (see _newton_chunk_fns)
+
+
+def closed_form_vgh(model, unravel, th):
+    """The model's closed-form ``lik_value_grad_hess(theta, batch, mask)`` (value, gradient and Hessian
+    sums of the log-likelihood over a chunk, e.g. :class:`tallmh.models.LogisticRegression`), or None
+    (then autodiff). Used only when the class that defines it also defines ``log_lik`` (a subclass with
+    its own likelihood does not inherit derivatives of another) and the parameter is a flat vector."""
+    fn = getattr(model, "lik_value_grad_hess", None)
+    if not callable(fn):
+        return None
+    mro = type(model).__mro__
+    owner = next((c for c in mro if "lik_value_grad_hess" in vars(c)), None)
+    if owner is None or owner is not next((c for c in mro if "log_lik" in vars(c)), None):
+        return None
+    flat = unravel(th)
+    if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(th.shape)):
+        return None
+    return fn
+
+
+
+
+class ModeSearch(NamedTuple):
+    """What :func:`mode_search` found: the mode, the full passes it made, the log-likelihood's gradient and
+    Hessian sums at the mode when its last pass computed them (else None; the control variates' ``G, H``,
+    see :func:`tallmh.control_variates.state_at_mode`), and the items its sub-sample warm start read."""
+
+    center: jax.Array
+    passes: int
+    grad_sum: Optional[jax.Array]
+    hess_sum: Optional[jax.Array]
+    warm_items: int
+
+
+WARM_ROWS = 2**16  # rows of the sub-sample whose scaled posterior mode starts Newton on the full data
+WARM_BLOCKS = 64  # ... read as this many runs of contiguous rows spread evenly over the data
+WARM_MIN_N = 4 * WARM_ROWS  # below this N the warm start saves nothing
+
+
+def warm_rows(n):
+    """Row indices of the warm-start sub-sample: ``WARM_BLOCKS`` runs of contiguous rows at evenly spaced
+    offsets (contiguous, so on-disk data is read in a few sequential reads; spread, so data sorted by
+    some column is covered end to end). Deterministic: the same rows for the same N."""
+    per = WARM_ROWS // WARM_BLOCKS
+    starts = (np.arange(WARM_BLOCKS, dtype=np.int64) * (n - per)) // max(1, WARM_BLOCKS - 1)
+    return (starts[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1).astype(np.int32)
+
+
+def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
+    """Posterior mode by damped Newton with autodiff; returns ``(theta_hat, full passes made)``.
+
+    See :func:`mode_search` (which this calls), which also returns the control-variate sums at the mode.
+    """
+    res = mode_search(model, data, n, unravel, flat0, max_iter, tol)
+    return res.center, res.passes
+
+
+def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_start=True) -> ModeSearch:
+    """Posterior mode by damped Newton with autodiff (:class:`ModeSearch`).
+
+    Each iteration makes one pass computing the log posterior's gradient and Hessian over the data in
+    chunks (chunk sums accumulated in float64 on the host). Where the negative Hessian is positive definite
+    the step is Newton's; where it is not (a centred hierarchical model's funnel, where the first Newton step
+    from the prior's centre often lands), the step is the eigenvalue-modified Newton step
+    (:func:`positive_part`), which climbs out along the directions of negative curvature at their own scale
+    (a large Levenberg shift there made gradient steps too short to leave the funnel in ``max_iter``
+    iterations). A step that lowers the log posterior is halved
+    (up to 30 times; each trial is a counted pass). The trial compares ``sum_i (ell_i(cand) - ell_i(theta))``
+    made from per-item differences with a compensated sum (:func:`~tallmh.acceptance.base.df_sum`), not
+    two full log-likelihoods near ``-N``, whose difference float32 cannot resolve. Stops when the Newton
+    decrement is below ``tol``, or below ``_DECREMENT_FLOOR`` (1e-3, i.e. theta within 0.032 posterior sd
+    of the mode) when the full step's computed gain is negative (float rounding of the difference, not a
+    worse point), or when an accepted step no longer changes theta in its float precision, or after
+    ``max_iter`` iterations. (At large N the float32 decrement stalls above ``tol``: without the last two
+    stops every further iteration re-made the same line search, 230 passes instead of 10 at N = 10^6.)
+    Every pass streams the rows in blocks of 2**20 (:func:`full_pass`), so on-disk data is never loaded
+    whole.
+
+    Two savings at large N (``N >= WARM_MIN_N``):
+
+    - **Warm start**: Newton first runs, from ``flat0``, on a sub-sample of ``WARM_ROWS`` rows
+      (:func:`warm_rows`) with its log-likelihood scaled by ``N / WARM_ROWS``; that mode is within a few
+      ``sqrt(N / WARM_ROWS)`` posterior sds of the full one, where Newton on the full data converges in
+      two or three iterations, so the full passes drop from about 10 to about 5. The sub-sample's reads
+      are returned in ``warm_items``. ``warm_start=False`` or a failed warm start (non-finite) starts the
+      full-data Newton at ``flat0`` as before.
+    - **Sums reused**: when the search stops at a point where it has just made the gradient and Hessian
+      pass, those sums (less the prior's) are the control-variate sums ``G, H`` at the mode
+      (:func:`~tallmh.control_variates.proxy_sums` computes the same chunk sums the same way), returned in
+      ``grad_sum`` and ``hess_sum``, so the caller need not make another pass.
+    """
+    d = flat0.shape[0]
+    th = jnp.asarray(flat0)
+    warm_items = 0
+    if warm_start and n >= WARM_MIN_N:
+        idx = jnp.asarray(warm_rows(n))
+        sub = jax.jit(take)(data, idx)
+        m = int(idx.shape[0])
+        try:
+            th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start")
+            warm_items = m * (p_w + 1)  # the gather, and each of its passes
+            if bool(np.all(np.isfinite(np.asarray(th_w)))):
+                th = th_w
+        except ModelError:
+            warm_items = m
+        del sub
+    th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol)
+    g_sum = h_sum = None
+    if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
+        _, g_lik, h_lik = last
+        h_lik = 0.5 * (h_lik + h_lik.T)
+        g_sum, h_sum = jnp.asarray(g_lik, th.dtype), jnp.asarray(h_lik, th.dtype)
+    return ModeSearch(th, passes, g_sum, h_sum, int(warm_items))
+
+
+
+
+
+def _newton_chunk_fns(model, unravel, th):
+    """The per-chunk functions of :func:`_newton` (value, gradient and Hessian; compensated log-likelihood
+    difference), one pair per model (by value for tallmh's own models) and parameter structure, so that
+    :func:`full_pass` finds its compiled passes again on the next call instead of compiling new ones."""
+
+    key = (value_key(model), shape_key(unravel(th)))
+    fns = _NEWTON_FNS.get(key)
+    if fns is not None:
+        return fns
+    from .acceptance.base import df_sum
+
+    closed_form = closed_form_vgh(model, unravel, th)
+
+    def chunk_vgh(t0, batch, mask):
+        if closed_form is not None:
+            return closed_form(unravel(t0), batch, mask)
+
+        def total(t):
+            return jnp.sum(jnp.where(mask, model.log_lik(unravel(t), batch), 0.0))
+
+        v, g = jax.value_and_grad(total)(t0)
+        return v, g, jax.hessian(total)(t0)
+
+    def chunk_dv(t0, cand, batch, mask):
+        dl = model.log_lik(unravel(cand), batch) - model.log_lik(unravel(t0), batch)
+        hi, lo = df_sum(jnp.where(mask, dl, 0.0))
+        return hi, lo
+
+    if len(_NEWTON_FNS) >= 16:
+        _NEWTON_FNS.pop(next(iter(_NEWTON_FNS)))
+    _NEWTON_FNS[key] = (chunk_vgh, chunk_dv)
+    return chunk_vgh, chunk_dv
+
+
+_PRIOR_FNS: dict = {}  # compiled log-prior derivatives of the set-up passes (see _prior_fns)
+
+
+def _prior_fns(model, unravel, th):
+    """The log prior's ``(value, gradient, Hessian)`` at ``t`` and its values at two points ``(t0, t1)``, each
+    one compiled program, cached per model (by value for tallmh's own models) and parameter structure:
+    evaluated eagerly, every operation of the prior and of its derivatives would be compiled apart
+    (dozens of small programs in a fresh process)."""
+
+    key = (value_key(model), shape_key(unravel(th)), str(jnp.asarray(th).dtype))
+    fns = _PRIOR_FNS.get(key)
+    if fns is not None:
+        return fns
+
+    def lp(t):
+        return model.log_prior(unravel(t))
+
+    vgh = jax.jit(lambda t: (lp(t), jax.grad(lp)(t), jax.hessian(lp)(t)))
+    pair = jax.jit(lambda t0, t1: (lp(t0), lp(t1)))
+    if len(_PRIOR_FNS) >= 16:
+        _PRIOR_FNS.pop(next(iter(_PRIOR_FNS)))
+    _PRIOR_FNS[key] = (vgh, pair)
+    return vgh, pair
+
+
+EIG_FLOOR = 1e-6  # eigenvalues of the scaled negative Hessian are floored at this times the largest
+
+
+def positive_part(neg_h):
+    """A positive-definite stand-in for a symmetric matrix ``A`` (the negative Hessian of the log posterior)
+    that is not positive definite: with ``D = diag(sqrt|A_ii|)`` and the eigen-decomposition ``D^-1 A D^-1 =
+    V L V^T``, returns ``D V |L|_+ V^T D``, where ``|L|_+`` are the eigenvalues' absolute values, floored at
+    ``EIG_FLOOR`` times the largest. On a positive-definite ``A`` it returns ``A`` (up to rounding).
+
+    The absolute values are the eigenvalue modification of Newton's method (Nocedal & Wright, Numerical
+    Optimization, 2nd ed., Sec. 3.4; the saddle-free Newton step of Dauphin et al., NeurIPS 2014): the
+    step ``(|A|)^-1 g`` is an ascent direction that moves *along* directions of negative curvature, at the
+    scale of their curvature, instead of the vanishing gradient steps a large Levenberg shift gives. The
+    diagonal scaling makes the floor act per coordinate's own scale (a hierarchical model's group effects
+    have curvature 10^4 times its hyperparameters')."""
+    a = 0.5 * (np.asarray(neg_h, np.float64) + np.asarray(neg_h, np.float64).T)
+    dg = np.sqrt(np.maximum(np.abs(np.diag(a)), 1e-300))
+    dg = np.where(np.isfinite(dg) & (dg > 0), dg, 1.0)
+    w, v = np.linalg.eigh(a / dg[:, None] / dg[None, :])
+    top = max(float(np.max(np.abs(w))), 1e-300)
+    w = np.maximum(np.abs(w), EIG_FLOOR * top)
+    m = (v * w) @ v.T
+    return 0.5 * (m + m.T) * dg[:, None] * dg[None, :]
+
+
+def modified_newton_step(neg_h, g):
+    """The eigenvalue-modified Newton step ``positive_part(A)^-1 g`` (see :func:`positive_part`)."""
+    return np.linalg.solve(positive_part(neg_h), np.asarray(g, np.float64))
+
+
+def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
+    """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
+    ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
+    unscaled gradient and Hessian sums at ``theta_d``."""
+    d = th.shape[0]
+    what = f"tallmh: Newton {label} pass" if label else "tallmh: Newton pass"
+
+    chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
+
+    prior_vgh, prior_pair = _prior_fns(model, unravel, th)
+
+    def prior_parts(t0):
+        lp, g, h = prior_vgh(t0)
+        return float(lp), np.asarray(g, np.float64), np.asarray(h, np.float64)
+
+    def lik_derivs(t0):
+        v, g, h = 0.0, np.zeros(d, np.float64), np.zeros((d, d), np.float64)
+        for cv, cg, ch in full_pass(chunk_vgh, data, n, (t0,), what):
+            v += float(cv)
+            g = g + np.asarray(cg, np.float64)
+            h = h + np.asarray(ch, np.float64)
+        return v, g, h
+
+    def full_diff(t0, cand):
+        lp0, lp1 = prior_pair(t0, cand)
+        dv = float(lp1) - float(lp0)
+        lik = 0.0
+        for hi, lo in full_pass(chunk_dv, data, n, (t0, cand), what.replace("pass", "line search")):
+            lik += float(hi) + float(lo)
+        return dv + scale * lik
+
+    passes = 0
+    last = None
+    for _ in range(max_iter):
+        lv, lg, lh = lik_derivs(th)
+        passes += 1
+        last = (th, lg, lh)
+        pv, pg, ph = prior_parts(th)
+        v, g, h = pv + scale * lv, pg + scale * lg, ph + scale * lh
+        if not np.isfinite(v):
+            raise ModelError("the log posterior is not finite at the control-variate starting point")
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
+            break  # derivatives overflow here (e.g. far down a funnel): no step can be computed
+        neg_h = -0.5 * (h + h.T)
+        gn = g
+        try:
+            np.linalg.cholesky(neg_h)
+            step = np.linalg.solve(neg_h, gn)
+        except np.linalg.LinAlgError:  # not concave here (e.g. a hierarchical prior's funnel)
+            step = np.asarray(modified_newton_step(neg_h, gn), np.float64)
+        decrement = float(gn @ step)
+        if decrement < tol:
+            break
+        t = 1.0
+        stalled = False
+        for _ in range(30):
+            # on the host: eager device arithmetic would compile a program per operation and shape
+            th_h = np.asarray(th)
+            cand_h = th_h + (t * step).astype(th_h.dtype)
+            cand = jnp.asarray(cand_h)
+            dv = full_diff(th, cand)
+            passes += 1
+            # accept a step that does not lower the log posterior beyond float rounding of the difference
+            if np.isfinite(dv) and dv >= -1e-6 * max(1.0, decrement):
+                stalled = bool(np.array_equal(cand_h, th_h))
+                th = cand
+                break
+            if t == 1.0 and decrement < _DECREMENT_FLOOR:
+                # the full Newton step predicts a gain of decrement/2 < 5e-4, and the computed difference
+                # says it loses: that is the float rounding of the difference, not a worse point. theta is
+                # within sqrt(decrement) < 0.032 posterior sd (Laplace metric) of the mode: stop here.
+                stalled = True
+                break
+            t *= 0.5
+        else:
+            break
+        if stalled:  # the step is below the float resolution of theta: Newton cannot move it any more
+            break
+    return th, passes, last
+
+
+
+
+def start_cov(model, unravel, cv):
+    """The covariance that disperses the chains' starts and preconditions the proposal: ``(cov, laplace)``.
+
+    The Laplace covariance (:func:`laplace_cov`, ``laplace=True``) where the negative Hessian of the log
+    posterior at ``cv.center`` is positive definite. Elsewhere (the search ended at a point that is not a
+    mode, such as a saddle of a centred hierarchical model's funnel), the inverse of its positive part
+    (:func:`positive_part`: eigenvalues' absolute values in the diagonally scaled metric), which is positive
+    definite and has the local curvature's scale in every direction (``laplace=False``). ``(None, False)``
+    when the Hessian is not finite."""
+    cov = laplace_cov(model, unravel, cv)
+    if cov is not None:
+        return cov, True
+    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
+    prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
+    if not np.all(np.isfinite(prec)):
+        return None, False
+    try:
+        cov = np.linalg.inv(positive_part(prec))
+        np.linalg.cholesky(0.5 * (cov + cov.T))
+    except np.linalg.LinAlgError:
+        return None, False
+    return jnp.asarray(0.5 * (cov + cov.T), cv.center.dtype), False
+
+
+def laplace_cov(model, unravel, cv):
+    """``(-(H + hess log prior(theta_hat)))^-1`` from the stored sums, or None if not positive definite."""
+    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
+    prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
+    try:
+        np.linalg.cholesky(prec)
+    except np.linalg.LinAlgError:
+        return None
+    cov = np.linalg.inv(prec)
+    return jnp.asarray(0.5 * (cov + cov.T), cv.center.dtype)
+
+
