@@ -338,7 +338,14 @@ class Result:
         ex = self._all_stats("audit_exact").astype(bool)
         m = int(aud.sum()) if aud.size else 0
         out: Dict[str, Any] = {"audit_steps": m, "audit_items": int(self._all_stats("audit_items").sum())}
-        if m and acc.size == aud.size:
+        counts = self._all_stats("audit_count")
+        if counts.size:  # an inference program: several decisions per step, counted by its blocks
+            m = int(counts.sum())
+            wrong = int(self._all_stats("audit_wrong").sum())
+            out.update(audit_steps=m, audit_wrong=wrong, audit_rate=wrong / m if m else float("nan"),
+                       audit_ci=_wilson(wrong, m) if m else (float("nan"), float("nan")),
+                       audit_bias=float("nan"), audit_bias_ci=(float("nan"), float("nan")))
+        elif m and acc.size == aud.size:
             a, e = acc[aud], ex[aud]
             wrong = int(np.sum(a != e))
             out["audit_wrong"] = wrong

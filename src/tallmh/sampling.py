@@ -638,11 +638,9 @@ class _Run:
             self.program, self.model, self.data, self.n, init)
         self.program = self.test = program
         self.proposal = self.control_variates = self.cv_order = None
-        self.is_exact = False
+        self.is_exact = not program.approximate_tests()  # (nothing to audit: every decision is exact)
         self.constrain = None
         self.empty_info = self.kernel.empty_info
-        self.notes.append("program: no self-audit (the blocks' tests are not checked against exact decisions "
-                          "during the run)")
         flat, _ = ravel_pytree(self.init_tree)
         self._keys(flat.dtype, flat.shape[0])
 
@@ -811,8 +809,8 @@ class _Run:
     def _audit_rates(self):
         """Self-audit rate per phase (warmup, sampling): see ``audit`` in :func:`sample`."""
         n, test = self.n, self.test
-        if self.audit is not None or self.is_exact or self.program is not None:
-            rate = 0.0 if (self.is_exact or self.program is not None) else float(self.audit or 0.0)
+        if self.audit is not None or self.is_exact:
+            rate = 0.0 if self.is_exact else float(self.audit or 0.0)
             self.rates = (rate, rate)
             self.audit_on = rate > 0
             return

@@ -31,10 +31,17 @@ class Repeat:
     def init(self, model, values, aux, data, n):
         return self.block.init(model, values, aux, data, n)
 
-    def step(self, key, model, values, aux, members, bstate, data, n):
+    @property
+    def audits(self):
+        return bool(getattr(self.block, "audits", False))
+
+    def step(self, key, model, values, aux, members, bstate, data, n, audit=False):
+        kw = {"audit": audit} if self.audits else {}
+
         def body(j, c):
             vals, ax, mem, bs, info = c
-            vals, ax, mem, bs, inf = self.block.step(jax.random.fold_in(key, j), model, vals, ax, mem, bs, data, n)
+            vals, ax, mem, bs, inf = self.block.step(jax.random.fold_in(key, j), model, vals, ax, mem, bs, data, n,
+                                                     **kw)
             return vals, ax, mem, bs, info + inf
 
         return jax.lax.fori_loop(0, int(self.times), body, (values, aux, members, bstate, BlockInfo.zero()))
@@ -64,6 +71,21 @@ class Cycle:
     def label(self):
         return "cycle(" + ", ".join(self.labels) + ")"
 
+    def approximate_tests(self):
+        """The tests of the blocks that can audit themselves and do not read everything (not ``Exact``)."""
+        out = []
+        for b in self.blocks:
+            inner = b.block if isinstance(b, Repeat) else b
+            if getattr(inner, "audits", False) and not getattr(inner.test, "tracks_log_lik", False):
+                out.append(inner.test)
+        return out
+
+    @property
+    def error_target(self):
+        """The per-step error the program's approximate tests promise, when they all promise the same."""
+        targets = {getattr(t, "error_target", None) for t in self.approximate_tests()}
+        return targets.pop() if len(targets) == 1 else None
+
     def grouped_sites(self):
         """{per-item site: grouped site} for every SubsampledMH with group_by (they need member lists)."""
         out = {}
@@ -84,12 +106,15 @@ class Cycle:
         bstates = tuple(b.init(model, values, aux, data, n) for b in self.blocks)
         return ProgramState(values, aux, members, bstates)
 
-    def step(self, key, model, state: ProgramState, data, n):
+    def step(self, key, model, state: ProgramState, data, n, audit=False):
+        """One pass of the blocks; ``audit`` (a bool, traced or not) also takes the exact decision beside each
+        approximate one of the blocks that can audit themselves."""
         values, aux, members = state.values, state.aux, state.members
         keys = jax.random.split(key, len(self.blocks))
         new_b, infos = [], []
         for b, kb, bs in zip(self.blocks, keys, state.blocks):
-            values, aux, members, bs, info = b.step(kb, model, values, aux, members, bs, data, n)
+            kw = {"audit": audit} if getattr(b, "audits", False) else {}
+            values, aux, members, bs, info = b.step(kb, model, values, aux, members, bs, data, n, **kw)
             new_b.append(bs)
             infos.append(info)
         return ProgramState(values, aux, members, tuple(new_b)), tuple(infos)

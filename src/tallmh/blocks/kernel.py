@@ -6,6 +6,8 @@ program's :class:`~tallmh.blocks.ProgramState` plus the flat vector of what a dr
 kernel is one pass of the cycle (Tierney 1994: a composition of kernels that each leave the target
 invariant leaves it invariant). Its statistics are the runner's (items read, acceptance, ...) summed over
 the blocks, plus each block's own: ``block{i}_n_data``, ``block{i}_proposals`` and ``block{i}_accepted``.
+At an audited step every approximate decision of a :class:`~tallmh.blocks.SubsampledMH` block is also taken
+by the exact test with the same u: ``audit_count`` decisions, of which ``audit_wrong`` differed.
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ def build_program_kernel(program, model, data, n: int, init=None):
             total = total + inf
         out = {"accepted": (total.accepted / jnp.maximum(total.proposals, 1)).astype(dtype),
                "n_data": total.n_data, "rounds": total.proposals, "nonfinite": jnp.zeros((), jnp.int32),
-               "excess_error": jnp.zeros((), dtype), "audited": jnp.bool_(False), "audit_exact": jnp.bool_(False),
-               "audit_items": jnp.zeros((), jnp.int32)}
+               "excess_error": jnp.zeros((), dtype), "audited": jnp.asarray(total.audits) > 0,
+               "audit_exact": jnp.bool_(False), "audit_items": jnp.asarray(total.audit_items, jnp.int32),
+               "audit_count": jnp.asarray(total.audits, jnp.int32),
+               "audit_wrong": jnp.asarray(total.audit_wrong, jnp.int32)}
         for i, inf in enumerate(infos):
             out.update({f"block{i}_n_data": inf.n_data, f"block{i}_proposals": inf.proposals,
                         f"block{i}_accepted": inf.accepted})
@@ -86,7 +90,7 @@ def build_program_kernel(program, model, data, n: int, init=None):
         return to_info((BlockInfo.zero(),) * k_blocks, dtype)
 
     def step(key, state, data, step_index, adapt, stats=None, audit=False):
-        pst, infos = program.step(key, model, state.program, data, n)
+        pst, infos = program.step(key, model, state.program, data, n, audit=audit)
         flat, _ = ravel_pytree(record(pst))
         return ProgramChain(flat.astype(state.theta.dtype), pst), to_info(infos, state.theta.dtype)
 

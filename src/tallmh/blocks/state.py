@@ -67,20 +67,24 @@ class ProgramState(NamedTuple):
 
 
 class BlockInfo(NamedTuple):
-    """What one block did in one step: items of data read, proposals made and accepted."""
+    """What one block did in one step: items of data read, proposals made and accepted; for a block that
+    can audit itself (:class:`~tallmh.blocks.SubsampledMH`), the decisions audited against the exact test
+    with the same u, those that differed, and the items the audits read (not in ``n_data``)."""
 
     n_data: jax.Array  # int32
     proposals: jax.Array  # int32
     accepted: jax.Array  # int32
+    audits: Any = 0  # int32
+    audit_wrong: Any = 0  # int32
+    audit_items: Any = 0  # int32
 
     @staticmethod
     def zero():
         z = jnp.zeros((), jnp.int32)
-        return BlockInfo(z, z, z)
+        return BlockInfo(z, z, z, z, z, z)
 
     def __add__(self, other):
-        return BlockInfo(self.n_data + other.n_data, self.proposals + other.proposals,
-                         self.accepted + other.accepted)
+        return BlockInfo(*(a + b for a, b in zip(self, other)))
 
 
 def require(model, names, block):

@@ -88,7 +88,9 @@ class SubsampledMH:
         flat, _ = ravel_pytree(row)
         return self.proposal.init(flat, n)
 
-    def _one(self, key, model, value, values, aux, data, n, idx_map, pstate, embed=None):
+    audits = True  # its decisions can be audited against the exact test (``step(..., audit=True)``)
+
+    def _one(self, key, model, value, values, aux, data, n, idx_map, pstate, embed=None, audit=False):
         """One MH step on the site's conditional problem, by the kernel's own step
         (:func:`tallmh.kernel.build_kernel`): the same support handling, test call and counting as a model's
         chain. The kernel reads items through ``idx_map`` (positions -> item indices)."""
@@ -99,13 +101,16 @@ class SubsampledMH:
         kernel = build_kernel(problem, self.proposal, self.test, n, unravel, reader=lambda _, pos: idx_map(pos))
         lp = jnp.asarray(problem.log_prior(value), flat.dtype)
         state = KernelState(flat, lp, jnp.zeros((), flat.dtype), pstate)
-        new, info = kernel.step(key, state, None, jnp.int32(0), False)
-        return unravel(new.theta), BlockInfo(info.n_data, jnp.int32(1), info.accepted.astype(jnp.int32))
+        new, info = kernel.step(key, state, None, jnp.int32(0), False, None, audit)
+        wrong = info.audited & (info.accepted != info.audit_exact)
+        return unravel(new.theta), BlockInfo(info.n_data, jnp.int32(1), info.accepted.astype(jnp.int32),
+                                             info.audited.astype(jnp.int32), wrong.astype(jnp.int32),
+                                             info.audit_items)
 
-    def step(self, key, model, values, aux, members, bstate, data, n):
+    def step(self, key, model, values, aux, members, bstate, data, n, audit=False):
         v = values[self.site]
         if self.group_by is None:
-            new, info = self._one(key, model, v, values, aux, data, n, lambda pos: pos, bstate)
+            new, info = self._one(key, model, v, values, aux, data, n, lambda pos: pos, bstate, audit=audit)
             return {**values, self.site: new}, aux, members, bstate, info
         mem = members[self.group_by]
         k_groups = mem.counts.shape[0]
@@ -125,7 +130,7 @@ class SubsampledMH:
                 def embed(r, k=k, site_v=site_v):
                     return site_v.at[k].set(r)
 
-            new, inf = self._one(key_k, model, row, vals, aux, data, mem.counts[k], idx_map, bstate, embed)
+            new, inf = self._one(key_k, model, row, vals, aux, data, mem.counts[k], idx_map, bstate, embed, audit)
             vals = {**vals, self.site: vals[self.site].at[k].set(new)}
             return (vals, info + inf), None
 
