@@ -56,6 +56,9 @@ def main():
     ap.add_argument("--nuts-draws", type=int, default=500)
     ap.add_argument("--nuts-tune", type=int, default=500)
     ap.add_argument("--skip-full", action="store_true")
+    ap.add_argument("--no-nuts", action="store_true", help="tallmh only (no comparison)")
+    ap.add_argument("--centered", action="store_true",
+                    help="Bambi's centred group effects (noncentered=False) instead of its default offsets x sigma")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=None, help="tm.sample's budget_s (default: its own, 600 s)")
     args = ap.parse_args()
@@ -88,7 +91,7 @@ def main():
 
     def by_tallmh(frame, label):
         t = time.time()
-        bm = bmb.Model(formula, frame, family="bernoulli")
+        bm = bmb.Model(formula, frame, family="bernoulli", noncentered=not args.centered)
         model, data = tm.from_bambi(bm)
         t_conv = time.time() - t
         kw = {} if args.budget is None else {"budget_s": args.budget}
@@ -105,6 +108,15 @@ def main():
     bm_sub, r_sub, w_sub = by_tallmh(sub, f"{len(sub)}-row subset")
     res["tallmh subset"] = (moments(flat(r_sub.samples)), r_sub.verdict, w_sub)
     d_tallmh = flat(r_sub.samples)
+    if args.no_nuts:
+        names = [k for k in d_tallmh if not k.startswith("1|dest[") and not k.startswith("1|dest_offset")]
+        show("means and sds (common effects and the group-level scale)", {k: v[0] for k, v in res.items()}, names)
+        if not args.skip_full:
+            _, r_full, w_full = by_tallmh(df, "full table")
+            res["tallmh full"] = (moments(flat(r_full.samples)), r_full.verdict, w_full)
+            show("means and sds, with the full table", {k: v[0] for k, v in res.items()}, names)
+        print("\nwall times: " + ", ".join(f"{k} {v[2]:.1f}s" for k, v in res.items()))
+        return
 
     t = time.time()
     idata = bm_sub.fit(draws=args.nuts_draws, tune=args.nuts_tune, chains=2, cores=1, random_seed=args.seed,
