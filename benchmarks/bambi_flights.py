@@ -99,7 +99,9 @@ def main():
         wall = time.time() - t
         s = r.summary()
         print(f"\n== tallmh, {label}: {len(frame)} rows; conversion {t_conv:.1f}s, total {wall:.1f}s")
-        print(str(s).split("\n             mean")[0] if "\n             mean" in str(s) else str(s)[:1500])
+        lines = str(s).splitlines()  # the run-level lines (the per-parameter table is printed below)
+        cut = next((i for i, ln in enumerate(lines) if ln.startswith("param")), len(lines) + 1) - 1
+        print("\n".join(lines[:max(cut, 0)]))
         print("notes:", getattr(r, "notes", None))
         print("verdict:", r.verdict)
         return bm, r, wall
