@@ -127,10 +127,14 @@ def matches_pymc(fn, m, points):
 @pytest.mark.parametrize("build", SHAPES, ids=[f.__name__ for f in SHAPES])
 def test_log_density_matches_pymc(build):
     m = build()
-    model, data = tm.from_pymc(m, check=False)
+    model, data = tm.from_pymc(m)  # with its construction checks: a batch of 6 rows, additivity, full data
     ll = model.log_lik(model.init(), data)
     assert ll.shape == (N,)
     assert matches_pymc(lambda th: total(model, data, th), m, random_points(model))
+    rows = np.array([7, 0, 41])  # a batch of rows gives those rows' terms (shapes follow the batch)
+    th = random_points(model, 1, seed=1)[0]
+    np.testing.assert_allclose(model.log_lik(th, {k: jnp.asarray(v[rows]) for k, v in data.items()}),
+                               np.asarray(model.log_lik(th, data))[rows], rtol=1e-10)
 
 
 def test_negative_controls_fail_the_same_check():
@@ -227,6 +231,14 @@ def test_refuses_rows_that_are_not_additive():
         b = pm.Normal("b", 0, 1)
         pm.Normal("y", b * (xd - xd.mean()), 1, observed=y)  # centred inside the graph: reads every row
     _refused(m, "not additive")
+
+
+def test_refuses_length_fixed_to_the_rows():
+    y = _rng().normal(size=N)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 1)
+        pm.Normal("y", mu=pt.ones(N) * a, sigma=1, observed=y)  # N baked into a parameter's shape
+    _refused(m, "['y']", "fails on a batch", "fixed to the N rows")
 
 
 def test_refuses_op_without_jax_implementation():

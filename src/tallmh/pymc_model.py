@@ -22,7 +22,8 @@ Refused with a :class:`~tallmh.errors.ModelError` that says why: a free variable
 (a per-item latent, including PyMC's imputed missing values); an observed variable without a data axis
 (a scalar) or with a leading length different from the others; discrete free variables (MH here moves
 continuous globals); a prior or potential that reads the data arrays; a model whose per-row terms are
-not additive over rows (e.g. it standardises the data inside the graph); and operations PyTensor's JAX
+not additive over rows (e.g. it standardises the data inside the graph); a length fixed to N inside an
+observed variable's parameters (the batch fails, and the message says so); and operations PyTensor's JAX
 backend cannot compile (the op is named). For N <= ``check_full_max`` the construction also checks that
 ``log_prior + sum(log_lik)`` equals PyMC's own log density on the full data.
 """
@@ -206,6 +207,8 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000):
     data_vars, data_arrays = _data_inputs(observed, obs_values, obs_graphs, n)
     data_names = list(data_vars)
     placeholders, repl = _batch_inputs(data_vars, data_arrays, obs_graphs, n, x64)
+    b_sym = placeholders[data_names[0]].shape[0]
+    obs_graphs = [_resized_to_batch(rv, g, obs_values[rv][1], b_sym) for rv, g in zip(observed, obs_graphs)]
     per_item = _per_row_log_lik(observed, obs_values, obs_graphs, repl)
     prior = _log_prior_graph(m, free, data_vars)
     out_vars, out_names = _output_graphs(m, free, rv_to_val, transforms, value_vars, set(data_vars.values()))
@@ -334,6 +337,29 @@ def _batch_inputs(data_vars, data_arrays, obs_graphs, n, x64):
     return placeholders, repl
 
 
+def _resized_to_batch(rv, graph, arr, b_sym):
+    """The observed variable's graph redrawn with ``b_sym`` rows: its batch shape ``(N, ...)`` becomes
+    ``(b, ...)`` through PyMC's own ``change_dist_size``, which rebuilds composite distributions (a
+    ``NormalMixture``'s components, a censored or truncated distribution) at the new size instead of
+    leaving the N of their inner graphs in place. Distributions PyMC cannot resize keep their graph (the
+    size constants of plain random variables are replaced in :func:`_batch_inputs`); the checks at
+    construction catch a batch that still fails."""
+    from pymc.distributions.shape_utils import change_dist_size
+
+    op = getattr(graph.owner, "op", None)
+    ndim_supp = getattr(op, "ndim_supp", None)
+    if ndim_supp is None:
+        return graph
+    batch_ndim = graph.type.ndim - int(ndim_supp)
+    if batch_ndim < 1 or arr.ndim < batch_ndim:
+        return graph
+    new_size = [b_sym] + [int(k) for k in arr.shape[1:batch_ndim]]
+    try:
+        return change_dist_size(graph, new_size, expand=False)
+    except Exception:  # noqa: BLE001 - not resizable by PyMC: keep the graph; the checks test the batch
+        return graph
+
+
 def _per_row_log_lik(observed, obs_values, obs_graphs, repl):
     """The graph of the per-row log-likelihood ``(b,)`` of a batch: the observed variables' terms summed."""
     from pytensor.graph.replace import clone_replace
@@ -435,8 +461,10 @@ def _checks(model: PyMCModel, data, n, check_full_max):
         try:
             ll_ab = np.asarray(model.log_lik(th, _take(data, a + bset)))
         except Exception as e:  # noqa: BLE001
-            raise ModelError(f"the log-likelihood fails on a batch of {len(a) + len(bset)} rows: "
-                             f"{type(e).__name__}: {e}") from e
+            raise ModelError(f"the log-likelihood of {model.observed_names} fails on a batch of {len(a) + len(bset)} "
+                             f"rows: {type(e).__name__}: {e}. A length fixed to the N rows inside the model (e.g. "
+                             "pt.ones(N) or shape=N in the observed variables' parameters) cannot follow a batch: "
+                             "let such lengths come from the data arrays") from e
         if ll_ab.shape != (len(a) + len(bset),):
             raise ModelError(f"the log-likelihood does not give one value per row (shape {ll_ab.shape} for "
                              f"{len(a) + len(bset)} rows)")
