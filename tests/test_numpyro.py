@@ -4,6 +4,8 @@ Paper: Chen, Mansinghka & Ghahramani, sublinear MH for probabilistic programs, S
 local partition of the scaffold, eqs. 5-6); here the local sections are the entries of the data plate.
 """
 
+import os
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -200,6 +202,14 @@ def test_a_loaded_run_keeps_the_constrained_view(tmp_path):
     assert not np.allclose(back.flat_samples[..., back.param_names.index("sigma")], back.samples["sigma"])
     back.save(tmp_path / "again.npz")  # a loaded run saves its view again
     np.testing.assert_allclose(tm.load_result(tmp_path / "again.npz").samples["sigma"], r.samples["sigma"], rtol=1e-6)
+    # draws streamed to disk are not pulled into memory for the view: the loaded run names its coordinates
+    # as unconstrained instead of showing log sigma under the name sigma
+    s = _short_run(model, data, tm.acceptance.Exact(), checkpoint=os.fspath(tmp_path / "streamed.npz"),
+                   stream_draws=True)
+    sb = tm.load_result(tmp_path / "streamed.npz")
+    assert set(sb.samples) == {"unconstrained_w", "unconstrained_sigma"}
+    np.testing.assert_array_equal(sb.samples["unconstrained_sigma"],
+                                  np.asarray(s.flat_samples)[..., s.param_names.index("sigma")])
 
 
 @pytest.mark.slow

@@ -146,10 +146,9 @@ def train_test_split(table: Table, test_size=0.03, seed: int = 0, max_test: Opti
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq", ".npy", ".npz")
 
 
-def _read_frame(path: str):
-    """The file at ``path`` as a pandas DataFrame (columns named), or a DataError."""
-    import pandas as pd
-
+def check_path(path: str) -> str:
+    """The refusals of a data path that need no reading (a missing file, a folder, an unknown type); returns
+    its lower-case suffix."""
     if not os.path.exists(path):
         raise DataError(f"data file not found: {path}")
     if os.path.isdir(path):
@@ -157,6 +156,14 @@ def _read_frame(path: str):
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in TABLE_SUFFIXES:
         raise DataError(f"cannot read {path}: unknown file type {suffix or '(none)'}; use .csv, .parquet, .npy or .npz")
+    return suffix
+
+
+def _read_frame(path: str):
+    """The file at ``path`` as a pandas DataFrame (columns named), or a DataError."""
+    import pandas as pd
+
+    suffix = check_path(path)
     try:
         if suffix == ".csv":
             return pd.read_csv(path)

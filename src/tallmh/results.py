@@ -469,8 +469,14 @@ class Result:
             "final_state": self.final_state, "notes": list(self.notes),
             "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
         }
-        if self.constrain is not None or self.stored_output is not None:  # the named, constrained draws
+        streamed = isinstance(self.flat_samples, np.memmap) or isinstance(self.flat_warmup, np.memmap)
+        if self.stored_output is not None or (self.constrain is not None and not streamed):
+            # the named, constrained draws (the model's ``constrain`` itself cannot be stored)
             payload["output"] = {"sampling": _plain_tree(self.samples), "warmup": _plain_tree(self.warmup_samples)}
+        elif self.constrain is not None:
+            # draws streamed to disk stay out of memory and out of the checkpoint: the loaded run names its
+            # coordinates as what they are (unconstrained) rather than by the constrained sites' names
+            payload["unconstrained_names"] = True
         return checkpoint.write(os.fspath(path), payload)
 
     def to_arviz(self):
@@ -577,7 +583,10 @@ def load_result(path: str) -> Result:
     if missing:
         raise ConfigError(f"{path} is an incomplete tallmh checkpoint (no {', '.join(missing)})")
     try:
-        _, unravel = ravel_pytree(jax.tree_util.tree_map(lambda a: np.asarray(a), p["template"]))
+        template = p["template"]
+        if p.get("unconstrained_names") and isinstance(template, dict):
+            template = {f"unconstrained_{k}": v for k, v in template.items()}  # (a prefix keeps the order)
+        _, unravel = ravel_pytree(jax.tree_util.tree_map(lambda a: np.asarray(a), template))
         return Result(flat_samples=p["flat_samples"], stats=p["stats"], flat_warmup=p["flat_warmup"],
                       warmup_stats=p["warmup_stats"], unravel=unravel, n=int(p["n"]), method=p["method"],
                       test=p["test"], proposal=p["proposal"], timings=p["timings"] or {},

@@ -98,16 +98,9 @@ def restore_args(args):
 
 def check_data_file(path):
     """The refusals of a data path that need no reading (made before anything heavy is imported)."""
-    from .datasets import TABLE_SUFFIXES
-    from .errors import DataError
+    from .datasets import check_path
 
-    if not os.path.exists(path):
-        raise DataError(f"data file not found: {path}")
-    if os.path.isdir(path):
-        raise DataError(f"data path is a folder, not a file: {path}")
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in TABLE_SUFFIXES:
-        raise DataError(f"cannot read {path}: unknown file type {suffix or '(none)'}; use .csv, .parquet, .npy or .npz")
+    check_path(path)
 
 
 def _run_name(result, args) -> str:
