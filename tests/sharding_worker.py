@@ -62,8 +62,9 @@ def main():
     def run(name, mesh, **kw):
         opts = dict(base)
         opts.update(kw)
+        m, x = opts.pop("model", model), opts.pop("data", data)
         try:
-            r = tm.sample(model, data, mesh=mesh, **opts)
+            r = tm.sample(m, x, mesh=mesh, **opts)
         except Exception as e:  # noqa: BLE001 - reported to the test
             meta["runs"][name] = {"error": f"{type(e).__name__}: {e}"}
             return
@@ -93,6 +94,14 @@ def main():
         for name, kw in (("exact", ex), ("cv", cv), ("langevin", lg)):
             table[name] = (lambda name=name, kw=kw: (run(f"{name}_single", False, **kw),
                                                     run(f"{name}_c2r2", mesh22, **kw)))
+        from tallmh.blocks.models import TwoComponentMixture
+
+        xs = np.random.default_rng(0).normal(size=60).astype(np.float32) + np.repeat([-1.5, 1.5], 30)
+        pg = dict(model=TwoComponentMixture(), data=xs, test=None, init=None, init_jitter=None, program=tm.Cycle([
+            tm.blocks.MH("pi", scale=1.0), tm.blocks.Gibbs("z", items_per_step=60),
+            tm.blocks.SubsampledMH("mu", test=tm.acceptance.Exact(chunk=20), scale=1.0, group_by="z")]))
+        table["program"] = lambda: (run("program_single", False, **pg),
+                                    run("program_c4", dist.make_mesh(chains=4, rows=1), **pg))
         for name in runs:
             table[name]()
     else:

@@ -77,8 +77,26 @@ def test_program_checkpoint_and_progress(tmp_path, capsys):
 def test_program_refuses_what_belongs_to_the_blocks():
     with pytest.raises(ConfigError, match="blocks carry their own tests"):
         _run(test=tm.acceptance.Exact())
-    with pytest.raises(ConfigError, match="one device"):
-        _run(mesh=tm.distributed.make_mesh(chains=1))
+    with pytest.raises(ConfigError, match="not its rows"):
+        _run(mesh=_rows_mesh())
+
+
+def _rows_mesh():
+    import jax
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(jax.devices()[:1] * 2, dtype=object).reshape(1, 2), ("chains", "rows"))
+
+
+def test_program_on_a_one_device_mesh_takes_the_sharded_path_and_matches():
+    """A 1 x 1 mesh runs the program through shard_map (chains one after another inside): the same draws."""
+    plain = _run(num_samples=24, num_warmup=8, mesh=False)
+    meshed = _run(num_samples=24, num_warmup=8, mesh=tm.distributed.make_mesh(chains=1, rows=1))
+    assert any(n.startswith("layout") for n in meshed.notes)
+    np.testing.assert_array_equal(plain.flat_samples, meshed.flat_samples)
+    np.testing.assert_array_equal(plain.stats["block2_n_data"], meshed.stats["block2_n_data"])
+    other = _run(num_samples=24, num_warmup=8, mesh=tm.distributed.make_mesh(chains=1, rows=1), seed=4)
+    assert not np.array_equal(plain.flat_samples, other.flat_samples)  # (the comparison can fail)
 
 
 def test_sample_program_alias_thins_and_sums_stats():
@@ -152,3 +170,30 @@ def test_a_program_audits_its_approximate_blocks():
     bad = sloppy.audit
     assert bad["audit_rate"] > 0.1 and bad["audit_ci"][0] > au["audit_ci"][1]
     assert "self-audit" in str(sloppy.summary())
+
+
+def test_the_default_audit_budget_counts_each_repeat_of_an_approximate_block():
+    """An audited program step reads the data once per approximate block and per repeat: the default audit count
+    divides the item cap by that, so a repeated block gets proportionally fewer audited steps."""
+    from tallmh import sampling
+
+    aust = tm.acceptance.Austerity(epsilon=0.05, batch_size=4)
+    one = tm.Cycle([tm.blocks.Gibbs("z", items_per_step=len(X)),
+                    tm.blocks.SubsampledMH("mu", test=aust, scale=1.0, group_by="z")])
+    three = tm.Cycle([tm.blocks.Gibbs("z", items_per_step=len(X)),
+                      tm.blocks.Repeat(tm.blocks.SubsampledMH("mu", test=aust, scale=1.0, group_by="z"), 3)])
+    assert one.audit_passes() == 1 and three.audit_passes() == 3 and _program().audit_passes() == 0
+
+    def rate(program, n):
+        run = sampling._Run.__new__(sampling._Run)
+        run.n, run.test, run.audit, run.is_exact, run.auto_draws = n, program, None, False, False
+        run.num_chains, run.num_warmup, run.num_samples, run.notes = 2, 1000, 10**6, []
+        run._audit_rates()
+        return run.rates[0], run.notes
+
+    r1, _ = rate(one, 10**7)
+    r3, notes = rate(three, 10**7)
+    steps = 2 * (1000 + 10**6)
+    cap = sampling.DEFAULT_AUDIT_ITEMS
+    assert round(r1 * steps) == cap // 10**7 and round(r3 * steps) == cap // (3 * 10**7) < round(r1 * steps)
+    assert any("3 times" in n for n in notes)

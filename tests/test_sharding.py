@@ -125,7 +125,7 @@ def test_four_devices_same_draws_as_one(tmp_path):
 def test_four_devices_more_layouts_tests_and_proposals(tmp_path):
     """Default layout (chains over all 4 devices, no collective), all rows over 4 devices, the exact test,
     control variates (forward-mode derivatives through the psum) and Langevin (reverse mode)."""
-    z, meta = _local(tmp_path, ["single", "default", "r4", "exact", "cv", "langevin"])
+    z, meta = _local(tmp_path, ["single", "default", "r4", "exact", "cv", "langevin", "program"])
     assert _same_run(z, "single", "default")
     assert meta["runs"]["default"]["collectives"] == {}
     assert "'chains_axis': 4" in meta["runs"]["default"]["notes"][0]
@@ -137,6 +137,10 @@ def test_four_devices_more_layouts_tests_and_proposals(tmp_path):
     np.testing.assert_array_equal(z["langevin_single/accepted"], z["langevin_c2r2/accepted"])
     np.testing.assert_allclose(z["langevin_single"], z["langevin_c2r2"], rtol=0, atol=1e-5)
     assert np.mean(z["langevin_single/accepted"]) > 0.02
+    # an inference program: its chains over 4 devices (one after another on each), the same draws
+    assert "error" not in meta["runs"]["program_c4"], meta["runs"]["program_c4"]
+    assert _same_run(z, "program_single", "program_c4")
+    assert np.mean(z["program_single/accepted"]) > 0.02 and z["program_single"].shape[0] == 4
 
 
 # --- two processes (jax.distributed, CPU collectives) ---------------------------------------------------

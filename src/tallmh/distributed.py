@@ -267,13 +267,14 @@ class RowView:
         return value
 
 
-def sharded_runner(chain_run_of, plan: Plan, model, n: int):
+def sharded_runner(chain_run_of, plan: Plan, model, n: int, map_chains: bool = False):
     """``jit(shard_map(vmap(chain_run)))`` over ``plan.mesh``.
 
     ``chain_run_of(model)`` returns the one-chain function ``chain_run(state, ckey, akey, start, count,
     phase, audit_rate, data, stats)`` built on ``model``. With row sharding, an inner ``shard_map`` over
     ``"rows"`` (the chains' loops run inside it) gives it a :class:`RowView` of the model and
-    ``arange(N)`` as data.
+    ``arange(N)`` as data. ``map_chains``: each device runs its chains one after another (``lax.map``,
+    as an inference program's kernel asks) instead of side by side (``vmap``).
     """
     c_spec, r_spec = plan.chain_spec, plan.row_spec
     n_local = plan.n_pad // plan.rows
@@ -292,6 +293,9 @@ def sharded_runner(chain_run_of, plan: Plan, model, n: int):
                                   out_specs=P(), axis_names=frozenset({ROWS}), check_vma=True)
             return inner(state, ckey, akey, start, count, phase, rate, data, stats)
         run = chain_run_of(model)
+        if map_chains:
+            return jax.lax.map(lambda sk: run(sk[0], sk[1], akey, start, count, phase, rate, data, stats),
+                               (state, ckey))
         return jax.vmap(run, in_axes=vm)(state, ckey, akey, start, count, phase, rate, data, stats)
 
     # check_vma=False on the chains axis: see the module's docstring

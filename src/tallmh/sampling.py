@@ -339,7 +339,8 @@ def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None
     if key in _RUNNERS:
         return _RUNNERS[key]
     if plan is not None:
-        fn = distributed.sharded_runner(lambda m: _chain_run(kernel_of(m), length, audit_on), plan, model, n)
+        fn = distributed.sharded_runner(lambda m: _chain_run(kernel_of(m), length, audit_on), plan, model, n,
+                                        map_chains=getattr(kernel, "map_chains", False))
     elif getattr(kernel, "map_chains", False):  # chains one after another (a program's member lists)
         chain = _chain_run(kernel, length, audit_on)
 
@@ -485,7 +486,8 @@ def sample(
     program : an inference program (:class:`tallmh.Cycle` of blocks, :mod:`tallmh.blocks`) for a model
         written to the blocks' protocol (``tm.blocks.from_numpyro(...)`` or a hand-written one): the
         program is the kernel, and the run has everything above (chunks, progress, Ctrl-C, resume,
-        checkpoints, verdict, ArviZ output by site name) except the self-audit and ``mesh``. Chains start
+        checkpoints, self-audit, verdict, ArviZ output by site name; ``mesh`` splits the chains over devices,
+        not the rows, since the blocks read items by index over the whole data). Chains start
         from the model's ``init(key, data)`` (one key per chain) or ``init=(values, aux)``; each draw is
         ``model.record(values, aux)`` (or every site). ``test``, ``proposal`` and ``control_variates``
         belong to the blocks and are not taken here.
@@ -652,13 +654,12 @@ class _Run:
     # ---- devices, resume, draws on disk ---------------------------------------------------------------
 
     def plan_devices(self, mesh):
-        if self.program is not None:
-            if mesh not in (None, False):
-                raise ConfigError("programs run on one device: pass no mesh")
-            return
         if mesh is None:
             mesh = distributed.default_mesh(self.num_chains)
         self.plan = distributed.plan_for(mesh, self.num_chains, self.n)
+        if self.program is not None and self.plan is not None and self.plan.rows > 1:
+            raise ConfigError("a program's blocks read items by index over the whole data: split its chains over "
+                              "devices (make_mesh(chains=k, rows=1)), not its rows")
         if self.plan is not None and self.plan.rows > 1 and callable(getattr(self.test, "build_kernel", None)):
             raise ConfigError(f"the {getattr(self.test, 'name', type(self.test).__name__)} test brings its own kernel, "
                               "which reads the data directly: row sharding (a mesh with rows > 1) is not supported "
@@ -818,13 +819,15 @@ class _Run:
         wanted = audits_for_power(tgt, AUDIT_POWER)
         planned = AUTO_PLANNED_SAMPLES if self.auto_draws else self.num_samples  # ("auto": a typical run's draws)
         steps = max(1, self.num_chains * (self.num_warmup + planned))
-        n_audits = min(wanted, DEFAULT_AUDIT_ITEMS // max(1, n))
+        passes = test.audit_passes() if callable(getattr(test, "audit_passes", None)) else 1  # (a program's blocks)
+        n_audits = min(wanted, DEFAULT_AUDIT_ITEMS // max(1, n * passes))
         rate = min(MAX_AUDIT_RATE, n_audits / steps)
         self.rates = (rate, rate)
         self.audit_on = rate > 0
         got = int(round(rate * steps))
         if got < wanted:
-            why = (f"each reads all N = {n:,} items and the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}"
+            each = f"all N = {n:,} items" if passes == 1 else f"all N = {n:,} items {passes} times"
+            why = (f"each reads {each} and the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}"
                    if n_audits < wanted else f"at most {MAX_AUDIT_RATE:g} of the {steps:,} chain-steps")
             msg = (f"self-audit: about {got} audited chain-step(s) by default ({why}); they flag a wrong-decision "
                    f"rate of twice the target with probability {audit_power(got, tgt):.2f} (pass audit=rate "
@@ -842,7 +845,8 @@ class _Run:
                 _shape_key(self.stats), self.cv_order, num_chains, length, self.audit_on, d, str(self.dtype),
                 _shape_key(self.states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
         entry = _runner(self.kernel, rkey, num_chains, length, self.audit_on, plan,
-                        lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order), self.model, n)
+                        (lambda m: self.kernel) if self.program is not None else
+                        (lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order)), self.model, n)
         if plan is None:
             def arg(v, dt):
                 return jnp.asarray(v, dt)

@@ -80,6 +80,16 @@ class Cycle:
                 out.append(inner.test)
         return out
 
+    def audit_passes(self):
+        """Full-data passes an audited step of the program reads at most: one per approximate block, times its
+        ``Repeat`` count (a grouped block's rows read their clusters' members: one pass in all)."""
+        total = 0
+        for b in self.blocks:
+            inner = b.block if isinstance(b, Repeat) else b
+            if getattr(inner, "audits", False) and not getattr(inner.test, "tracks_log_lik", False):
+                total += b.times if isinstance(b, Repeat) else 1
+        return total
+
     @property
     def error_target(self):
         """The per-step error the program's approximate tests promise, when they all promise the same."""
