@@ -152,6 +152,68 @@ def _initial_log_lik(test, n, fn, dtype):
     return acc.mean * n
 
 
+def _grad_estimator(model, unravel, n, cv_order, reader):
+    """``grad_estimate(data, cv) -> grad_fn(theta, idx)``: a minibatch estimate of grad log posterior, with the
+    control variates' exact gradient sum and Taylor correction when they are on (the Langevin proposal's drift)."""
+
+    def grad_estimate(data, cv):
+        def grad_fn(theta, idx):
+            batch = reader(data, idx)
+            scale = n / idx.shape[0]
+
+            def batch_sum(t):
+                return jnp.sum(model.log_lik(unravel(t), batch))
+
+            gp = jax.grad(lambda t: jnp.asarray(model.log_prior(unravel(t)), theta.dtype))(theta)
+            g = jax.grad(batch_sum)(theta)
+            if cv is None:
+                return gp + scale * g
+            a = theta - cv.center
+            if cv_order == 1:
+                return gp + cv.grad_sum + scale * (g - jax.grad(batch_sum)(cv.center))
+            g_c, h_a = jax.jvp(jax.grad(batch_sum), (cv.center,), (a,))
+            return gp + cv.grad_sum + cv.hess_sum @ a + scale * (g - g_c - h_a)
+
+        return grad_fn
+
+    return grad_estimate
+
+
+def _run_test(test, key, problem, tracks, current_log_lik, dtype):
+    """The test's decision on ``problem`` as (accept, n_data, rounds, nonfinite, excess_error, log_lik at theta')."""
+    dec = test.decide(key, problem)
+    nf = dec.n_nonfinite if dec.n_nonfinite is not None else jnp.zeros((), jnp.int32)
+    ce = dec.excess_error if dec.excess_error is not None else jnp.zeros((), dtype)
+    llp = dec.log_lik_prop if tracks else current_log_lik
+    return dec.accept, dec.n_data.astype(jnp.int32), dec.rounds.astype(jnp.int32), \
+        nf.astype(jnp.int32), jnp.asarray(ce, dtype), llp
+
+
+def _audit_decision(oracle, key, problem, in_support, audit):
+    """The exact oracle's decision with the same key (same u) and the items it read, when ``audit`` is on."""
+
+    def run_audit():
+        ex = oracle.decide(key, problem._replace(log_lik_current=None))
+        # the items the exact decision read: all N, or none for a proposal out of the support
+        return ex.accept & in_support, ex.n_data.astype(jnp.int32)
+
+    def no_audit():
+        return jnp.bool_(False), jnp.int32(0)
+
+    if isinstance(audit, bool) and not audit:
+        return no_audit()
+    # audit is the same for all chains of a step, so this stays a real branch under vmap
+    return jax.lax.cond(audit, run_audit, no_audit)
+
+
+def _adapted(proposal, pstate, theta, acc, step_index, adapt):
+    """The proposal's state after the step: adapted when ``adapt`` (a Python or traced bool) is on."""
+    if isinstance(adapt, bool):
+        return proposal.update(pstate, theta, acc, step_index) if adapt else pstate
+    # traced flag: one compiled function serves warmup and sampling
+    return jax.lax.cond(adapt, lambda: proposal.update(pstate, theta, acc, step_index), lambda: pstate)
+
+
 def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=None, reader=None) -> Kernel:
     """Compose ``model``, ``proposal`` and ``test`` into an MH kernel for N = ``n`` items.
 
@@ -175,6 +237,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
     oracle = oracle_of(test)
     default_stats = stats
     exact_test = bool(getattr(test, "tracks_log_lik", False))
+    grad_estimate = _grad_estimator(model, unravel, n, cv_order, reader)
 
     def full_log_lik(theta, data):
         th = unravel(theta)
@@ -185,28 +248,6 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         ll = full_log_lik(theta, data) if tracks else jnp.zeros((), theta.dtype)
         pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)
-
-    def grad_estimate(data, cv):
-        """Minibatch estimate of grad log posterior (with control variates when on)."""
-
-        def grad_fn(theta, idx):
-            batch = reader(data, idx)
-            scale = n / idx.shape[0]
-
-            def batch_sum(t):
-                return jnp.sum(model.log_lik(unravel(t), batch))
-
-            gp = jax.grad(lambda t: jnp.asarray(model.log_prior(unravel(t)), theta.dtype))(theta)
-            g = jax.grad(batch_sum)(theta)
-            if cv is None:
-                return gp + scale * g
-            a = theta - cv.center
-            if cv_order == 1:
-                return gp + cv.grad_sum + scale * (g - jax.grad(batch_sum)(cv.center))
-            g_c, h_a = jax.jvp(jax.grad(batch_sum), (cv.center,), (a,))
-            return gp + cv.grad_sum + cv.hess_sum @ a + scale * (g - g_c - h_a)
-
-        return grad_fn
 
     def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False):
         stats = default_stats if stats is None else stats
@@ -232,17 +273,8 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
                                state.log_lik if tracks else None, None if exact_test else cv, cv_order or 2,
                                reader)
-
-        def run_test():
-            dec = test.decide(k_test, problem)
-            nf = dec.n_nonfinite if dec.n_nonfinite is not None else jnp.zeros((), jnp.int32)
-            ce = dec.excess_error if dec.excess_error is not None else jnp.zeros((), dtype)
-            llp = dec.log_lik_prop if tracks else state.log_lik
-            return dec.accept, dec.n_data.astype(jnp.int32), dec.rounds.astype(jnp.int32), \
-                nf.astype(jnp.int32), jnp.asarray(ce, dtype), llp
-
         # (n_data and rounds are what the test read: nothing out of the support)
-        accept, n_data, rounds, nonfinite, clt, llp = run_test()
+        accept, n_data, rounds, nonfinite, clt, llp = _run_test(test, k_test, problem, tracks, state.log_lik, dtype)
         # a proposal that read data (a minibatch gradient) and came out non-finite read a non-finite item:
         # counted (at least one), not passed off as a proposal out of the support
         grad_bad = (needs_data & ~jnp.isfinite(theta_p).all()) if needs_data else jnp.bool_(False)
@@ -250,29 +282,12 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         clt = jnp.where(in_support, clt, jnp.zeros((), dtype))
         llp = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), llp, state.log_lik)
         acc = accept & in_support & (nonfinite == 0)
-
-        def run_audit():
-            oprob = problem._replace(log_lik_current=None)
-            ex = oracle.decide(k_test, oprob)
-            # the items the exact decision read: all N, or none for a proposal out of the support
-            return ex.accept & in_support, ex.n_data.astype(jnp.int32)
-
-        def no_audit():
-            return jnp.bool_(False), jnp.int32(0)
-
-        if isinstance(audit, bool) and not audit:
-            audit_exact, audit_items = no_audit()
-        else:  # audit is the same for all chains of a step, so this stays a real branch under vmap
-            audit_exact, audit_items = jax.lax.cond(audit, run_audit, no_audit)
+        audit_exact, audit_items = _audit_decision(oracle, k_test, problem, in_support, audit)
         theta = jnp.where(acc, theta_p, state.theta)
         lp = jnp.where(acc, lp_p, state.log_prior)
         ll = jax.tree_util.tree_map(lambda new, old: jnp.where(acc, new, old), llp, state.log_lik) \
             if tracks else state.log_lik
-        if isinstance(adapt, bool):
-            pstate = proposal.update(state.proposal, theta, acc, step_index) if adapt else state.proposal
-        else:  # traced flag: one compiled function serves warmup and sampling
-            pstate = jax.lax.cond(adapt, lambda: proposal.update(state.proposal, theta, acc, step_index),
-                                  lambda: state.proposal)
+        pstate = _adapted(proposal, state.proposal, theta, acc, step_index, adapt)
         n_data = n_data + (proposal.items_per_step() if needs_data else 0)
         info = StepInfo(acc, n_data, rounds, nonfinite, clt, jnp.asarray(audit, bool) & (audit_items > 0),
                         audit_exact, audit_items)
