@@ -139,3 +139,29 @@ def test_an_approximate_test_without_control_variates_is_told_while_it_runs():
         r = tm.sample(tm.models.LogisticRegression(), data, control_variates=tm.ControlVariates(), **kw)
     assert not any("without control variates" in str(w.message) for w in seen)
     assert not any("without control variates" in n for n in r.notes)
+
+
+def test_auto_warmup_is_short_only_where_only_a_step_size_is_tuned(tmp_path):
+    """num_warmup="auto": 300 steps for preconditioned Langevin from the Laplace approximation at the mode (said in
+    the notes; kept by a resumed run); 1,000 for adaptive Metropolis, which learns a covariance."""
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=2)
+    model = tm.models.LogisticRegression()
+    kw = dict(num_samples=10, num_chains=2, progress=False, audit=0, seed=1)
+    r = tm.sample(model, data, **kw)
+    assert r.flat_warmup.shape[1] == 300 and any(n.startswith("num_warmup='auto': 300") for n in r.notes)
+    am = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05), proposal=tm.proposals.AdaptiveMetropolis(),
+                   **kw)
+    assert am.flat_warmup.shape[1] == 1000 and not any(n.startswith("num_warmup=") for n in am.notes)
+
+    def stop(info):
+        if info["phase"] == "warmup" and info["done"] >= 100:
+            raise KeyboardInterrupt
+
+    cut = tm.sample(model, data, callback=stop, chunk_size=50, **kw)
+    assert cut.partial and cut.flat_samples.shape[1] == 0
+    path = str(tmp_path / "ck.npz")
+    cut.save(path)
+    resumed = tm.sample(model, data, resume=tm.load_result(path), chunk_size=50, **kw)
+    assert resumed.flat_warmup.shape[1] == 300 and resumed.flat_samples.shape[1] == 10
+    with pytest.raises(tm.errors.ConfigError, match="num_warmup"):
+        tm.sample(model, data, num_warmup="long", **kw)

@@ -52,6 +52,15 @@ def batch_size(s):
     return int_at_least("--batch-size", 2)(s)
 
 
+def warmup(s):
+    if str(s).strip().lower() == "auto":
+        return "auto"
+    try:
+        return int_at_least("--warmup", 0)(s)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--warmup must be 'auto' or an integer of at least 0; got {s!r}") from None
+
+
 def samples(s):
     if str(s).strip().lower() == "auto":
         return "auto"

@@ -26,6 +26,7 @@ import warnings
 
 from .console import PROG, one_line as _one_line
 from .arg_types import batch_size, fraction, int_at_least, positive_float, samples
+from .arg_types import warmup as warmup_steps
 from .errors import CLIError
 from .interrupts import STOP_SIGNALS, install_interrupt_counter, status_of_stop as _status_of_stop
 from .method_options import BOUNDS, DEMO_DEFAULT, DEMO_METHODS, METHODS
@@ -130,8 +131,9 @@ def _add_run_parser(sub):
                           "--resume: the new total)")
     run.add_argument("--min-ess", type=positive_float("--min-ess"), default=400.0,
                      help="--samples auto: the bulk ESS every coefficient must reach")
-    run.add_argument("--warmup", type=int_at_least("--warmup", 0), default=1000,
-                     help="warmup steps per chain (proposal adaptation; discarded)")
+    run.add_argument("--warmup", type=warmup_steps, default="auto",
+                     help="warmup steps per chain (proposal adaptation; discarded); auto: 300 for Langevin started "
+                          "at the Laplace approximation, else 1000")
     run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
                      help="auto: langevin with control variates, else adaptive; langevin: preconditioned adaptive "
                           "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "

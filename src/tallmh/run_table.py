@@ -219,7 +219,7 @@ def _resumed(args, saved, ck_path, test, tell):
         raise CLIError(f"--resume: cannot read the checkpoint {ck_path}: {e}") from None
     done = resume.flat_samples.shape[1]
     if (args.samples == "auto" or done >= args.samples) and not resume.partial \
-            and resume.flat_warmup.shape[1] >= args.warmup:
+            and (args.warmup == "auto" or resume.flat_warmup.shape[1] >= args.warmup):
         lost = [f for f in OUTPUTS if not os.path.exists(os.path.join(args.out, f))]
         if not lost:
             raise CLIError(f"--resume: {args.out} holds a complete run of {done} draws per chain; pass --samples "

@@ -71,6 +71,12 @@ _RUNNERS: dict = {}
 # num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
 # plans for (its rate is fixed before sampling)
 AUTO_MAX_SAMPLES = 200_000
+# num_warmup="auto": the warmup steps per chain. Preconditioned Langevin started from the Laplace approximation at
+# the mode only tunes its step size (a Robbins-Monro search from the optimal-scaling guess): 300 steps; at
+# N = 10^6 (logistic, d = 11) its ESS per draw was within 8% of a 1,000-step warmup's. Every other start or
+# proposal (adaptive Metropolis learns a covariance; no mode) keeps 1,000.
+AUTO_WARMUP = 1000
+AUTO_WARMUP_LAPLACE = 300
 AUTO_BUDGET_S = 600.0
 AUTO_PLANNED_SAMPLES = 2000
 # an approximate test without control variates that reads more than this fraction of the data per step in
@@ -393,7 +399,7 @@ def sample(
     test=None,
     proposal=None,
     num_samples="auto",
-    num_warmup: int = 1000,
+    num_warmup="auto",
     num_chains: int = 4,
     seed: int = 0,
     init=None,
@@ -432,7 +438,10 @@ def sample(
         least ``min_ess`` (400) and the largest R-hat at most 1.01, checked as the draws grow, within
         ``budget_s`` (default 600 s of sampling) and at most ``AUTO_MAX_SAMPLES`` draws per chain;
         ``result.notes`` says which was reached
-    num_warmup : warmup steps per chain (adaptation happens in warmup only)
+    num_warmup : warmup steps per chain (adaptation happens in warmup only), or ``"auto"`` (the default):
+        ``AUTO_WARMUP_LAPLACE`` (300) when preconditioned adaptive Langevin starts from the Laplace
+        approximation at the mode (only its step size is tuned), else ``AUTO_WARMUP`` (1,000); said in
+        ``result.notes``
     num_chains : chains run side by side (``jax.vmap``)
     seed : integer seed; chain c at step k of phase p uses ``fold_in(fold_in(split(PRNGKey(seed))[c], p),
         k)``, so the same seed gives the same draws, however the run is cut into chunks or resumed
@@ -568,6 +577,11 @@ class _Run:
             self.budget_s = AUTO_BUDGET_S if self.budget_s is None else self.budget_s
             if not (self.min_ess > 0):
                 raise ConfigError(f"min_ess must be positive; got {self.min_ess}")
+        self.auto_warmup = isinstance(num_warmup, str)
+        if self.auto_warmup:
+            if num_warmup != "auto":
+                raise ConfigError(f"num_warmup must be an integer >= 0 or 'auto'; got {num_warmup!r}")
+            num_warmup = AUTO_WARMUP  # (until the set-up shows what the start is: see _warmup_of_start)
         for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0),
                             ("num_chains", self.num_chains, 1)):
             if int(v) != v or v < lo:
@@ -685,6 +699,8 @@ class _Run:
         info = resume.resume_info
         self.states = jax.tree_util.tree_map(jnp.asarray, resume.final_state)
         done = self.done = {"warmup": int(info["warmup_done"]), "sampling": int(info["sampling_done"])}
+        if self.auto_warmup:  # the warmup the run chose when it started
+            self.num_warmup = int(info.get("num_warmup", self.num_warmup))
         if done["warmup"] > self.num_warmup or done["sampling"] > self.num_samples:
             raise ConfigError(f"resume: the run already has {done['warmup']} warmup steps and {done['sampling']} "
                               f"draws; ask for at least as many (num_warmup={self.num_warmup}, "
@@ -756,6 +772,7 @@ class _Run:
                 ts = time.perf_counter()
                 self.states = _wait(self._set_up(init_jitter))
                 self.timings["setup_s"] = time.perf_counter() - ts
+                self._warmup_of_start()
             self._audit_rates()
             self._compile()
             if progress is None:
@@ -806,6 +823,17 @@ class _Run:
         if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
             self.setup_items += test.setup_items_of(states, n)
         return states
+
+    def _warmup_of_start(self):
+        """``num_warmup="auto"``: a short warmup where only a step size is left to tune (see AUTO_WARMUP_LAPLACE)."""
+        if not self.auto_warmup or self.program is not None:
+            return
+        p, si = self.proposal, self.start_info
+        if getattr(p, "uses_cov_hint", False) and getattr(p, "adapt", False) and si.get("mode_found") \
+                and si.get("laplace") and self.init_given is None:
+            self.num_warmup = AUTO_WARMUP_LAPLACE
+            self.notes.append(f"num_warmup='auto': {AUTO_WARMUP_LAPLACE} steps per chain (preconditioned Langevin "
+                              f"from the Laplace approximation at the mode tunes only its step size)")
 
     def _audit_rates(self):
         """Self-audit rate per phase (warmup, sampling): see ``audit`` in :func:`sample`."""
