@@ -22,7 +22,7 @@ from typing import List, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln
+from jax.scipy.special import digamma, gammaln, polygamma
 
 from .errors import ConfigError, DataError
 from .model import Model
@@ -258,6 +258,16 @@ class PoissonRegression(Model):
         y = batch["y"]
         return y * eta - jnp.exp(eta) - gammaln(y + 1.0)
 
+    def lik_value_grad_hess(self, theta, batch, mask):
+        """``(sum l_i, sum grad l_i, sum hess l_i)`` over the items where ``mask`` is true, in closed form
+        (``grad = X^T (y - mu)``, ``hess = -X^T diag(mu) X``, ``mu = exp(X theta)``): one matrix product each,
+        used by the set-up passes in place of autodiff (``tests/test_formula.py`` checks it against autodiff)."""
+        X = batch["X"]
+        m = mask.astype(X.dtype)
+        mu = jnp.exp(X @ theta)
+        v = jnp.sum(jnp.where(mask, self.log_lik(theta, batch), 0.0))
+        return v, X.T @ (m * (batch["y"] - mu)), -(X * (m * mu)[:, None]).T @ X
+
     def init(self, data):
         return jnp.zeros(np.shape(data["X"])[1])
 
@@ -300,6 +310,43 @@ class NegativeBinomialRegression(Model):
         log_r_plus_mu = jnp.logaddexp(log_r, eta)  # log(r + mu), stable for large mu or r
         return (gammaln(y + r) - gammaln(r) - gammaln(y + 1.0) + r * (log_r - log_r_plus_mu)
                 + y * (eta - log_r_plus_mu))
+
+    def lik_value_grad_hess(self, theta, batch, mask):
+        """``(sum l_i, sum grad l_i, sum hess l_i)`` over the items where ``mask`` is true, in closed form, for
+        ``theta = (beta, psi = log alpha)``, ``r = exp(-psi)``, ``eta = x . beta``, ``mu = exp(eta)``:
+
+        - ``dl/deta = r (y - mu) / (r + mu)``, ``d2l/deta2 = -r mu (y + r) / (r + mu)^2``,
+        - ``dl/dr = digamma(y + r) - digamma(r) + log(r / (r + mu)) + 1 - (y + r) / (r + mu)``,
+          ``d2l/dr2 = trigamma(y + r) - trigamma(r) + 1/r - 1/(r + mu) + (y - mu) / (r + mu)^2``,
+          ``d2l/deta dr = mu (y - mu) / (r + mu)^2``, and by ``dr/dpsi = -r``: ``dl/dpsi = -r dl/dr``,
+          ``d2l/dpsi2 = r dl/dr + r^2 d2l/dr2``, ``d2l/deta dpsi = -r d2l/deta dr``.
+
+        The set-up passes use it in place of autodiff's Hessian through ``gammaln`` (``tests/test_formula.py``
+        checks it against autodiff)."""
+        X = batch["X"]
+        m = mask.astype(X.dtype)
+        eta = X @ theta[:-1]
+        log_r = -theta[-1]
+        r = jnp.exp(log_r)
+        y = batch["y"]
+        log_rm = jnp.logaddexp(log_r, eta)
+        p_r = jnp.exp(log_r - log_rm)  # r / (r + mu)
+        p_mu = jnp.exp(eta - log_rm)  # mu / (r + mu)
+        inv = jnp.exp(-log_rm)  # 1 / (r + mu)
+        d_eta = (y - jnp.exp(eta)) * p_r
+        d2_eta = -p_r * p_mu * (y + r)
+        d_r = digamma(y + r) - digamma(r) + (log_r - log_rm) + 1.0 - (y + r) * inv
+        d2_r = polygamma(1, y + r) - polygamma(1, r) + 1.0 / r - inv + (y - jnp.exp(eta)) * inv * inv
+        d_eta_r = p_mu * (y - jnp.exp(eta)) * inv
+        d_psi = -r * d_r
+        d2_psi = r * d_r + r * r * d2_r
+        d_eta_psi = -r * d_eta_r
+        v = jnp.sum(jnp.where(mask, self.log_lik(theta, batch), 0.0))
+        g = jnp.concatenate([X.T @ (m * d_eta), jnp.sum(m * d_psi)[None]])
+        h_bb = (X * (m * d2_eta)[:, None]).T @ X
+        h_bp = X.T @ (m * d_eta_psi)
+        h = jnp.block([[h_bb, h_bp[:, None]], [h_bp[None, :], jnp.sum(m * d2_psi)[None, None]]])
+        return v, g, h
 
     def init(self, data):
         return jnp.zeros(np.shape(data["X"])[1] + 1)
