@@ -356,11 +356,13 @@ class GroupedLogistic:
     sig_w^2 I)`` (site ``w`` of shape (K, D+1), bias last), ``y_i ~ Bernoulli(sigmoid(x_i . w_k[:D] +
     w_k[D]))`` for ``k = z_i``. Data ``{"X": (N, D), "y": (N,)}``. The per-item latents z are
     conditionally independent given w, so Gibbs on z is batched (``gibbs_logits_batch``, O(m K)).
+    ``init_z``: ``"features"`` starts each item in the cluster of the nearest mean, ``"random"`` uniformly.
     """
 
     means: tuple = ((-3.0, 0.0), (3.0, 0.0), (0.0, 3.0))
     feature_sd: float = 1.0
     sig_w: float = 2.0
+    init_z: str = "features"
 
     @property
     def k(self):
@@ -369,7 +371,11 @@ class GroupedLogistic:
     def init(self, key, data):
         x = data["X"]
         k_z, k_w = jax.random.split(key)
-        z = jax.random.randint(k_z, (x.shape[0],), 0, self.k, dtype=jnp.int32)
+        if self.init_z == "random":
+            z = jax.random.randint(k_z, (x.shape[0],), 0, self.k, dtype=jnp.int32)
+        else:
+            m = jnp.asarray(self.means, x.dtype)
+            z = jnp.argmin(jnp.sum((x[:, None, :] - m[None]) ** 2, -1), -1).astype(jnp.int32)
         w = 0.1 * jax.random.normal(k_w, (self.k, x.shape[1] + 1), x.dtype)
         return {"w": w, "z": z}, ()
 
