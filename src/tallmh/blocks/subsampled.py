@@ -120,7 +120,6 @@ class SubsampledMH:
     group_by: Optional[str] = None
     groups: str = "all"
     control_variates: Any = None
-    _stale: bool = False  # a deliberately wrong sampler for the tests' negative controls: moves not applied
 
     def __post_init__(self):
         if self.groups not in ("all", "one"):
@@ -271,8 +270,6 @@ class SubsampledMH:
         slot = jnp.remainder(cvs.seen + j, cap)
         valid = j < fresh
         items, old, new = jr.items[slot], jr.old[slot], jr.new[slot]
-        if self._stale:
-            return cvs._replace(seen=jr.total), jnp.zeros((), jnp.int32)
         both = jnp.concatenate([old, new])
         g, h = self._item_terms(model, values, aux, data, jnp.concatenate([items, items]), both, cvs.center)
         w = (valid & (old != new)).astype(g.dtype)
