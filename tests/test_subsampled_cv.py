@@ -188,7 +188,7 @@ def test_vmapped_chains_make_no_per_step_copy_of_the_data(cls):
 
 class _ReadsAux(GroupedLogistic):
     def local_log_density(self, site, value, values, aux, data, idx):
-        return super().local_log_density(site, value, values, aux, data, idx) + 0.0 * jnp.sum(aux["n"])
+        return super().local_log_density(site, value * (1.0 + 0.0 * jnp.sum(aux["n"])), values, aux, data, idx)
 
     def init(self, key, data):
         values, _ = super().init(key, data)
@@ -210,7 +210,7 @@ def test_cv_refusals_are_one_line_config_errors():
     data = _data(200)
     gibbs = tm.blocks.Gibbs("z", items_per_step=10)
     kw = dict(num_samples=2, num_warmup=0, num_chains=1, progress=False)
-    cases = [(_ReadsAux(), [gibbs, _block()], "read the model's aux"),
+    cases = [(_ReadsAux(), [gibbs, _block()], "gradients not to read the model's aux"),
              (_NotPerItem(), [_block()], "one local density per item"),
              (_WhileLoop(), [_block()], "differentiate twice")]
     for model, blocks, msg in cases:

@@ -106,9 +106,9 @@ class SubsampledMH:
     Both costs are in ``n_data`` and, separately, in ``refresh_items`` (``block{i}_refresh_items`` in
     ``result.stats``). Refused with a ConfigError: a site that is not floating point or whose local density
     JAX cannot differentiate twice (order 2), a local density that is not one value per item, a site no item
-    depends on, and a local density that also reads a site another block of the program updates (other
-    than ``group_by``) or the model's ``aux`` when a block may change it -- their sums would go stale at
-    every step. Items of a group must depend on the site through their own row only (the premise of
+    depends on, and items' gradients in the site (found from the jaxpr) that also read a site another block
+    of the program updates (other than ``group_by``) or the model's ``aux`` when a block may change it --
+    their sums would go stale at every step. Items of a group must depend on the site through their own row only (the premise of
     ``group_by``). All the refreshes run under branches whose condition is the same for every chain (the
     step index), so the chains can be vectorised without a per-step copy of the data.
     """
@@ -343,19 +343,35 @@ class SubsampledMH:
         if tuple(out.shape) != (m,):
             raise ConfigError(f"{lab}: control variates need one local density per item; local_log_density gave "
                               f"shape {tuple(out.shape)} for {m} items")
-        read, tree = _inputs_read(dens, (others, aux_s, rows, site_s))
+        order = self.control_variates.order
+
+        def terms(args):  # what the sums are made of: the items' gradients (and Hessians) in the site
+            o, a, rw, sv = args
+
+            def total(x):
+                return jnp.sum(dens((o, a, rw, x)))
+
+            g = jax.grad(total)(sv)
+            return (g, jax.jacfwd(jax.grad(total))(sv)) if order == 2 else g
+
+        try:
+            read, tree = _inputs_read(terms, (others, aux_s, rows, site_s))
+        except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
+            raise ConfigError(f"{lab}: control variates need a local density JAX can differentiate "
+                              f"{'twice' if order == 2 else 'once'} in {self.site!r}: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         read = jax.tree_util.tree_unflatten(tree, read)
         updated = program.updated_sites(exclude=self) if program is not None else set()
         stale = sorted(k for k in others if k != self.group_by and k in updated
                        and any(jax.tree_util.tree_leaves(read[0][k])))
         if stale:
-            raise ConfigError(f"{lab}: control variates need the items' densities to read no site another block "
-                              f"updates, but they read {', '.join(map(repr, stale))}: their sums would go stale "
-                              "at every step")
+            raise ConfigError(f"{lab}: control variates need the items' gradients in {self.site!r} to read no site "
+                              f"another block updates, but they read {', '.join(map(repr, stale))}: their sums "
+                              "would go stale at every step")
         aux_movers = [b for b in (program.blocks if program is not None else ())
                       if type(getattr(b, "block", b)).__name__ not in ("SubsampledMH", "MH")]
         if aux_movers and any(jax.tree_util.tree_leaves(read[1])):
-            raise ConfigError(f"{lab}: control variates need the items' densities not to read the model's aux, "
+            raise ConfigError(f"{lab}: control variates need the items' gradients not to read the model's aux, "
                               f"which {aux_movers[0].label} may change: their sums would go stale")
         flat = ravel_pytree(row_v)[0]
         f = self._item_fn(model, values, aux)
