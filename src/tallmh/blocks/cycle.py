@@ -49,6 +49,10 @@ class Repeat:
     def uses_step(self):
         return bool(getattr(self.block, "uses_step", False))
 
+    @property
+    def refreshes(self):
+        return bool(getattr(self.block, "refreshes", False))
+
     def step(self, key, model, values, aux, members, bstate, data, n, audit=False, step_index=None, adapt=False):
         kw = {"audit": audit} if self.audits else {}
         if self.uses_step:
