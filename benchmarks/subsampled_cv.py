@@ -8,7 +8,7 @@ numbers describe steps at the posterior. Prints, per N and arm: test items per d
 cluster per step), the control variates' refresh items per sampling step (the moves of the step) and in
 all of warmup (set-up pass, recentring passes and moves), ms per step, acceptance, compile time. Then the
 same program's step timed with the chains run one after another (``lax.map``, as the runner does) and
-side by side (``vmap``): no per-step copy of the data under vmap.
+side by side (``vmap``), with the Gibbs block and with z fixed: no per-step copy of the data under vmap.
 
     python benchmarks/subsampled_cv.py [--sizes 2e4,1e5] [--samples 500] [--warmup 200] [--chains 4] [--smoke]
 """
@@ -24,11 +24,10 @@ import tallmh as tm
 W = np.array([[1.0, -0.5, 0.3], [-0.8, 1.2, -0.2], [0.5, 0.5, 0.0]], np.float32)
 
 
-def program(cv):
-    return tm.Cycle([tm.blocks.Gibbs("z", items_per_step=100),
-                     tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(epsilon=0.05, batch_size=100),
-                                            scale=0.03, group_by="z",
-                                            control_variates=tm.ControlVariates() if cv else None)])
+def program(cv, gibbs=True):
+    block = tm.blocks.SubsampledMH("w", test=tm.acceptance.Austerity(epsilon=0.05, batch_size=100), scale=0.03,
+                                   group_by="z", control_variates=tm.ControlVariates() if cv else None)
+    return tm.Cycle(([tm.blocks.Gibbs("z", items_per_step=100)] if gibbs else []) + [block])
 
 
 def start(model, data):
@@ -38,7 +37,7 @@ def start(model, data):
     return {"w": jnp.asarray(W), "z": jnp.asarray(z0)}, ()
 
 
-def per_step_ms(model, data, cv, chains, steps, vectorised):
+def per_step_ms(model, data, cv, chains, steps, vectorised, gibbs=True):
     """ms per step of ``chains`` chains (compile excluded): lax.map over chains, or vmap."""
     import jax
     import jax.numpy as jnp
@@ -46,7 +45,7 @@ def per_step_ms(model, data, cv, chains, steps, vectorised):
     from tallmh.blocks.kernel import build_program_kernel
 
     n = data["y"].shape[0]
-    kern, init_states, *_ = build_program_kernel(program(cv), model, data, n, init=start(model, data))
+    kern, init_states, *_ = build_program_kernel(program(cv, gibbs), model, data, n, init=start(model, data))
     states = init_states(jax.random.split(jax.random.PRNGKey(0), chains))
 
     def chain(key, st, data):
@@ -103,6 +102,15 @@ def main():
                   f"{row['refresh_per_step']:>12.0f} {row['warmup_refresh_total']:>14.0f} {row['ms_per_step']:>8.2f} "
                   f"{row['acceptance']:>6.2f} {row['compile_s']:>9.1f} {row['map_ms_per_step']:>7.2f} "
                   f"{row['vmap_ms_per_step']:>7.2f}", flush=True)
+    print(f"\n{args.chains} chains, control variates, z fixed (no Gibbs block): ms per step of all chains")
+    print(f"{'N':>7} {'map ms':>7} {'vmap ms':>7}")
+    for n in C.numbers(args.sizes, int):
+        data, _ = model.simulate(n, W, seed=args.seed)
+        row = {"N": n, "fixed_z": True,
+               "map_ms_per_step": per_step_ms(model, data, True, args.chains, args.timing_steps, False, False),
+               "vmap_ms_per_step": per_step_ms(model, data, True, args.chains, args.timing_steps, True, False)}
+        rows.append(row)
+        print(f"{n:>7} {row['map_ms_per_step']:>7.2f} {row['vmap_ms_per_step']:>7.2f}", flush=True)
     if not args.smoke:
         C.write_json(args.out, "subsampled_cv.json", {"meta": meta, "rows": rows})
 
