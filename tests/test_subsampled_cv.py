@@ -120,6 +120,7 @@ def test_cv_reads_a_batch_per_decision_and_counts_its_refreshes():
         rf = np.asarray(st["refresh_items"]) if cv else 0
         per_decision[cv] = float(np.mean(np.asarray(st["n_data"]) - rf)) / 3
         np.testing.assert_array_equal(r.stats["n_data"], r.stats["block0_n_data"] + r.stats["block1_n_data"])
+        assert r.verdict.startswith(("trusted", "NOT trusted"))
         if cv:
             refresh = (np.asarray(st["refresh_items"]), np.asarray(r.warmup_stats["block1_refresh_items"]))
     assert per_decision[True] < 2 * batch
@@ -272,3 +273,32 @@ def test_cv_posterior_matches_exact_mh_and_stale_sums_do_not():
     assert z_bad.max() > 3 * zcrit, z_bad
     st = block_stats(r_good.stats, r_good.test.labels)["subsampled_mh(w, austerity, cv)"]
     assert np.mean(st["n_data"] - st["refresh_items"]) < 0.5 * 3000  # it did subsample
+
+
+@pytest.mark.slow
+def test_cv_program_through_sample_audits_and_resumes_bit_exactly(tmp_path):
+    """``tm.sample(model, data, program=...)`` with the grouped control-variate block: audited decisions
+    (exact test with the same u over the cluster's members) agree at this tiny epsilon, the verdict is given,
+    and an interrupted run resumes bit-exactly (sums, centres and journal are in the saved program state)."""
+    import os
+
+    model = GroupedLogistic()
+    data = _data(1000, model)
+    prog = tm.Cycle([tm.blocks.Gibbs("z", items_per_step=20),
+                     _block(test=tm.acceptance.Austerity(epsilon=1e-3, batch_size=50))])
+    kw = dict(program=prog, num_samples=40, num_warmup=20, num_chains=2, seed=4, progress=False, chunk_size=8,
+              audit=1.0)
+    full = tm.sample(model, data, **kw)
+    assert full.audit["audit_steps"] == 2 * (20 + 40) * 3 and full.audit["audit_rate"] < 0.05
+    assert full.verdict and "refresh_items" in block_stats(full.stats, full.test.labels)[prog.labels[1]]
+
+    def stop(info):
+        if info["phase"] == "sampling" and info["done"] >= 16:
+            raise KeyboardInterrupt
+
+    path = os.fspath(tmp_path / "cv.npz")
+    cut = tm.sample(model, data, callback=stop, checkpoint=path, **kw)
+    assert cut.partial
+    resumed = tm.sample(model, data, resume=tm.load_result(path), num_samples=40, num_warmup=20, progress=False)
+    np.testing.assert_array_equal(resumed.flat_samples, full.flat_samples)
+    np.testing.assert_array_equal(resumed.stats["block1_refresh_items"], full.stats["block1_refresh_items"])
