@@ -10,7 +10,8 @@ all of warmup (set-up pass, recentring passes and moves), ms per step, acceptanc
 same program's step timed with the chains run one after another (``lax.map``, as the runner does) and
 side by side (``vmap``), with the Gibbs block and with z fixed: no per-step copy of the data under vmap.
 
-    python benchmarks/subsampled_cv.py [--sizes 2e4,1e5] [--samples 500] [--warmup 200] [--chains 4] [--smoke]
+    python benchmarks/subsampled_cv.py [--sizes 2e4,1e5] [--samples 500] [--warmup 200] [--chains 4]
+        [--timing-steps 200] [--timing-only] [--smoke]
 """
 
 import sys
@@ -59,14 +60,17 @@ def per_step_ms(model, data, cv, chains, steps, vectorised, gibbs=True):
     else:
         fn = jax.jit(lambda ks, sts, d: jax.lax.map(lambda a: chain(a[0], a[1], d), (ks, sts)))
     jax.block_until_ready(fn(keys, states, data))
-    t = time.perf_counter()
-    jax.block_until_ready(fn(keys, states, data))
-    return 1e3 * (time.perf_counter() - t) / steps
+    best = float("inf")
+    for _ in range(5):  # the least of 5 (a shared machine's load only adds time)
+        t = time.perf_counter()
+        jax.block_until_ready(fn(keys, states, data))
+        best = min(best, time.perf_counter() - t)
+    return 1e3 * best / steps
 
 
 def main():
     ap = C.parser(__doc__, whole=True)
-    C.add_options(ap, sizes="2e4,1e5", samples=500, warmup=200, chains=4, timing_steps=200)
+    C.add_options(ap, sizes="2e4,1e5", samples=500, warmup=200, chains=4, timing_steps=200, timing_only=False)
     C.add_run_options(ap, C.RESULTS)
     args = ap.parse_args()
     if args.smoke:
@@ -80,7 +84,7 @@ def main():
     rows = []
     print(f"{'N':>7} {'cv':<3} {'items/decision':>14} {'refresh/step':>12} {'warmup refresh':>14} "
           f"{'ms/step':>8} {'accept':>6} {'compile s':>9} {'map ms':>7} {'vmap ms':>7}")
-    for n in C.numbers(args.sizes, int):
+    for n in C.numbers(args.sizes, int) if not args.timing_only else []:
         data, _ = model.simulate(n, W, seed=args.seed)
         for cv in (True, False):
             prog = program(cv)
@@ -112,7 +116,8 @@ def main():
         rows.append(row)
         print(f"{n:>7} {row['map_ms_per_step']:>7.2f} {row['vmap_ms_per_step']:>7.2f}", flush=True)
     if not args.smoke:
-        C.write_json(args.out, "subsampled_cv.json", {"meta": meta, "rows": rows})
+        C.write_json(args.out, "subsampled_cv_timing.json" if args.timing_only else "subsampled_cv.json",
+                     {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":
