@@ -315,7 +315,8 @@ class SubsampledMH:
         lab = self.label
         v = values[self.site]
         if not all(jnp.issubdtype(a.dtype, jnp.floating) for a in jax.tree_util.tree_leaves(v)):
-            raise ConfigError(f"{lab}: control variates need a real-valued site; {self.site!r} is {v.dtype}")
+            raise ConfigError(f"{lab}: control variates need a real-valued site; {self.site!r} is "
+                              f"{getattr(v, 'dtype', type(v).__name__)}")
         has_local = getattr(model, "has_local_sections", None)
         if callable(has_local) and not has_local(self.site):
             raise ConfigError(f"{lab}: no item's density depends on {self.site!r}; control variates have nothing "
@@ -339,7 +340,7 @@ class SubsampledMH:
             out = jax.eval_shape(dens, (others, aux_s, rows, site_s))
         except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
             raise ConfigError(f"{lab}: the local density cannot be evaluated on a sub-batch: "
-                              f"{type(e).__name__}: {e}") from e
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         if tuple(out.shape) != (m,):
             raise ConfigError(f"{lab}: control variates need one local density per item; local_log_density gave "
                               f"shape {tuple(out.shape)} for {m} items")
@@ -368,8 +369,10 @@ class SubsampledMH:
             raise ConfigError(f"{lab}: control variates need the items' gradients in {self.site!r} to read no site "
                               f"another block updates, but they read {', '.join(map(repr, stale))}: their sums "
                               "would go stale at every step")
+        from .mh import MH
+
         aux_movers = [b for b in (program.blocks if program is not None else ())
-                      if type(getattr(b, "block", b)).__name__ not in ("SubsampledMH", "MH")]
+                      if not isinstance(getattr(b, "block", b), (SubsampledMH, MH))]  # (these leave aux as it is)
         if aux_movers and any(jax.tree_util.tree_leaves(read[1])):
             raise ConfigError(f"{lab}: control variates need the items' gradients not to read the model's aux, "
                               f"which {aux_movers[0].label} may change: their sums would go stale")
