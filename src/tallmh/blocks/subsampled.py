@@ -104,13 +104,16 @@ class SubsampledMH:
       64, ... (log2(warmup) passes), never during sampling.
 
     Both costs are in ``n_data`` and, separately, in ``refresh_items`` (``block{i}_refresh_items`` in
-    ``result.stats``). Refused with a ConfigError: a site that is not floating point or whose local density
-    JAX cannot differentiate twice (order 2), a local density that is not one value per item, a site no item
-    depends on, and items' gradients in the site (found from the jaxpr) that also read a site another block
-    of the program updates (other than ``group_by``) or the model's ``aux`` when a block may change it --
-    their sums would go stale at every step. Items of a group must depend on the site through their own row only (the premise of
-    ``group_by``). All the refreshes run under branches whose condition is the same for every chain (the
-    step index), so the chains can be vectorised without a per-step copy of the data.
+    ``result.stats``; the set-up pass and the recentrings fall in ``result.warmup_stats``). The journal holds
+    the moves of one cycle (its capacity is what the program's blocks declare they move, ``Gibbs.moves``).
+    ``Exact()`` decides from the full sums and ignores the expansion, as in the kernel. Refused with a
+    ConfigError: a site that is not floating point or whose local density JAX cannot differentiate (twice
+    for order 2), a local density that is not one value per item, a site no item depends on, and items'
+    gradients in the site (found from the jaxpr) that also read a site another block of the program updates
+    (other than ``group_by``) or the model's ``aux`` when a block may change it -- their sums would go stale
+    at every step. Items of a group must depend on the site through their own row only (the premise of
+    ``group_by``). Every refresh runs under a branch whose condition is the same for every chain (the step
+    index), so the chains can be vectorised without a per-step copy of the data.
     """
 
     site: str
