@@ -44,6 +44,13 @@ are kept in the program state as per-cluster index lists with O(1) updates when 
 (:class:`Members`); the test reads ``members[k, pi(t)]`` for positions ``t < N_k`` of a keyed permutation
 of ``range(N_k)``, so a step never costs O(N).
 
+**Control variates** on a subsampled block: ``SubsampledMH("w", ..., group_by="z",
+control_variates=tm.ControlVariates(order=2))`` expands each item's local density around a centre per row
+(per cluster) and keeps each row's sums of gradients and Hessians equal to its current members' (moves of z
+are read from a journal of the member lists, O(moves) per step; full O(N) passes only at set-up and when
+the centres move during warmup, all counted in ``block{i}_refresh_items`` and ``n_data``). Near the
+posterior a decision then reads about one batch of its cluster's items.
+
 Run a program with ``tm.sample(model, data, program=...)``: the program is the kernel
 (:mod:`tallmh.blocks.kernel`) and the run has the runner's chunks, progress bar, Ctrl-C, checkpoints,
 bit-exact resume, verdict and ArviZ output by site name; chains run one after another (``lax.map``).

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import jax
 
 from ..errors import ConfigError
-from .state import BlockInfo, ProgramState, build_members
+from .state import BlockInfo, Journal, ProgramState, build_members
 from .subsampled import SubsampledMH
 
 
@@ -28,15 +28,35 @@ class Repeat:
             raise ConfigError(f"Repeat times must be at least 1; got {self.times}")
         self.block.validate(model, values, n)
 
-    def init(self, model, values, aux, data, n):
+    def init(self, model, values, aux, data, n, program=None):
+        if getattr(self.block, "wants_program", False):
+            return self.block.init(model, values, aux, data, n, program=program)
         return self.block.init(model, values, aux, data, n)
+
+    def moves(self, site, n):
+        own = getattr(self.block, "moves", None)
+        return int(self.times) * own(site, n) if callable(own) else 0
 
     @property
     def audits(self):
         return bool(getattr(self.block, "audits", False))
 
-    def step(self, key, model, values, aux, members, bstate, data, n, audit=False):
+    @property
+    def wants_program(self):
+        return bool(getattr(self.block, "wants_program", False))
+
+    @property
+    def uses_step(self):
+        return bool(getattr(self.block, "uses_step", False))
+
+    @property
+    def refreshes(self):
+        return bool(getattr(self.block, "refreshes", False))
+
+    def step(self, key, model, values, aux, members, bstate, data, n, audit=False, step_index=None, adapt=False):
         kw = {"audit": audit} if self.audits else {}
+        if self.uses_step:
+            kw.update(step_index=step_index, adapt=adapt)
 
         def body(j, c):
             vals, ax, mem, bs, info = c
@@ -109,21 +129,42 @@ class Cycle:
         for b in self.blocks:
             b.validate(model, values, n)
 
+    def moves(self, site, n) -> int:
+        """The most member-list moves of the per-item ``site`` one pass of the blocks makes."""
+        return sum(b.moves(site, n) for b in self.blocks if callable(getattr(b, "moves", None)))
+
+    def updated_sites(self, exclude=None):
+        """The sites the blocks other than ``exclude`` update."""
+        out = set()
+        for b in self.blocks:
+            inner = b.block if isinstance(b, Repeat) else b
+            if inner is not exclude and getattr(inner, "site", None) is not None:
+                out.add(inner.site)
+        return out
+
     def init(self, model, values, aux, data, n) -> ProgramState:
         members = {}
+        journaled = {getattr(b.block if isinstance(b, Repeat) else b, "journal_site", None) for b in self.blocks}
         for zsite, gsite in self.grouped_sites().items():
             members[zsite] = build_members(values[zsite], values[gsite].shape[0])
-        bstates = tuple(b.init(model, values, aux, data, n) for b in self.blocks)
+            cap = self.moves(zsite, n)
+            if zsite in journaled and cap > 0:
+                members[zsite] = members[zsite]._replace(journal=Journal.empty(cap))
+        bstates = tuple(b.init(model, values, aux, data, n, program=self) if getattr(b, "wants_program", False)
+                        else b.init(model, values, aux, data, n) for b in self.blocks)
         return ProgramState(values, aux, members, bstates)
 
-    def step(self, key, model, state: ProgramState, data, n, audit=False):
+    def step(self, key, model, state: ProgramState, data, n, audit=False, step_index=None, adapt=False):
         """One pass of the blocks; ``audit`` (a bool, traced or not) also takes the exact decision beside each
-        approximate one of the blocks that can audit themselves."""
+        approximate one of the blocks that can audit themselves. ``step_index`` and ``adapt`` (the runner's
+        step within the phase and whether it is warmup) go to the blocks that use them."""
         values, aux, members = state.values, state.aux, state.members
         keys = jax.random.split(key, len(self.blocks))
         new_b, infos = [], []
         for b, kb, bs in zip(self.blocks, keys, state.blocks):
             kw = {"audit": audit} if getattr(b, "audits", False) else {}
+            if getattr(b, "uses_step", False):
+                kw.update(step_index=step_index, adapt=adapt)
             values, aux, members, bs, info = b.step(kb, model, values, aux, members, bs, data, n, **kw)
             new_b.append(bs)
             infos.append(info)

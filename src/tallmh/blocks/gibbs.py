@@ -41,6 +41,10 @@ class Gibbs:
     def init(self, model, values, aux, data, n):
         return ()
 
+    def moves(self, site, n):
+        """The most member-list moves of ``site`` one step makes (a journal's capacity)."""
+        return int(self.items_per_step or n) if site == self.site else 0
+
     def step(self, key, model, values, aux, members, bstate, data, n):
         m = int(self.items_per_step or n)
         site = self.site

@@ -5,7 +5,8 @@ program's :class:`~tallmh.blocks.ProgramState` plus the flat vector of what a dr
 (``model.record(values, aux)``, or every site), which is what the runner keeps per step. One step of the
 kernel is one pass of the cycle (Tierney 1994: a composition of kernels that each leave the target
 invariant leaves it invariant). Its statistics are the runner's (items read, acceptance, ...) summed over
-the blocks, plus each block's own: ``block{i}_n_data``, ``block{i}_proposals`` and ``block{i}_accepted``.
+the blocks, plus each block's own: ``block{i}_n_data``, ``block{i}_proposals`` and ``block{i}_accepted``
+(and ``block{i}_refresh_items`` for a block with control variates).
 At an audited step every approximate decision of a :class:`~tallmh.blocks.SubsampledMH` block is also taken
 by the exact test with the same u: ``audit_count`` decisions, of which ``audit_wrong`` differed.
 """
@@ -32,8 +33,11 @@ class ProgramChain(NamedTuple):
 
 
 def block_stats(stats: dict, labels) -> dict:
-    """``{label: {"n_data", "proposals", "accepted"}}`` from a run's statistics (``Result.stats``)."""
-    return {lab: {k: stats[f"block{i}_{k}"] for k in ("n_data", "proposals", "accepted")}
+    """``{label: {"n_data", "proposals", "accepted"}}`` from a run's statistics (``Result.stats``), plus
+    ``"refresh_items"`` for a block with control variates (of its ``n_data``, the items read to keep their
+    sums current)."""
+    return {lab: {k: stats[f"block{i}_{k}"] for k in ("n_data", "proposals", "accepted", "refresh_items")
+                  if f"block{i}_{k}" in stats}
             for i, lab in enumerate(labels)}
 
 
@@ -70,6 +74,7 @@ def build_program_kernel(program, model, data, n: int, init=None):
     template = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     _, unravel = ravel_pytree(template)
     k_blocks = len(program.blocks)
+    refreshing = {i for i, b in enumerate(program.blocks) if getattr(b, "refreshes", False)}
 
     def to_info(infos, dtype):
         total = BlockInfo.zero()
@@ -84,13 +89,16 @@ def build_program_kernel(program, model, data, n: int, init=None):
         for i, inf in enumerate(infos):
             out.update({f"block{i}_n_data": inf.n_data, f"block{i}_proposals": inf.proposals,
                         f"block{i}_accepted": inf.accepted})
+            if i in refreshing:
+                out[f"block{i}_refresh_items"] = jnp.asarray(inf.refresh_items, jnp.int32)
         return out
 
     def empty_info(dtype):
         return to_info((BlockInfo.zero(),) * k_blocks, dtype)
 
     def step(key, state, data, step_index, adapt, stats=None, audit=False):
-        pst, infos = program.step(key, model, state.program, data, n, audit=audit)
+        pst, infos = program.step(key, model, state.program, data, n, audit=audit, step_index=step_index,
+                                  adapt=adapt)
         flat, _ = ravel_pytree(record(pst))
         return ProgramChain(flat.astype(state.theta.dtype), pst), to_info(infos, state.theta.dtype)
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln
 
-__all__ = ["JointDPM", "StochasticVolatility", "TwoComponentMixture", "LinearGaussianSSM", "kalman_smoother"]
+__all__ = ["JointDPM", "StochasticVolatility", "TwoComponentMixture", "LinearGaussianSSM", "GroupedLogistic",
+           "kalman_smoother"]
 
 _LOG2PI = float(np.log(2 * np.pi))
 
@@ -344,6 +345,77 @@ class LinearGaussianSSM:
 
     def record(self, values, aux):
         return {"h": values["h"]}
+
+
+@dataclass(frozen=True)
+class GroupedLogistic:
+    """K logistic regressions, one per cluster of a mixture with known cluster laws (tests and benchmarks of a
+    grouped :class:`~tallmh.blocks.SubsampledMH` with control variates).
+
+    ``z_i ~ Uniform{0..K-1}``, ``x_i | z_i = k ~ N(means[k], feature_sd^2 I)`` (means fixed), ``w_k ~ N(0,
+    sig_w^2 I)`` (site ``w`` of shape (K, D+1), bias last), ``y_i ~ Bernoulli(sigmoid(x_i . w_k[:D] +
+    w_k[D]))`` for ``k = z_i``. Data ``{"X": (N, D), "y": (N,)}``. The per-item latents z are
+    conditionally independent given w, so Gibbs on z is batched (``gibbs_logits_batch``, O(m K)).
+    ``init_z``: ``"features"`` starts each item in the cluster of the nearest mean, ``"random"`` uniformly.
+    """
+
+    means: tuple = ((-3.0, 0.0), (3.0, 0.0), (0.0, 3.0))
+    feature_sd: float = 1.0
+    sig_w: float = 2.0
+    init_z: str = "features"
+
+    @property
+    def k(self):
+        return len(self.means)
+
+    def init(self, key, data):
+        x = data["X"]
+        k_z, k_w = jax.random.split(key)
+        if self.init_z == "random":
+            z = jax.random.randint(k_z, (x.shape[0],), 0, self.k, dtype=jnp.int32)
+        else:
+            m = jnp.asarray(self.means, x.dtype)
+            z = jnp.argmin(jnp.sum((x[:, None, :] - m[None]) ** 2, -1), -1).astype(jnp.int32)
+        w = 0.1 * jax.random.normal(k_w, (self.k, x.shape[1] + 1), x.dtype)
+        return {"w": w, "z": z}, ()
+
+    def site_log_prior(self, site, value, values, aux):
+        return -0.5 * jnp.sum(value**2) / self.sig_w**2
+
+    def local_log_density(self, site, value, values, aux, data, idx):
+        x = data["X"][idx]
+        s = 2.0 * data["y"][idx].astype(x.dtype) - 1.0
+        return jax.nn.log_sigmoid(s * (x @ value[:-1] + value[-1]))
+
+    def gibbs_check(self, site):
+        if site != "z":
+            raise KeyError(site)
+
+    def gibbs_logits_batch(self, site, values, data, items):
+        x = data["X"][items]
+        s = 2.0 * data["y"][items].astype(x.dtype) - 1.0
+        m = jnp.asarray(self.means, x.dtype)
+        feat = -0.5 * jnp.sum((x[:, None, :] - m[None]) ** 2, -1) / self.feature_sd**2
+        w = values["w"]
+        lab = jax.nn.log_sigmoid(s[:, None] * (x @ w[:, :-1].T + w[:, -1][None]))
+        return feat + lab
+
+    def gibbs_value(self, site, k):
+        return k
+
+    def record(self, values, aux):
+        return {"w": values["w"], "sizes": jnp.bincount(values["z"], length=self.k)}
+
+    def simulate(self, n, w, seed=0):
+        """``n`` items drawn from the model with weights ``w`` (K, D+1); returns (data, z)."""
+        rng = np.random.default_rng(seed)
+        m = np.asarray(self.means, float)
+        z = rng.integers(0, self.k, n)
+        x = m[z] + self.feature_sd * rng.normal(size=(n, m.shape[1]))
+        w = np.asarray(w, float)
+        logit = np.sum(x * w[z, :-1], 1) + w[z, -1]
+        y = (rng.uniform(size=n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+        return {"X": x.astype(np.float32), "y": y}, z.astype(np.int32)
 
 
 def kalman_smoother(y, a, q, r, q0):

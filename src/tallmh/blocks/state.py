@@ -10,17 +10,36 @@ import jax.numpy as jnp
 from ..errors import ConfigError, ModelError
 
 
+class Journal(NamedTuple):
+    """A ring buffer of the last ``cap`` moves ``(item, old group, new group)`` of a grouped site, with the
+    number of moves ever made (``total``, int32, wrapping): a reader that remembers the ``total`` it last saw
+    finds the moves made since in O(moves), never by scanning the N items (the control variates of
+    :class:`~tallmh.blocks.SubsampledMH` keep their per-group sums current this way)."""
+
+    items: jax.Array  # (cap,) int32
+    old: jax.Array  # (cap,) int32
+    new: jax.Array  # (cap,) int32
+    total: jax.Array  # () int32
+
+    @staticmethod
+    def empty(cap: int) -> "Journal":
+        z = jnp.zeros((int(cap),), jnp.int32)
+        return Journal(z, z, z, jnp.zeros((), jnp.int32))
+
+
 class Members(NamedTuple):
     """Per-group member lists of a discrete per-item site z with K values.
 
     ``lists[k, :counts[k]]`` are the items with ``z_i = k`` (in no particular order); ``pos[i]`` is item
     i's slot in its list. Moving an item costs O(1): swap-remove from the old list, append to the new one.
-    Memory is K x N int32 (each list has room for all N items).
+    Memory is K x N int32 (each list has room for all N items). ``journal`` (None unless a block asked for
+    one): the recent moves, see :class:`Journal`.
     """
 
     lists: jax.Array  # (K, N) int32
     pos: jax.Array  # (N,) int32
     counts: jax.Array  # (K,) int32
+    journal: Any = None
 
     def move(self, i, old, new):
         # dynamic_slice / dynamic_update_slice (not gather / scatter): XLA updates these loop-carried
@@ -42,7 +61,11 @@ class Members(NamedTuple):
         lists = put(lists, i, new, c_new)
         pos = put(pos, c_new, i)
         counts = put(counts, c_new + 1, new)
-        return Members(lists, pos, counts)
+        jr = self.journal
+        if jr is not None:
+            slot = jnp.remainder(jr.total, jr.items.shape[0])
+            jr = Journal(put(jr.items, i, slot), put(jr.old, old, slot), put(jr.new, new, slot), jr.total + 1)
+        return Members(lists, pos, counts, jr)
 
 
 def build_members(z, k: int) -> Members:
@@ -77,11 +100,12 @@ class BlockInfo(NamedTuple):
     audits: Any = 0  # int32
     audit_wrong: Any = 0  # int32
     audit_items: Any = 0  # int32
+    refresh_items: Any = 0  # int32: of n_data, the items read to keep control-variate sums current
 
     @staticmethod
     def zero():
         z = jnp.zeros((), jnp.int32)
-        return BlockInfo(z, z, z, z, z, z)
+        return BlockInfo(z, z, z, z, z, z, z)
 
     def __add__(self, other):
         return BlockInfo(*(a + b for a, b in zip(self, other)))
