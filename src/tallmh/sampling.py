@@ -43,6 +43,7 @@ from jax.flatten_util import ravel_pytree
 
 from . import checkpoint as ckpt
 from . import _cache
+from . import _exec_cache
 from . import control_variates as cvm
 from . import setup_passes as setup
 from . import datasource as ds
@@ -863,9 +864,29 @@ class _Run:
                  arg(0.0, jnp.float32), self.run_data, self.run_stats)
         if entry["compiled"] is None:
             tc = time.perf_counter()
-            entry["compiled"] = _in_thread(lambda: entry["fn"].lower(*args0).compile())
+            dkey = self._disk_key(length, args0)
+            entry["compiled"] = _exec_cache.load(dkey)  # a warm process: no tracing at all
+            if entry["compiled"] is None:
+                entry["compiled"] = _in_thread(lambda: _exec_cache.compile_and_store(
+                    dkey, lambda: entry["fn"].lower(*args0).compile()))
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
+
+    def _disk_key(self, length, args0):
+        """The on-disk key of the compiled chunk (:mod:`tallmh._exec_cache`), or None where tallmh cannot name
+        everything its tracing depends on (a model, proposal or test not of tallmh's classes; several
+        devices; data read through host callbacks)."""
+        if self.plan is not None or self.program is not None or \
+                any(isinstance(a, ds.HostArray) for a in ds.leaves_of(self.data)):
+            return None
+        named = [_exec_cache.stable_key(o) for o in (self.model, self.proposal, self.test)]
+        if any(k is None for k in named):
+            return None
+        shapes = jax.tree_util.tree_structure(args0), [(tuple(np.shape(a)), str(a.dtype))
+                                                       for a in jax.tree_util.tree_leaves(args0)]
+        return _exec_cache.program_key("chain", named, self.n, self.cv_order, self.num_chains, length,
+                                       self.audit_on, self.d, str(self.dtype), str(shapes[0]), shapes[1],
+                                       str(jax.tree_util.tree_structure(self.init_tree)))
 
     def _recenter(self):
         """Control variates re-centred at the warmup's mean before sampling (``ControlVariates(recenter=True)``)."""
