@@ -138,12 +138,22 @@ def _on_event(event, **kw):
 jax.monitoring.register_event_listener(_on_event)
 
 
-def compile_and_store(key: Optional[str], compile_fn):
-    """``compile_fn()``, and the result stored under ``key`` when XLA really compiled it: an executable JAX
-    read back from its own persistent cache does not serialise whole again (its kernels' code is missing
-    from the copy), so such a one is used but not stored."""
+# An XLA option set to its default value: it changes nothing in the code XLA makes, but it is part of JAX's
+# cache key, so the programs kept here are compiled for real instead of read from an entry JAX holds of
+# the same program (see compile_and_store).
+_OWN_OPTIONS = {"xla_embed_ir_in_executable": False}
+
+
+def compile_and_store(key: Optional[str], lower_fn):
+    """``lower_fn().compile()``, and the executable stored under ``key``.
+
+    An executable that JAX read back from its own persistent cache does not serialise whole again (the
+    copy lacks its kernels' code), so a program with a key is compiled under its own JAX cache key
+    (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored."""
+    if key is None:
+        return lower_fn().compile()
     hits = _HITS[0]
-    compiled = compile_fn()
+    compiled = lower_fn().compile(compiler_options=dict(_OWN_OPTIONS))
     if _HITS[0] == hits:
         store(key, compiled)
     return compiled

@@ -164,6 +164,24 @@ def _auto_reached(parts, min_ess):
     return (ess, rhat) if rhat <= AUTO_RHAT else None
 
 
+def _preload_diagnostics():
+    """Import ArviZ (what ``num_samples="auto"`` checks the draws with) in a background thread while the first
+    chunks run: its import (seconds, plotting and numba included) then overlaps the chain instead of
+    holding up the first check. The compiled chain runs without the GIL, so the two share the machine."""
+    if "arviz" in sys.modules:
+        return
+
+    def load():
+        try:
+            from . import diagnostics
+
+            diagnostics._arviz()
+        except Exception:  # noqa: BLE001 - the check imports it again and reports any failure itself
+            pass
+
+    threading.Thread(target=load, daemon=True, name="tallmh-preload-arviz").start()
+
+
 def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     data = validate_data(data, check_finite=check_finite, in_place=True)  # no copy of in-memory data
     n = num_items(data)
@@ -758,6 +776,8 @@ class _Run:
                 self.timings["setup_s"] = time.perf_counter() - ts
             self._audit_rates()
             self._compile()
+            if self.auto_draws:
+                _preload_diagnostics()
             if progress is None:
                 progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
             if progress:
@@ -868,7 +888,7 @@ class _Run:
             entry["compiled"] = _exec_cache.load(dkey)  # a warm process: no tracing at all
             if entry["compiled"] is None:
                 entry["compiled"] = _in_thread(lambda: _exec_cache.compile_and_store(
-                    dkey, lambda: entry["fn"].lower(*args0).compile()))
+                    dkey, lambda: entry["fn"].lower(*args0)))
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
 
