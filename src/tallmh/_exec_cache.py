@@ -22,6 +22,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 from typing import Optional
 
 import jax
@@ -127,12 +128,16 @@ def _path(key: str) -> Optional[str]:
     return os.path.join(folder, _SUBDIR, key + ".pkl")
 
 
-_HITS = [0]
+_HITS = threading.local()  # JAX cache hits per thread (a compile reports its events in its own thread)
+
+
+def _hits() -> int:
+    return getattr(_HITS, "n", 0)
 
 
 def _on_event(event, **kw):
     if event == "/jax/compilation_cache/cache_hits":
-        _HITS[0] += 1
+        _HITS.n = _hits() + 1
 
 
 jax.monitoring.register_event_listener(_on_event)
@@ -152,9 +157,9 @@ def compile_and_store(key: Optional[str], lower_fn):
     (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored."""
     if key is None:
         return lower_fn().compile()
-    hits = _HITS[0]
+    hits = _hits()
     compiled = lower_fn().compile(compiler_options=dict(_OWN_OPTIONS))
-    if _HITS[0] == hits:
+    if _hits() == hits:
         store(key, compiled)
     return compiled
 

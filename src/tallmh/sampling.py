@@ -164,6 +164,12 @@ def _auto_reached(parts, min_ess):
     return (ess, rhat) if rhat <= AUTO_RHAT else None
 
 
+def _avals(tree):
+    """The tree structure and each leaf's shape, dtype and weak type: what a compiled program is made for."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, [(tuple(np.shape(a)), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves]
+
+
 def _preload_diagnostics():
     """Import ArviZ (what ``num_samples="auto"`` checks the draws with) in a background thread while the first
     chunks run: its import (seconds, plotting and numba included) then overlaps the chain instead of
@@ -770,12 +776,22 @@ class _Run:
         signals = _stop_signals()
         signals.__enter__()
         try:
+            early = None
             if self.states is None:
+                # the audit's rates first (the chunk's program depends on them), their notes kept after the
+                # set-up's as before; then the chunk compiles in a thread while the set-up runs
+                n0 = len(self.notes)
+                self._audit_rates()
+                audit_notes = self.notes[n0:]
+                del self.notes[n0:]
+                early = self._compile_early()
                 ts = time.perf_counter()
                 self.states = _wait(self._set_up(init_jitter))
                 self.timings["setup_s"] = time.perf_counter() - ts
-            self._audit_rates()
-            self._compile()
+                self.notes.extend(m for m in audit_notes if m not in self.notes)
+            else:
+                self._audit_rates()
+            self._compile(early)
             if self.auto_draws:
                 _preload_diagnostics()
             if progress is None:
@@ -853,17 +869,68 @@ class _Run:
             if msg not in self.notes:  # (a resumed run carries its notes already)
                 self.notes.append(msg)
 
-    def _compile(self):
-        """The compiled chunk (cached across calls by model, proposal, test, shapes and options)."""
+    def _entry(self, states):
+        """``(cache key, cache entry)`` of the compiled chunk for chain states shaped like ``states``."""
         n, d, num_chains = self.n, self.d, self.num_chains
         plan, test, proposal = self.plan, self.test, self.proposal
         self.length = length = int(self.chunk_size) if self.chunk_size else \
             int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
         rkey = (_value_key(self.model), _value_key(proposal), _value_key(test), n, _shape_key(self.data),
                 _shape_key(self.stats), self.cv_order, num_chains, length, self.audit_on, d, str(self.dtype),
-                _shape_key(self.states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
+                _shape_key(states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
         entry = _runner(self.kernel, rkey, num_chains, length, self.audit_on, plan,
                         lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order), self.model, n)
+        return rkey, entry
+
+    def _compile_early(self):
+        """Start compiling the chunk in a thread before the set-up, for the chain states the set-up will
+        make (their shapes follow from the kernel's init on a start, the control variates' sums and the
+        Laplace covariance, whatever their values): the compile then overlaps the set-up's passes. Returns
+        what :meth:`_compile` needs to use it (it checks that the states came out as assumed), or None."""
+        if self.plan is not None or self.program is not None:
+            return None
+        try:
+            d, dt = self.d, self.dtype
+            cvo = self.control_variates
+            if cvo is None and getattr(self.test, "wants_mode", False):
+                return None
+            shaped = lambda *s: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
+            cv = None if cvo is None else cvm.CVState(shaped(d), shaped(d), shaped(d, d))
+            hint = shaped(d, d) if (isinstance(self.proposal, AdaptiveMetropolis)
+                                    or getattr(self.proposal, "uses_cov_hint", False)) else None
+            init_v = jax.vmap(self.kernel.init, in_axes=(0, None, None, None))
+            states = jax.eval_shape(init_v, shaped(self.num_chains, d), self.data, cv, hint)
+            rkey, entry = self._entry(states)
+        except Exception:  # noqa: BLE001 - shapes not known before the set-up: compiled after it, as before
+            return None
+        if entry["compiled"] is not None:
+            return None
+        i32 = jnp.asarray(0, jnp.int32)
+        args0 = (states, self.chain_keys, self.k_audit, i32, i32, i32, jnp.asarray(0.0, jnp.float32), self.data,
+                 self.stats)
+        box = {"rkey": rkey, "avals": _avals(args0)}
+        length = self.length
+
+        def work():
+            try:
+                dkey = self._disk_key(length, args0)
+                compiled = _exec_cache.load(dkey)
+                if compiled is None:
+                    compiled = _exec_cache.compile_and_store(dkey, lambda: entry["fn"].lower(*args0))
+                box["compiled"] = compiled
+            except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
+                box["error"] = e
+
+        box["thread"] = threading.Thread(target=work, daemon=True, name="tallmh-compile")
+        box["thread"].start()
+        return box
+
+    def _compile(self, early=None):
+        """The compiled chunk (cached across calls by model, proposal, test, shapes and options); ``early``:
+        the compile started before the set-up (:meth:`_compile_early`), used when the states match it."""
+        plan = self.plan
+        rkey, entry = self._entry(self.states)
+        length = self.length
         if plan is None:
             def arg(v, dt):
                 return jnp.asarray(v, dt)
@@ -882,6 +949,13 @@ class _Run:
         self.arg = arg
         args0 = (self.states, self.run_keys, self.run_akey, arg(0, jnp.int32), arg(0, jnp.int32), arg(0, jnp.int32),
                  arg(0.0, jnp.float32), self.run_data, self.run_stats)
+        if entry["compiled"] is None and early is not None and early["rkey"] == rkey \
+                and early["avals"] == _avals(args0):
+            tc = time.perf_counter()
+            while early["thread"].is_alive():  # (short waits: Ctrl-C stays responsive)
+                early["thread"].join(0.05)
+            entry["compiled"] = early.get("compiled")
+            self.timings["compile_s"] += time.perf_counter() - tc
         if entry["compiled"] is None:
             tc = time.perf_counter()
             dkey = self._disk_key(length, args0)
