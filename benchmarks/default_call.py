@@ -65,6 +65,7 @@ def _child(n: int, d: int):
         **{k: tm_.get(k, 0.0) for k in parts}, "call_other_s": t_call - sum(tm_.get(k, 0.0) for k in parts),
         "programs_compiled": events[backend], "backend_compile_s": durations[backend],
         "tracing_s": durations.get("/jax/core/compile/jaxpr_trace_duration", 0.0),
+        "programs_traced": events["/jax/core/compile/jaxpr_trace_duration"],
         "cache_hits": events["/jax/compilation_cache/cache_hits"],
         "cache_misses": events["/jax/compilation_cache/cache_misses"],
         "trusted": bool(result.trusted),
@@ -111,10 +112,12 @@ def main(argv=None):
             rows.append(r)
             print(json.dumps(r), flush=True)
     keys = ("process_s", "import_s", "data_s", "setup_s", "compile_s", "warmup_s", "sampling_s", "call_other_s")
-    print("| cache | " + " | ".join(keys) + " | programs compiled | backend compile s | ESS min | trusted | load |")
+    print("| cache | " + " | ".join(keys) + " | programs compiled (cache hits) | traced | backend compile s | ESS min "
+          "| trusted | load |")
     for r in rows:
         print(f"| {r['cache']} | " + " | ".join(f"{r[k]:.1f}" for k in keys)
-              + f" | {r['programs_compiled']} | {r['backend_compile_s']:.1f} | {r['ess_min']:.0f} | {r['trusted']}"
+              + f" | {r['programs_compiled']} ({r['cache_hits']}) | {r['programs_traced']} | {r['backend_compile_s']:.1f}"
+              + f" | {r['ess_min']:.0f} | {r['trusted']}"
               + f" | {r['load_before'][0]:.1f}-{r['load_after'][0]:.1f} |")
 
 

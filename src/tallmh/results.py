@@ -78,14 +78,26 @@ def audit_power(m: int, target: float, factor: float = 2.0) -> float:
     ``m`` audits that needs at least ``k*`` wrong decisions (the smallest k whose interval's lower end
     exceeds the target), and the power is ``P(Binomial(m, factor * target) >= k*)``.
     """
-    from scipy.stats import binom
-
     if m <= 0 or not target:
         return 0.0
     k = next((k for k in range(m + 1) if _wilson(k, m)[0] > target), None)
     if k is None:
         return 0.0
-    return float(binom.sf(k - 1, m, min(1.0, factor * target)))
+    return _binom_sf(k - 1, m, min(1.0, factor * target))
+
+
+def _binom_sf(k: int, m: int, p: float) -> float:
+    """``P(Binomial(m, p) > k)`` for ``0 <= k``: SciPy's binomial survival function, through the special
+    function that ``scipy.stats.binom.sf`` evaluates (importing ``scipy.stats`` costs a fresh process ~1 s)."""
+    if k >= m:
+        return 0.0
+    try:
+        from scipy.special._ufuncs import _binom_sf as sf
+    except ImportError:  # pragma: no cover - another SciPy layout: the public distribution
+        from scipy.stats import binom
+
+        return float(binom.sf(k, m, p))
+    return float(sf(float(k), float(m), p))
 
 
 def audits_for_power(target: float, power: float = 0.8, factor: float = 2.0, most: int = 100_000) -> int:

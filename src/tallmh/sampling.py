@@ -43,6 +43,7 @@ from jax.flatten_util import ravel_pytree
 
 from . import checkpoint as ckpt
 from . import _cache
+from . import _exec_cache
 from . import control_variates as cvm
 from . import setup_passes as setup
 from . import datasource as ds
@@ -167,6 +168,30 @@ def _auto_reached(parts, min_ess):
         return None
     rhat = max(diagnostics.rhat(x[:, :, j]) for j in range(x.shape[-1])) if x.shape[0] > 1 else 1.0
     return (ess, rhat) if rhat <= AUTO_RHAT else None
+
+
+def _avals(tree):
+    """The tree structure and each leaf's shape, dtype and weak type: what a compiled program is made for."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, [(tuple(np.shape(a)), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves]
+
+
+def _preload_diagnostics():
+    """Import ArviZ (what ``num_samples="auto"`` checks the draws with) in a background thread while the first
+    chunks run: its import (seconds, plotting and numba included) then overlaps the chain instead of
+    holding up the first check. The compiled chain runs without the GIL, so the two share the machine."""
+    if "arviz" in sys.modules:
+        return
+
+    def load():
+        try:
+            from . import diagnostics
+
+            diagnostics._arviz()
+        except Exception:  # noqa: BLE001 - the check imports it again and reports any failure itself
+            pass
+
+    threading.Thread(target=load, daemon=True, name="tallmh-preload-arviz").start()
 
 
 def _prepare(model, data, test, init, check_finite=True, cv_center=None):
@@ -768,13 +793,23 @@ class _Run:
         signals = _stop_signals()
         signals.__enter__()
         try:
+            early = None
             if self.states is None:
+                # the audit's rates first (the chunk's program depends on whether it audits), then the chunk
+                # compiles in a thread while the set-up runs; the rates (which depend on the warmup the set-up
+                # settles, num_warmup="auto") and their notes are made again after the set-up's notes, as before
+                n0 = len(self.notes)
+                self._audit_rates()
+                del self.notes[n0:]
+                early = self._compile_early()
                 ts = time.perf_counter()
                 self.states = _wait(self._set_up(init_jitter))
                 self.timings["setup_s"] = time.perf_counter() - ts
                 self._warmup_of_start()
             self._audit_rates()
-            self._compile()
+            self._compile(early)
+            if self.auto_draws:
+                _preload_diagnostics()
             if progress is None:
                 progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
             if progress:
@@ -863,18 +898,69 @@ class _Run:
             if msg not in self.notes:  # (a resumed run carries its notes already)
                 self.notes.append(msg)
 
-    def _compile(self):
-        """The compiled chunk (cached across calls by model, proposal, test, shapes and options)."""
+    def _entry(self, states):
+        """``(cache key, cache entry)`` of the compiled chunk for chain states shaped like ``states``."""
         n, d, num_chains = self.n, self.d, self.num_chains
         plan, test, proposal = self.plan, self.test, self.proposal
         self.length = length = int(self.chunk_size) if self.chunk_size else \
             int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
         rkey = (_value_key(self.model), _value_key(proposal), _value_key(test), n, _shape_key(self.data),
                 _shape_key(self.stats), self.cv_order, num_chains, length, self.audit_on, d, str(self.dtype),
-                _shape_key(self.states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
+                _shape_key(states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
         entry = _runner(self.kernel, rkey, num_chains, length, self.audit_on, plan,
                         (lambda m: self.kernel) if self.program is not None else
                         (lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order)), self.model, n)
+        return rkey, entry
+
+    def _compile_early(self):
+        """Start compiling the chunk in a thread before the set-up, for the chain states the set-up will
+        make (their shapes follow from the kernel's init on a start, the control variates' sums and the
+        Laplace covariance, whatever their values): the compile then overlaps the set-up's passes. Returns
+        what :meth:`_compile` needs to use it (it checks that the states came out as assumed), or None."""
+        if self.plan is not None or self.program is not None:
+            return None
+        try:
+            d, dt = self.d, self.dtype
+            cvo = self.control_variates
+            if cvo is None and getattr(self.test, "wants_mode", False):
+                return None
+            shaped = lambda *s: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
+            cv = None if cvo is None else cvm.CVState(shaped(d), shaped(d), shaped(d, d))
+            hint = shaped(d, d) if (isinstance(self.proposal, AdaptiveMetropolis)
+                                    or getattr(self.proposal, "uses_cov_hint", False)) else None
+            init_v = jax.vmap(self.kernel.init, in_axes=(0, None, None, None))
+            states = jax.eval_shape(init_v, shaped(self.num_chains, d), self.data, cv, hint)
+            rkey, entry = self._entry(states)
+        except Exception:  # noqa: BLE001 - shapes not known before the set-up: compiled after it, as before
+            return None
+        if entry["compiled"] is not None:
+            return None
+        i32 = jnp.asarray(0, jnp.int32)
+        args0 = (states, self.chain_keys, self.k_audit, i32, i32, i32, jnp.asarray(0.0, jnp.float32), self.data,
+                 self.stats)
+        box = {"rkey": rkey, "avals": _avals(args0)}
+        length = self.length
+
+        def work():
+            try:
+                dkey = self._disk_key(length, args0)
+                compiled = _exec_cache.load(dkey)
+                if compiled is None:
+                    compiled = _exec_cache.compile_and_store(dkey, lambda: entry["fn"].lower(*args0))
+                box["compiled"] = compiled
+            except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
+                box["error"] = e
+
+        box["thread"] = threading.Thread(target=work, daemon=True, name="tallmh-compile")
+        box["thread"].start()
+        return box
+
+    def _compile(self, early=None):
+        """The compiled chunk (cached across calls by model, proposal, test, shapes and options); ``early``:
+        the compile started before the set-up (:meth:`_compile_early`), used when the states match it."""
+        plan = self.plan
+        rkey, entry = self._entry(self.states)
+        length = self.length
         if plan is None:
             def arg(v, dt):
                 return jnp.asarray(v, dt)
@@ -893,11 +979,38 @@ class _Run:
         self.arg = arg
         args0 = (self.states, self.run_keys, self.run_akey, arg(0, jnp.int32), arg(0, jnp.int32), arg(0, jnp.int32),
                  arg(0.0, jnp.float32), self.run_data, self.run_stats)
+        if entry["compiled"] is None and early is not None and early["rkey"] == rkey \
+                and early["avals"] == _avals(args0):
+            tc = time.perf_counter()
+            while early["thread"].is_alive():  # (short waits: Ctrl-C stays responsive)
+                early["thread"].join(0.05)
+            entry["compiled"] = early.get("compiled")
+            self.timings["compile_s"] += time.perf_counter() - tc
         if entry["compiled"] is None:
             tc = time.perf_counter()
-            entry["compiled"] = _in_thread(lambda: entry["fn"].lower(*args0).compile())
+            dkey = self._disk_key(length, args0)
+            entry["compiled"] = _exec_cache.load(dkey)  # a warm process: no tracing at all
+            if entry["compiled"] is None:
+                entry["compiled"] = _in_thread(lambda: _exec_cache.compile_and_store(
+                    dkey, lambda: entry["fn"].lower(*args0)))
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
+
+    def _disk_key(self, length, args0):
+        """The on-disk key of the compiled chunk (:mod:`tallmh._exec_cache`), or None where tallmh cannot name
+        everything its tracing depends on (a model, proposal or test not of tallmh's classes; several
+        devices; data read through host callbacks)."""
+        if self.plan is not None or self.program is not None or \
+                any(isinstance(a, ds.HostArray) for a in ds.leaves_of(self.data)):
+            return None
+        named = [_exec_cache.stable_key(o) for o in (self.model, self.proposal, self.test)]
+        if any(k is None for k in named):
+            return None
+        shapes = jax.tree_util.tree_structure(args0), [(tuple(np.shape(a)), str(a.dtype))
+                                                       for a in jax.tree_util.tree_leaves(args0)]
+        return _exec_cache.program_key("chain", named, self.n, self.cv_order, self.num_chains, length,
+                                       self.audit_on, self.d, str(self.dtype), str(shapes[0]), shapes[1],
+                                       str(jax.tree_util.tree_structure(self.init_tree)))
 
     def _recenter(self):
         """Control variates re-centred at the warmup's mean before sampling (``ControlVariates(recenter=True)``)."""

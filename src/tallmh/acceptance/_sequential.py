@@ -58,7 +58,6 @@ from functools import lru_cache
 
 import numpy as np
 from numpy.polynomial.legendre import leggauss
-from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
 __all__ = ["look_sizes", "exit_probability", "worst_case_error", "per_look_level", "simulate_exit_probability"]
@@ -145,6 +144,8 @@ def per_look_level(target: float, n: int, m: int) -> float:
     lo, hi = float(-ndtri(target)), float(-ndtri(target / (4.0 * (n // m + 1))))  # one look .. Bonferroni
     while f(hi) > 0:  # pragma: no cover - Bonferroni always suffices; guard against numerical error
         hi += 0.5
+    from scipy.optimize import brentq  # (imported here: a warm process that loads its chain never needs it)
+
     c = brentq(f, lo, hi, xtol=1e-5)
     return float(ndtr(-c))
 

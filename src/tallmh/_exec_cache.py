@@ -1,0 +1,205 @@
+"""Compiled programs kept on disk by tallmh's own key, so that a warm process skips tracing them too.
+
+JAX's persistent compilation cache (:mod:`tallmh._cache`) saves XLA's compile, but its key is the traced
+program: a second process still traces and lowers the chain (1-2 s for the default method) before it can
+look the executable up. For the programs whose every input to tracing tallmh can name (its own model,
+proposal and test classes by value, the shapes and tree structures of the arguments, the options), this
+module keys the serialised executable by those names instead and loads it without tracing.
+
+The key also holds the jax and jaxlib versions, a hash of tallmh's source files (an edited tallmh never
+reads an executable an older one wrote), the backend and device kind, ``XLA_FLAGS`` and the JAX settings
+that change what a program computes. Objects that are not tallmh's own (a user's model class) have no
+stable key: their programs are traced every time, as before. Entries live in the folder of JAX's
+persistent cache (``<cache>/tallmh-executables``), so turning that cache off or moving it does the same
+here; reading an entry unpickles it, so the folder must be trusted like JAX's (docs/compilation-cache.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+import threading
+from typing import Optional
+
+import jax
+import numpy as np
+
+__all__ = ["stable_key", "program_key", "load", "store"]
+
+_SUBDIR = "tallmh-executables"
+_FORMAT = 1
+_SOURCE_HASH: list = []
+# JAX settings that change a traced program (or its random numbers) without showing in its argument shapes
+_CONFIG = ("jax_enable_x64", "jax_threefry_partitionable", "jax_default_matmul_precision", "jax_default_prng_impl",
+           "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion", "jax_enable_custom_prng")
+
+
+class _NoKey(Exception):
+    pass
+
+
+def _leaf(v):
+    if v is None or isinstance(v, (bool, int, float, str, complex, bytes)):
+        return (type(v).__name__, repr(v))
+    if isinstance(v, np.dtype):
+        return ("dtype", v.str)
+    if isinstance(v, type):
+        if not v.__module__.startswith("tallmh"):
+            raise _NoKey
+        return ("type", v.__module__, v.__qualname__)
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__,) + tuple(_leaf(x) for x in v)
+    if isinstance(v, dict):
+        return ("dict",) + tuple(sorted((repr(k), _leaf(x)) for k, x in v.items()))
+    if isinstance(v, (np.ndarray, np.generic, jax.Array)):
+        a = np.asarray(v)
+        return ("array", a.dtype.str, a.shape, hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
+    return _object(v)
+
+
+def _object(obj):
+    t = type(obj)
+    if not t.__module__.startswith("tallmh."):
+        raise _NoKey
+    if dataclasses.is_dataclass(obj):
+        items = [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    elif hasattr(obj, "__dict__"):
+        items = sorted(vars(obj).items())
+    else:
+        raise _NoKey
+    if hasattr(obj, "__slots__") and not dataclasses.is_dataclass(obj):
+        raise _NoKey
+    for _, v in items:
+        if callable(v) and not isinstance(v, type):
+            raise _NoKey  # a function held by the object: its code is not in the key
+    return (t.__module__, t.__qualname__) + tuple((k, _leaf(v)) for k, v in items)
+
+
+def stable_key(obj) -> Optional[tuple]:
+    """A key for ``obj`` that is the same in every process (tallmh's own classes by their field values), or
+    None when ``obj`` has none (a user's class, a held function)."""
+    try:
+        return _leaf(obj)
+    except (_NoKey, RecursionError):
+        return None
+
+
+def _source_hash() -> str:
+    if not _SOURCE_HASH:
+        h = hashlib.sha256()
+        root = os.path.dirname(os.path.abspath(__file__))
+        for folder, dirs, files in sorted(os.walk(root)):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith((".py", ".npz")):
+                    p = os.path.join(folder, f)
+                    h.update(os.path.relpath(p, root).encode())
+                    with open(p, "rb") as fh:
+                        h.update(fh.read())
+        _SOURCE_HASH.append(h.hexdigest())
+    return _SOURCE_HASH[0]
+
+
+def program_key(*parts) -> Optional[str]:
+    """The hex key of a program named by ``parts`` (already stable: strings, numbers, tuples, shape keys),
+    with the versions, backend and JAX settings; None when the cache is off."""
+    if jax.config.jax_compilation_cache_dir is None:
+        return None
+    import jaxlib
+
+    from . import __version__
+
+    dev = jax.devices()[0]
+    env = (jax.__version__, jaxlib.__version__, __version__, _source_hash(), dev.platform,
+           getattr(dev, "device_kind", ""), getattr(dev.client, "platform_version", ""), jax.device_count(),
+           os.environ.get("XLA_FLAGS", ""), sys.version_info[:2],
+           tuple((c, repr(getattr(jax.config, c, None))) for c in _CONFIG))
+    return hashlib.sha256(repr((_FORMAT, env, parts)).encode()).hexdigest()
+
+
+def _path(key: str) -> Optional[str]:
+    folder = jax.config.jax_compilation_cache_dir
+    if folder is None or key is None:
+        return None
+    return os.path.join(folder, _SUBDIR, key + ".pkl")
+
+
+_HITS = threading.local()  # JAX cache hits per thread (a compile reports its events in its own thread)
+
+
+def _hits() -> int:
+    return getattr(_HITS, "n", 0)
+
+
+def _on_event(event, **kw):
+    if event == "/jax/compilation_cache/cache_hits":
+        _HITS.n = _hits() + 1
+
+
+jax.monitoring.register_event_listener(_on_event)
+
+
+# An XLA option set to its default value: it changes nothing in the code XLA makes, but it is part of JAX's
+# cache key, so the programs kept here are compiled for real instead of read from an entry JAX holds of
+# the same program (see compile_and_store).
+_OWN_OPTIONS = {"xla_embed_ir_in_executable": False}
+
+
+def compile_and_store(key: Optional[str], lower_fn):
+    """``lower_fn().compile()``, and the executable stored under ``key``.
+
+    An executable that JAX read back from its own persistent cache does not serialise whole again (the
+    copy lacks its kernels' code), so a program with a key is compiled under its own JAX cache key
+    (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored."""
+    if key is None:
+        return lower_fn().compile()
+    hits = _hits()
+    compiled = lower_fn().compile(compiler_options=dict(_OWN_OPTIONS))
+    if _hits() == hits:
+        store(key, compiled)
+    return compiled
+
+
+def load(key: Optional[str]):
+    """The compiled program stored under ``key``, or None (none stored, unreadable, or made elsewhere)."""
+    path = _path(key)
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        with open(path, "rb") as f:
+            fmt, payload, in_tree, out_tree = pickle.load(f)
+        if fmt != _FORMAT:
+            return None
+        return deserialize_and_load(payload, in_tree, out_tree)
+    except Exception:  # noqa: BLE001 - a damaged or foreign entry: compile as if there were none
+        return None
+
+
+def store(key: Optional[str], compiled) -> bool:
+    """Write ``compiled`` under ``key`` (atomically); False when it cannot be (callbacks, a read-only disk)."""
+    path = _path(key)
+    if path is None:
+        return False
+    try:
+        from jax.experimental.serialize_executable import serialize
+
+        payload, in_tree, out_tree = serialize(compiled)
+        blob = pickle.dumps((_FORMAT, payload, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True
+    except Exception:  # noqa: BLE001 - not serialisable here (host callbacks) or not writable: nothing kept
+        return False

@@ -1,0 +1,69 @@
+"""Compiled chains kept on disk by tallmh's own key (tallmh._exec_cache): a later call loads the executable
+without tracing and gives the same draws; objects tallmh cannot name are never keyed."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh import _exec_cache, sampling
+
+
+def _run(**kw):
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
+    kw.setdefault("test", tm.acceptance.Exact())  # (the smallest chain to compile)
+    return tm.sample(tm.models.LogisticRegression(), data, num_samples=60, num_warmup=40, num_chains=2, seed=5,
+                     chunk_size=20, progress=False, **kw)
+
+
+def test_a_second_call_loads_the_chain_and_draws_the_same(tmp_path, monkeypatch):
+    previous = jax.config.jax_compilation_cache_dir
+    tm.set_compilation_cache(str(tmp_path))
+    loaded = []
+    real_load = _exec_cache.load
+    monkeypatch.setattr(_exec_cache, "load", lambda key: loaded.append(real_load(key)) or loaded[-1])
+    try:
+        sampling._RUNNERS.clear()
+        first = _run()
+        assert loaded == [None]  # nothing stored yet: compiled, then stored
+        assert len(list((tmp_path / "tallmh-executables").glob("*.pkl"))) == 1
+        sampling._RUNNERS.clear()  # as in a new process
+        second = _run()
+        assert loaded[-1] is not None  # read from disk, not traced
+        np.testing.assert_array_equal(first.flat_samples, second.flat_samples)
+        np.testing.assert_array_equal(first.stats["n_data"], second.stats["n_data"])
+        np.testing.assert_array_equal(first.stats["accepted"], second.stats["accepted"])
+        # another proposal setting is another program
+        sampling._RUNNERS.clear()
+        _run(proposal=tm.proposals.AdaptiveMetropolis(kappa=0.7))
+        assert loaded[-1] is None
+    finally:
+        sampling._RUNNERS.clear()
+        tm.set_compilation_cache(previous)
+
+
+def test_with_the_cache_off_nothing_is_kept(tmp_path):
+    previous = jax.config.jax_compilation_cache_dir
+    tm.set_compilation_cache(None)
+    try:
+        assert _exec_cache.program_key("chain", 1) is None
+        assert _exec_cache.load(None) is None and not _exec_cache.store(None, object())
+    finally:
+        tm.set_compilation_cache(previous)
+
+
+def test_only_tallmh_objects_have_stable_keys():
+    a = _exec_cache.stable_key(tm.acceptance.Austerity(error=0.05))
+    assert a == _exec_cache.stable_key(tm.acceptance.Austerity(error=0.05))
+    assert a != _exec_cache.stable_key(tm.acceptance.Austerity(error=0.04))
+    assert _exec_cache.stable_key(tm.models.LogisticRegression(prior_scale=2.0)) != \
+        _exec_cache.stable_key(tm.models.LogisticRegression(prior_scale=3.0))
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine:  # a user's class: its code is not tallmh's, so it has no key
+        scale: float = 1.0
+
+    assert _exec_cache.stable_key(Mine()) is None
+    assert _exec_cache.stable_key(lambda x: x) is None
