@@ -607,18 +607,17 @@ PILOT_ROWS = 2**16  # rows of the pilot fit that sets the centring weights
 
 
 def _eb_sigma(a, prec):
-    """Empirical-Bayes scale: the ``sigma`` maximising ``sum_j log N(a_j; 0, sigma^2 + 1/prec_j)`` (a grid on
-    log sigma, then refined), for effects ``a_j`` measured with precisions ``prec_j``."""
+    """The scale for the weights and the start: the median of ``sigma``'s marginal posterior when the effects
+    ``a_j``, measured with precisions ``prec_j``, are ``N(0, sigma^2 + 1/prec_j)`` and ``sigma`` has a flat prior
+    (on a grid of log sigma). Unlike the maximum of that likelihood (empirical Bayes), which is 0 whenever
+    the effects spread less than their noise (common with few groups), the median is positive."""
     v = 1.0 / np.maximum(prec, 1e-12)
-
-    def ll(ls):
-        s2 = np.exp(2 * ls)[:, None] + v[None, :]
-        return -0.5 * np.sum(np.log(s2) + a[None, :] ** 2 / s2, axis=1)
-
-    grid = np.linspace(-9.0, 4.0, 261)
-    best = grid[int(np.argmax(ll(grid)))]
-    fine = np.linspace(best - 0.05, best + 0.05, 101)
-    return float(np.exp(fine[int(np.argmax(ll(fine)))]))
+    ls = np.linspace(-12.0, 4.0, 1601)
+    s2 = np.exp(2 * ls)[:, None] + v[None, :]
+    lp = -0.5 * np.sum(np.log(s2) + a[None, :] ** 2 / s2, axis=1) + ls  # + log sigma: flat in sigma
+    p = np.exp(lp - lp.max())
+    c = np.cumsum(p) / p.sum()
+    return float(np.exp(np.interp(0.5, c, ls)))
 
 
 def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
@@ -636,7 +635,8 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
        log-likelihood scaled by ``N / rows``) gives each level's effect ``a_j = z_j sigma`` and its data
        precision ``P_j`` (the likelihood's curvature in ``z_j`` over ``sigma^2``), un-shrunk by the pilot's
        prior;
-    2. the scale is estimated by empirical Bayes from those (:func:`_eb_sigma`);
+    2. the scale is estimated from those (:func:`_eb_sigma`: the median of its marginal posterior under
+       that Gaussian approximation);
     3. each level's weight is the data's share of its precision, ``w_j = P_j sigma^2 / (1 + P_j sigma^2)``:
        a level with many rows is centred, one with few stays an offset (for a Gaussian level this makes
        its conditional sd, given ``sigma``, locally free of ``sigma``);
@@ -706,7 +706,7 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     rm.notes = [
         "group-level offsets moved partially centred (u_j = offset_j * sigma^w_j, w_j = the data's share of "
         "level j's precision: 1 centred, 0 the offset): " + "; ".join(notes_w) + f"; set by a pilot fit on {m:,} "
-        f"rows ({passes + passes1} passes), which estimated {sig_txt} (empirical Bayes) for the start, where the "
+        f"rows ({passes + passes1} passes), which estimated {sig_txt} for the start, where the "
         "mode search holds the scales (the joint mode of scale and effects is degenerate); draws keep the "
         "model's names"]
     return rm
