@@ -144,7 +144,7 @@ def main():
                               nuts_sampler_kwargs={"chain_method": "sequential"})
         w_nuts = time.time() - t
         post = idata.posterior
-        raw = {k: post[k].values for k in post.data_vars}
+        raw = {k: post[k].values for k in post.data_vars if k in r_sub.samples}  # not Bambi's per-row "p"
         d_nuts = flat(raw)
         div = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else -1
         if args.nuts_cache:
