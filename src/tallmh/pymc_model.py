@@ -26,6 +26,10 @@ not additive over rows (e.g. it standardises the data inside the graph); a lengt
 observed variable's parameters (the batch fails, and the message says so); and operations PyTensor's JAX
 backend cannot compile (the op is named). For N <= ``check_full_max`` the construction also checks that
 ``log_prior + sum(log_lik)`` equals PyMC's own log density on the full data.
+
+Group-level terms in Bambi's non-centred form (``T = T_offset * T_sigma``) are then moved partially
+centred (:class:`RecentredPyMCModel`, :func:`recentre`): with many rows per level the non-centred form's
+joint mode, where tallmh builds its start and preconditioner, lies at a scale far above the posterior's.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import numpy as np
 from .errors import ConfigError, ModelError
 from .model import Model
 
-__all__ = ["from_pymc", "from_bambi", "PyMCModel"]
+__all__ = ["from_pymc", "from_bambi", "PyMCModel", "RecentredPyMCModel", "recentre"]
 
 
 def _pymc():
@@ -163,6 +167,11 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
     ``data`` (``{name: array}``) and read a batch of rows at a time. Then ``tm.sample(model, data,
     test=...)`` works with every test and draws come back by PyMC variable name, constrained. See
     :mod:`tallmh.pymc_model` for what is refused and why.
+
+    ``centre_groups`` (default True): group-level terms written ``T = T_offset * T_sigma`` (Bambi's
+    non-centred form, recognised by those names and checked numerically) are moved partially centred,
+    with weights from a pilot fit on up to 65,536 rows (:func:`recentre`; the model's ``notes`` say what was
+    done and ``tm.sample`` copies them into ``result.notes``). False converts the model as written.
 
     Example::
 
@@ -497,7 +506,8 @@ def from_bambi(bmb_model, *, check: bool = True, check_full_max: int = 20_000, c
     """``model, data = tm.from_bambi(bmb_model)``: a Bambi model through :func:`from_pymc`.
 
     Builds the model (``bmb_model.build()``) and converts its PyMC model; common and group-level effects,
-    and the family's auxiliary parameters, are all globals, named as Bambi names them.
+    and the family's auxiliary parameters, are all globals, named as Bambi names them. Group-level terms
+    are moved partially centred unless ``centre_groups=False`` (see :func:`from_pymc`, :func:`recentre`).
 
     Example::
 
