@@ -292,6 +292,21 @@ def _stop_signals():
                 pass
 
 
+def _fixed_mask(model, unravel, flat0):
+    """The flat mask of the parameters a model asks the mode search to hold at its start (its attribute
+    ``mode_fixed``: keys of its parameter dict), or None."""
+    keys = getattr(model, "mode_fixed", None)
+    if not keys:
+        return None
+    pos = unravel(jnp.arange(flat0.shape[0]))
+    if not isinstance(pos, dict) or any(k not in pos for k in keys):
+        return None
+    mask = np.zeros(flat0.shape[0], bool)
+    for k in keys:
+        mask[np.asarray(pos[k]).astype(int).reshape(-1)] = True
+    return mask
+
+
 def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
                   key, dtype, notes):
     """Mode, Laplace covariance, control-variate state and chain starts; returns a dict (passes counted)."""
@@ -301,8 +316,10 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
     sums = None
     if want_mode:
         try:
+            fixed = _fixed_mask(model, unravel, flat0)
             found = setup.mode_search(model, data, n, unravel, flat0,
-                                      control_variates.max_newton if control_variates is not None else 30)
+                                      control_variates.max_newton if control_variates is not None else 30,
+                                      fixed=fixed)
             center = found.center
             out["passes"] += found.passes
             out["extra_items"] += found.warm_items
@@ -312,7 +329,11 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
                 out["passes"] += 1
             out["sums"] = sums
             out["cov"], laplace = setup.start_cov(model, unravel, sums)
-            if not laplace:
+            if not laplace and fixed is not None:
+                notes.append("the mode search held " + ", ".join(model.mode_fixed) + " at the model's start "
+                             "(conditional mode of the rest); the Hessian there is not negative definite, so "
+                             "chains start dispersed by its positive part")
+            elif not laplace:
                 notes.append("the Hessian at the end of the mode search is not negative definite (no mode found): "
                              + ("chains start dispersed by its positive part, not by the Laplace approximation"
                                 if out["cov"] is not None else "no Laplace start"))
@@ -631,6 +652,9 @@ class _Run:
         self.data, n, init, self.stats, self.setup_items = _prepare(model, data, Exact() if self.auto_test else test,
                                                                     init)
         control_variates = self.control_variates
+        for msg in getattr(model, "notes", None) or ():  # what the front end did to the model (e.g. recentred)
+            if isinstance(msg, str) and msg not in notes:
+                notes.append(msg)
         if self.auto_test:
             test, cv_auto, why = recommended(model, self.data, n, init)
             test.check(n)

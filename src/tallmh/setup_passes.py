@@ -152,7 +152,7 @@ def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
     return res.center, res.passes
 
 
-def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_start=True) -> ModeSearch:
+def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_start=True, fixed=None) -> ModeSearch:
     """Posterior mode by damped Newton with autodiff (:class:`ModeSearch`).
 
     Each iteration makes one pass computing the log posterior's gradient and Hessian over the data in
@@ -185,6 +185,10 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
       pass, those sums (less the prior's) are the control-variate sums ``G, H`` at the mode
       (:func:`~tallmh.control_variates.proxy_sums` computes the same chunk sums the same way), returned in
       ``grad_sum`` and ``hess_sum``, so the caller need not make another pass.
+
+    ``fixed`` (a boolean mask over the flat parameter, or None) holds those coordinates at ``flat0``: the
+    search is then for the conditional mode of the others (a hierarchical model's scale, whose joint mode
+    with its effects is degenerate, held at an estimate; see :func:`tallmh.pymc_model.recentre`).
     """
     d = flat0.shape[0]
     th = jnp.asarray(flat0)
@@ -194,14 +198,15 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
         sub = jax.jit(take)(data, idx)
         m = int(idx.shape[0])
         try:
-            th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start")
+            th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start",
+                                   fixed=fixed)
             warm_items = m * (p_w + 1)  # the gather, and each of its passes
             if bool(np.all(np.isfinite(np.asarray(th_w)))):
                 th = th_w
         except ModelError:
             warm_items = m
         del sub
-    th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol)
+    th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol, fixed=fixed)
     g_sum = h_sum = None
     if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
         _, g_lik, h_lik = last
@@ -302,10 +307,12 @@ def modified_newton_step(neg_h, g):
     return np.linalg.solve(positive_part(neg_h), np.asarray(g, np.float64))
 
 
-def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
+def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
-    unscaled gradient and Hessian sums at ``theta_d``."""
+    unscaled gradient and Hessian sums at ``theta_d``. Coordinates where the mask ``fixed`` is true do not
+    move (their gradient and Hessian rows are dropped from the step)."""
+    keep = None if fixed is None else ~np.asarray(fixed, bool).reshape(-1)
     d = th.shape[0]
     what = f"tallmh: Newton {label} pass" if label else "tallmh: Newton pass"
 
@@ -347,6 +354,9 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None):
             break  # derivatives overflow here (e.g. far down a funnel): no step can be computed
         neg_h = -0.5 * (h + h.T)
         gn = g
+        if keep is not None:  # the conditional mode of the free coordinates: zero gradient, identity rows
+            gn = np.where(keep, g, 0.0)
+            neg_h = np.where(keep[:, None] & keep[None, :], neg_h, 0.0) + np.diag((~keep).astype(float))
         try:
             np.linalg.cholesky(neg_h)
             step = np.linalg.solve(neg_h, gn)
