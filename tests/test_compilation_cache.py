@@ -54,7 +54,8 @@ elif mode.startswith("numpy-at-"):
 else:
     f = jax.jit(lambda x: jax.numpy.sin(x) * 3.0 + x.sum())
     jax.block_until_ready(f(jax.numpy.arange(7.0)))
-print("CACHE-JSON " + json.dumps({"dir": tm.compilation_cache_dir(),
+from tallmh import _exec_cache
+print("CACHE-JSON " + json.dumps({"dir": tm.compilation_cache_dir(), "loaded": _exec_cache.LOADED,
                                   "hits": events["/jax/compilation_cache/cache_hits"],
                                   "misses": events["/jax/compilation_cache/cache_misses"]}))
 '''
@@ -137,7 +138,9 @@ def test_sampler_programs_cached_across_processes(tmp_path):
     first = _run(tmp_path, "sample")
     assert first["misses"] >= 5 and _files(first["dir"]) >= first["misses"]
     second = _run(tmp_path, "sample")
-    assert second["misses"] == 0 and second["hits"] >= first["misses"]
+    # (the chain itself is loaded from tallmh's own store of compiled chains, without a JAX cache lookup)
+    assert first["loaded"] == 0 and second["loaded"] >= 1
+    assert second["misses"] == 0 and second["hits"] + second["loaded"] >= first["misses"]
 
 
 @pytest.mark.slow
@@ -147,4 +150,4 @@ def test_numpy_data_at_another_offset_hits_the_cache(tmp_path):
     first = _run(tmp_path, "numpy-at-4")
     assert first["misses"] >= 5
     second = _run(tmp_path, "numpy-at-36")
-    assert second["misses"] == 0 and second["hits"] >= first["misses"], (first, second)
+    assert second["misses"] == 0 and second["hits"] + second["loaded"] >= first["misses"], (first, second)

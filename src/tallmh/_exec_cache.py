@@ -128,6 +128,7 @@ def _path(key: str) -> Optional[str]:
     return os.path.join(folder, _SUBDIR, key + ".pkl")
 
 
+LOADED = 0  # programs this process loaded from here (no JAX cache lookup was made for them)
 _HITS = threading.local()  # JAX cache hits per thread (a compile reports its events in its own thread)
 
 
@@ -176,7 +177,10 @@ def load(key: Optional[str]):
             fmt, payload, in_tree, out_tree = pickle.load(f)
         if fmt != _FORMAT:
             return None
-        return deserialize_and_load(payload, in_tree, out_tree)
+        compiled = deserialize_and_load(payload, in_tree, out_tree)
+        global LOADED
+        LOADED += 1
+        return compiled
     except Exception:  # noqa: BLE001 - a damaged or foreign entry: compile as if there were none
         return None
 
