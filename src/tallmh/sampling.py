@@ -1023,8 +1023,10 @@ class _Run:
     def _disk_key(self, length, args0):
         """The on-disk key of the compiled chunk (:mod:`tallmh._exec_cache`), or None where tallmh cannot name
         everything its tracing depends on (a model, proposal or test not of tallmh's classes; several
-        devices; data read through host callbacks)."""
-        if self.plan is not None or self.program is not None or \
+        devices visible; data read through host callbacks)."""
+        # (one visible device only: an executable read back in a process with several devices is loaded
+        # onto all of them and then expects one shard per device, even for a one-device chain)
+        if self.plan is not None or self.program is not None or jax.device_count() != 1 or \
                 any(isinstance(a, ds.HostArray) for a in ds.leaves_of(self.data)):
             return None
         named = [_exec_cache.stable_key(o) for o in (self.model, self.proposal, self.test)]
