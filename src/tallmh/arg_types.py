@@ -52,19 +52,17 @@ def batch_size(s):
     return int_at_least("--batch-size", 2)(s)
 
 
-def warmup(s):
-    if str(s).strip().lower() == "auto":
-        return "auto"
-    try:
-        return int_at_least("--warmup", 0)(s)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"--warmup must be 'auto' or an integer of at least 0; got {s!r}") from None
+def auto_or_int(name, lo):
+    """``'auto'``, or an integer of at least ``lo`` (``--warmup``, ``--samples``)."""
+    def f(s):
+        if str(s).strip().lower() == "auto":
+            return "auto"
+        try:
+            return int_at_least(name, lo)(s)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{name} must be 'auto' or an integer of at least {lo}; got {s!r}") from None
+    return f
 
 
-def samples(s):
-    if str(s).strip().lower() == "auto":
-        return "auto"
-    try:
-        return int_at_least("--samples", 4)(s)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"--samples must be 'auto' or an integer of at least 4; got {s!r}") from None
+warmup = auto_or_int("--warmup", 0)
+samples = auto_or_int("--samples", 4)
