@@ -234,6 +234,25 @@ def test_group_offsets_recentred_with_the_jacobian():
     assert not isinstance(tm.from_pymc(m2)[0], tm.pymc_model.RecentredPyMCModel)
 
 
+def test_pilot_scale_reads_the_pilots_noise_as_noise(monkeypatch):
+    """The pilot fit's effects are measured on its own rows: a pilot of a tenth of the rows (five per level,
+    noise variance 0.2 against a spread of 0.09) gives the group scale the whole table gives, not one inflated
+    by the pilot's noise. 400 levels: the pilot's estimate of sigma has sd ~0.03 (~11%)."""
+    m, g, y, n_j = bambi_style_groups(n_j=(50,) * 400, sigma=0.3)
+    model, data = tm.from_pymc(m, centre_groups=False)
+
+    def scale(rows):
+        rm = tm.pymc_model.recentre(model, data, pilot_rows=rows)
+        return float(np.exp(rm._init["1|g_sigma_log__"]))
+
+    full, pilot = scale(len(y)), scale(2000)
+    assert 0.24 < full < 0.36 and abs(np.log(pilot / full)) < np.log(1.35), (full, pilot)
+    # negative control: the pilot's effects taken as measured with the whole table's precision
+    eb = tm.pymc_model._eb_sigma
+    monkeypatch.setattr(tm.pymc_model, "_eb_sigma", lambda a, p: eb(a, p * len(y) / 2000))
+    assert scale(2000) > 1.5 * full
+
+
 def _group_reference(g, y, n_j, prior_sd=5.0):
     """Posterior means and sds of (sigma, Intercept, 1|g[0..J-1]) of :func:`bambi_style_groups` by quadrature:
     given sigma, the model is Gaussian (group means ybar_j ~ N(mu, sigma^2 + 1/n_j)); sigma's marginal

@@ -646,7 +646,8 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
        precision ``P_j`` (the likelihood's curvature in ``z_j`` over ``sigma^2``), un-shrunk by the pilot's
        prior;
     2. the scale is estimated from those (:func:`_eb_sigma`: the median of its marginal posterior under
-       that Gaussian approximation);
+       that Gaussian approximation, with each ``a_j``'s noise that of the pilot's rows, ``P_j m / N``: taking
+       the scaled precision ``P_j`` for it would read the pilot's noise as spread between the levels);
     3. each level's weight is the data's share of its precision, ``w_j = P_j sigma^2 / (1 + P_j sigma^2)``:
        a level with many rows is centred, one with few stays an offset (for a Gaussian level this makes
        its conditional sd, given ``sigma``, locally free of ``sigma``);
@@ -691,7 +692,8 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
         prec = hz / s_nc ** 2  # ... of the effect a_j = z_j sigma
         a = z * s_nc * (1.0 + 1.0 / np.maximum(prec * s_nc ** 2, 1e-12))  # undo the pilot prior's shrinkage
         a = np.where(prec > 0, a, 0.0)
-        s = _eb_sigma(a.ravel(), prec.ravel())
+        # a_j is measured on the pilot's m rows: its noise is that of m rows, not of the n it stands in for
+        s = _eb_sigma(a.ravel(), prec.ravel() * (m / n))
         w = prec * s ** 2 / (1.0 + prec * s ** 2)
         new = term + "_centred__"
         weights[new] = w
