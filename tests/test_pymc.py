@@ -243,9 +243,13 @@ def test_pilot_scale_reads_the_pilots_noise_as_noise(monkeypatch):
 
     def scale(rows):
         rm = tm.pymc_model.recentre(model, data, pilot_rows=rows)
+        scale.w = rm.weights["1|g_centred__"]
         return float(np.exp(rm._init["1|g_sigma_log__"]))
 
     full, pilot = scale(len(y)), scale(2000)
+    # the table is sorted by level; every level has 50 rows, so every weight is ~0.8 (sigma^2 n_j over
+    # 1 + sigma^2 n_j), a level without pilot rows included (its precision is read from all its rows)
+    assert np.all(np.abs(scale.w - 0.8) < 0.1), np.round(scale.w, 2)
     assert 0.24 < full < 0.36 and abs(np.log(pilot / full)) < np.log(1.35), (full, pilot)
     # negative control: the pilot's effects taken as measured with the whole table's precision
     eb = tm.pymc_model._eb_sigma

@@ -641,13 +641,15 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     volume factor, but also an unbounded spike at ``sigma -> 0``, effects 0, into which a mode search
     from the prior's centre runs. So:
 
-    1. a pilot mode search of the non-centred model on ``pilot_rows`` rows (spread over the table; their
-       log-likelihood scaled by ``N / rows``) gives each level's effect ``a_j = z_j sigma`` and its data
-       precision ``P_j`` (the likelihood's curvature in ``z_j`` over ``sigma^2``), un-shrunk by the pilot's
-       prior;
-    2. the scale is estimated from those (:func:`_eb_sigma`: the median of its marginal posterior under
-       that Gaussian approximation, with each ``a_j``'s noise that of the pilot's rows, ``P_j m / N``: taking
-       the scaled precision ``P_j`` for it would read the pilot's noise as spread between the levels);
+    1. a pilot mode search of the non-centred model on ``pilot_rows`` rows (drawn at random, so that a
+       table sorted by the group column gives every level its share; their log-likelihood scaled by
+       ``N / rows``) gives each level's effect ``a_j = z_j sigma``, un-shrunk by the pilot's prior, and the
+       pilot rows' precision of it ``p_j`` (the likelihood's curvature in ``z_j`` over ``sigma^2``); one pass
+       over all rows at that point gives each level's data precision ``P_j`` (a level with few rows may
+       have none among the pilot's);
+    2. the scale is estimated from the ``a_j`` (:func:`_eb_sigma`: the median of its marginal posterior under
+       that Gaussian approximation, with each ``a_j``'s noise that of the pilot's rows, ``1 / p_j``: the
+       whole table's ``P_j`` there would read the pilot's noise as spread between the levels);
     3. each level's weight is the data's share of its precision, ``w_j = P_j sigma^2 / (1 + P_j sigma^2)``:
        a level with many rows is centred, one with few stays an offset (for a Gaussian level this makes
        its conditional sd, given ``sigma``, locally free of ``sigma``);
@@ -669,8 +671,8 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     th0 = model.init()
     flat0, unravel = ravel_pytree(th0)
     if n > pilot_rows:
-        idx = setup.warm_rows(n) if pilot_rows == setup.WARM_ROWS and n > setup.WARM_ROWS else \
-            np.linspace(0, n - 1, pilot_rows).astype(np.int64)
+        # rows drawn at random (seeded): a table sorted by the group column gives every level its share
+        idx = np.sort(np.random.default_rng(0).choice(n, pilot_rows, replace=False))
         sub = {k: np.asarray(v)[idx] for k, v in data.items()}
         m = len(idx)
     else:
@@ -680,7 +682,14 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     if last is None or not np.all(np.isfinite(np.asarray(th))):
         return model
     _, _, h_lik = last
-    h_diag = -np.diag(np.asarray(h_lik, np.float64)) * (n / m)
+    h_pilot = -np.diag(np.asarray(h_lik, np.float64))  # the pilot rows' information (unscaled)
+    full_passes = 0
+    if m < n:  # each level's information from all its rows: one pass (a level may have no pilot rows)
+        h_full = -np.diag(setup.lik_hessian(model, {k: jnp.asarray(v) for k, v in data.items()}, n,
+                                            unravel, th))
+        full_passes = 1
+    else:
+        h_full = h_pilot
     pos = unravel(jnp.arange(flat0.shape[0]))
     at = unravel(th)
     init = {k: np.asarray(v) for k, v in at.items()}
@@ -688,12 +697,17 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     for off, sig, term in terms:
         z = np.asarray(at[off], np.float64)
         s_nc = float(np.exp(np.asarray(at[sig], np.float64)))
-        hz = np.maximum(h_diag[np.asarray(pos[off]).astype(int)].reshape(z.shape), 0.0)  # lik info of z_j
-        prec = hz / s_nc ** 2  # ... of the effect a_j = z_j sigma
-        a = z * s_nc * (1.0 + 1.0 / np.maximum(prec * s_nc ** 2, 1e-12))  # undo the pilot prior's shrinkage
-        a = np.where(prec > 0, a, 0.0)
-        # a_j is measured on the pilot's m rows: its noise is that of m rows, not of the n it stands in for
-        s = _eb_sigma(a.ravel(), prec.ravel() * (m / n))
+        where = np.asarray(pos[off]).astype(int)
+
+        def info(h):  # likelihood information of the effects a_j = z_j sigma
+            return np.maximum(h[where].reshape(z.shape), 0.0) / s_nc ** 2
+
+        p_pilot, prec = info(h_pilot), info(h_full)
+        # undo the shrinkage of the pilot's prior (the pilot's likelihood was scaled by n / m)
+        a = z * s_nc * (1.0 + 1.0 / np.maximum(p_pilot * (n / m) * s_nc ** 2, 1e-12))
+        a = np.where(p_pilot > 0, a, 0.0)
+        # a_j is measured on the pilot's m rows: its noise is that of those rows, not of the n they stand for
+        s = _eb_sigma(a.ravel(), p_pilot.ravel())
         w = prec * s ** 2 / (1.0 + prec * s ** 2)
         new = term + "_centred__"
         weights[new] = w
@@ -718,7 +732,7 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     rm.notes = [
         "group-level offsets moved partially centred (u_j = offset_j * sigma^w_j, w_j = the data's share of "
         "level j's precision: 1 centred, 0 the offset): " + "; ".join(notes_w) + f"; set by a pilot fit on {m:,} "
-        f"rows ({passes + passes1} passes), which estimated {sig_txt} for the start, where the "
+        f"rows ({passes + passes1} passes; {full_passes} over all {n:,} rows), which estimated {sig_txt} for the start, where the "
         "mode search holds the scales (the joint mode of scale and effects is degenerate); draws keep the "
         "model's names"]
     return rm

@@ -255,6 +255,17 @@ def _newton_chunk_fns(model, unravel, th):
 _PRIOR_FNS: dict = {}  # compiled log-prior derivatives of the set-up passes (see _prior_fns)
 
 
+def lik_hessian(model, data, n, unravel, th):
+    """The log-likelihood's Hessian summed over all ``n`` rows at the flat point ``th`` (one pass, in float64
+    on the host; closed form for the built-in GLMs, autodiff otherwise)."""
+    chunk_vgh, _ = _newton_chunk_fns(model, unravel, th)
+    d = th.shape[0]
+    h = np.zeros((d, d), np.float64)
+    for _, _, ch in full_pass(chunk_vgh, data, n, (th,), "tallmh: Hessian pass"):
+        h = h + np.asarray(ch, np.float64)
+    return h
+
+
 def _prior_fns(model, unravel, th):
     """The log prior's ``(value, gradient, Hessian)`` at ``t`` and its values at two points ``(t0, t1)``, each
     one compiled program, cached per model (by value for tallmh's own models) and parameter structure:
