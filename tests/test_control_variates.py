@@ -31,10 +31,11 @@ def test_proxy_sums_match_direct_full_data_sums():
         p = 1 / (1 + np.exp(-X @ c))
         np.testing.assert_allclose(state.grad_sum, X.T @ (y - p), rtol=1e-8, atol=1e-6)
         np.testing.assert_allclose(state.hess_sum, -(X.T * (p * (1 - p))) @ X, rtol=1e-8)
-        # the centre is the posterior mode: the Newton decrement of the log posterior is ~0 there
+        # the centre is at the posterior mode to the set-up's tolerance: the Newton decrement of the log
+        # posterior there (the squared distance to the mode in posterior sds) is below CENTRE_TOL
         g = np.asarray(state.grad_sum) - c / 100.0
         prec = -np.asarray(state.hess_sum) + np.eye(4) / 100.0
-        assert g @ np.linalg.solve(prec, g) < 1e-6
+        assert g @ np.linalg.solve(prec, g) < setup.CENTRE_TOL
         assert passes >= 2
         # per-item proxy terms g_i.a + a^T H_i a / 2 by nested jvp, against the closed form
         a = jnp.asarray(np.random.default_rng(0).standard_normal(4) * 0.1)
@@ -169,6 +170,22 @@ def test_mode_search_warm_start_and_reused_sums():
     assert warm.passes < cold.passes
     sd = np.sqrt(np.diag(np.asarray(setup.laplace_cov(model, unravel, cvm.state_at_mode(warm)), np.float64)))
     assert np.max(np.abs(np.asarray(warm.center, np.float64) - np.asarray(cold.center, np.float64)) / sd) < 0.01
+
+    # tm.sample's search stops at the centre tolerance: within 0.1 posterior sd (Laplace metric) of the mode
+    # after three full passes (one correction of the sub-sample's mode), the sums made at that centre
+    prec = -np.asarray(cold.hess_sum, np.float64) + np.eye(4) / 100.0  # likelihood + prior precision
+
+    def sd_from_mode(th):
+        dth = np.asarray(th, np.float64) - np.asarray(cold.center, np.float64)
+        return float(np.sqrt(dth @ prec @ dth))
+
+    quick = setup.mode_search(model, data, n, unravel, flat0, tol=setup.CENTRE_TOL)
+    assert quick.passes <= 3 and quick.grad_sum is not None, quick.passes
+    assert sd_from_mode(quick.center) < 0.1, sd_from_mode(quick.center)
+    # negative control: the sub-sample's mode alone (no full pass) is measurably off on this sorted data
+    sub = {k: v[jnp.asarray(setup.warm_rows(n))] for k, v in data.items()}
+    only_sub, _, _ = setup._newton(model, sub, setup.WARM_ROWS, unravel, flat0, 30, 1e-6, scale=n / setup.WARM_ROWS)
+    assert sd_from_mode(only_sub) > 0.3, sd_from_mode(only_sub)
     direct = cvm.proxy_sums(model, data, n, unravel, warm.center, 2)
     np.testing.assert_array_equal(np.asarray(warm.grad_sum), np.asarray(direct.grad_sum))
     np.testing.assert_array_equal(np.asarray(warm.hess_sum), np.asarray(direct.hess_sum))
@@ -181,7 +198,7 @@ def test_mode_search_warm_start_and_reused_sums():
     from tallmh import datasource
 
     model_setup = n if datasource.setup_stats(model, data, n) is not None else 0  # the model's own set-up pass
-    assert res.setup_items == model_setup + warm.passes * n + warm.warm_items
+    assert res.setup_items == model_setup + quick.passes * n + quick.warm_items
 
 
 def test_logistic_closed_form_derivatives_equal_autodiff():
