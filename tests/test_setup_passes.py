@@ -165,3 +165,23 @@ def test_pymc_log_sigma_regression_mode():
     want = minimize(neg_log_post, np.zeros(3), method="BFGS", options={"gtol": 1e-8}).x
     sd = np.sqrt(np.diag(np.asarray(cov, np.float64)))
     assert np.max(np.abs(np.asarray(found.center, np.float64) - want) / sd) < 0.01
+
+
+def test_unchecked_newton_step_that_loses_falls_back_to_the_line_search():
+    """A full Newton step taken without a line search is checked by the next pass; where it lowers the log
+    posterior (here it overshoots from 2 to -8 on ell_i = -sqrt(1 + theta^2)), the search goes back and
+    halves along it, and still ends at the mode (0). A quadratic log-likelihood is the contrast: its full step
+    is right, so no line-search pass is made at all."""
+    with enable_x64(True):
+        data = {"y": jnp.zeros(10)}
+
+        def run(log_lik):
+            model = tm.Model(log_prior=lambda t: -0.5 * (t["a"] / 100.0) ** 2, log_lik=log_lik)
+            flat0, unravel = ravel_pytree({"a": jnp.asarray(2.0)})
+            return setup._newton(model, data, 10, unravel, flat0, 30, 1e-10)
+
+        th, passes, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
+        assert abs(float(th[0])) < 1e-4, th
+        th_q, passes_q, _ = run(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2)
+        assert abs(float(th_q[0])) < 1e-4 and passes_q == 2, (th_q, passes_q)  # the step, then its check
+        assert passes > passes_q + 2, passes  # the failed check and the line search's halvings
