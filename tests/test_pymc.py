@@ -234,6 +234,21 @@ def test_group_offsets_recentred_with_the_jacobian():
     assert not isinstance(tm.from_pymc(m2)[0], tm.pymc_model.RecentredPyMCModel)
 
 
+def test_pilot_scale_ignores_a_common_shift_of_the_effects():
+    """At the pilot's joint mode the effects may all sit shifted (the intercept shifted back): the scale is
+    their spread about their mean, not about 0. 200 levels, spread 0.3, noise sd 0.1, shift 3."""
+    rng = _rng(5)
+    prec = np.full(200, 100.0)
+    a = 3.0 + 0.3 * rng.standard_normal(200) + rng.standard_normal(200) / np.sqrt(prec)
+    s = tm.pymc_model._eb_sigma(a, prec)
+    assert 0.25 < s < 0.36, s
+    # negative control: the same marginal with the mean fixed at 0 reads the shift as spread
+    ls = np.linspace(-12.0, 4.0, 1601)
+    s2 = np.exp(2 * ls)[:, None] + 1 / prec[None, :]
+    lp = -0.5 * np.sum(np.log(s2) + a[None, :] ** 2 / s2, axis=1) + ls
+    assert np.exp(ls[np.argmax(lp)]) > 2.5
+
+
 def test_pilot_scale_reads_the_pilots_noise_as_noise(monkeypatch):
     """The pilot fit's effects are measured on its own rows: a pilot of a tenth of the rows (five per level,
     noise variance 0.2 against a spread of 0.09) gives the group scale the whole table gives, not one inflated
