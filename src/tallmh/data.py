@@ -187,8 +187,11 @@ def _encrypt(perm: Permutation, x, n):
     fkey = perm.round_keys[2]
 
     def partner(kr, x):
-        # (K_r - x) mod n without leaving uint32: K_r + n < 2**32
-        return jnp.where(kr >= x, kr - x, (kr + n) - x)
+        # (K_r - x) mod n in uint32: where K_r < x, ``K_r - x`` wraps to ``2**32 + K_r - x`` and adding n gives
+        # ``K_r + n - x`` (< 2**32) exactly. (Written so, not as ``(K_r + n) - x``: that form has a term free
+        # of x, which XLA hoists out of the reader's loop as one tiny kernel per round.)
+        d = kr - x
+        return jnp.where(kr >= x, d, d + n)
 
     x = partner(k[0], x)  # round 0: always swap, so every position's item is exactly uniform
     for r in range(1, _SWAP_ROUNDS + 1):
