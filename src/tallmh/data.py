@@ -198,7 +198,11 @@ def _encrypt(perm: Permutation, x, n):
         xp = partner(k[r], x)
         bit = _mix32(jnp.maximum(x, xp) ^ fkey[r]) >> 31
         x = jnp.where(bit == 1, xp, x)
-    return x
+    # x < n already. Reduced mod n once more (a no-op) by a divisor XLA cannot see is a constant (n, as the
+    # larger of n and K_0 + 1 <= n): a remainder by a variable is an "expensive" operation to XLA's fusion,
+    # which then computes the rounds once into a buffer instead of fusing them into every gather that reads
+    # the items (one per data leaf), compiling them and running them once per leaf.
+    return x % jnp.maximum(n, k[0] + 1)
 
 
 def permute(perm: Permutation, positions, n: int):
