@@ -8,7 +8,8 @@ after the set-up (not beside it), so that the CPU seconds of the compile are the
   grows with the program): the functions defined in the chain's dumped LLVM IR
   (``XLA_FLAGS=--xla_dump_to=DIR``), and the fusions and other computations of its optimised HLO;
 - ``trace_s`` / ``compile_s``: tracing and lowering, then XLA's compile, each in CPU seconds of the process
-  (``time.process_time``) and wall seconds;
+  (``time.process_time``) and wall seconds; ``setup_s``: the same for the set-up (mode, Laplace, control
+  variates: its programs' compiles and its passes over the data);
 - ``ms_per_step`` (``--sample``): the sampling phase's wall per step of the 4 chains, fixed draw counts.
 
 Usage::
@@ -65,6 +66,15 @@ def _child(a):
         return compiled
 
     sampling._exec_cache.compile_and_store = timed
+    orig_setup = sampling._Run._set_up
+
+    def timed_setup(self, init_jitter):
+        c, w = time.process_time(), time.perf_counter()
+        out = jax.block_until_ready(orig_setup(self, init_jitter))
+        times.update(setup_cpu_s=time.process_time() - c, setup_wall_s=time.perf_counter() - w)
+        return out
+
+    sampling._Run._set_up = timed_setup
     kw = {}
     if a.test is not None:
         kw["test"] = a.test

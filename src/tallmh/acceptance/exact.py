@@ -50,8 +50,8 @@ class Exact:
     ``temperature`` T divides the log-likelihood (target ``p0 prod_i p(x_i|theta)^(1/T)``), as in
     :class:`~tallmh.acceptance.Barker`, whose oracle is ``Exact(kind="barker", temperature=T)``.
 
-    Precision. Every full-data sum is compensated (:func:`~tallmh.acceptance.base.df_sum`: pairwise
-    TwoSum within a chunk, double-float addition across chunks), so float32 data and parameters keep
+    Precision. Every full-data sum is compensated (:func:`~tallmh.acceptance.base.df_reduce`: renormalised
+    TwoSum additions within a chunk, double-float addition across chunks), so float32 data and parameters keep
     their digits at any N. Inside :func:`tallmh.sample` the kernel keeps the current full log-likelihood
     as a double-float pair ``[hi, lo]`` (a float array of shape (2,), made by :meth:`initial_log_lik` and
     returned in ``Decision.log_lik_prop``); ``Delta = (hi' - hi) + (lo' - lo)`` whose first difference is
