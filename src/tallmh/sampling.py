@@ -51,7 +51,6 @@ from . import distributed
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, DataChanged, ModelError, Stopped
-from ._lowering import unrolled_threefry
 from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
@@ -828,8 +827,7 @@ class _Run:
                 del self.notes[n0:]
                 early = self._compile_early()
                 ts = time.perf_counter()
-                with unrolled_threefry():  # (its random draws compile faster so: same bits, see tallmh._lowering)
-                    self.states = _wait(self._set_up(init_jitter))
+                self.states = _wait(self._set_up(init_jitter))
                 self.timings["setup_s"] = time.perf_counter() - ts
                 self._warmup_of_start()
             self._audit_rates()
