@@ -72,6 +72,7 @@ def _child(n: int, d: int):
         "ess_min": float(min(tm.diagnostics.ess(result.flat_samples[:, :, j])
                              for j in range(result.flat_samples.shape[-1]))),
         "draws_per_chain": int(result.flat_samples.shape[1]), "chains": int(result.flat_samples.shape[0]),
+        "process_cpu_s": time.process_time(),  # CPU seconds of the whole child, all threads
     }
     print("RESULT-JSON " + json.dumps(out), flush=True)
 

@@ -179,3 +179,55 @@ def test_minibatch_mean_of_sorted_data_has_the_srswor_variance(monkeypatch):
     # inflates the variance by about (m - 1) / 256 ~ 40% on sorted data
     ratio8, se8 = _prefix_mean_variance_ratio(monkeypatch, rounds=8)
     assert ratio8 - 1.0 > 4 * se8, (ratio8, se8)
+
+
+def test_a_read_computes_the_rounds_once_for_all_data_leaves():
+    """The permuted positions are computed once per read, not fused into the gather of every leaf (X, y):
+    counted in the optimised program by the round function's multiplier constant. Negative control: an
+    unguarded hash of the positions feeding two gathers appears twice."""
+    n = 50_000
+    X = jnp.zeros((n, 3), jnp.float32)
+    y = jnp.zeros((n,), jnp.float32)
+    perm = D.make_permutation(jax.random.PRNGKey(0))
+    mult = str(0x7FEB352D)
+
+    start = jnp.int32(7)
+
+    def read(perm, start, X, y):
+        idx = D.permute(perm, start + jnp.arange(64, dtype=jnp.int32), n)
+        return X[idx] @ jnp.ones(3) + y[idx]
+
+    def unguarded(perm, start, X, y):  # the same rounds without the last (no-op) remainder
+        x = (start + jnp.arange(64, dtype=jnp.int32)).astype(jnp.uint32)
+        nn = jnp.uint32(n)
+        k = D._scale64(perm.round_keys[0], perm.round_keys[1], nn)
+        for r in range(D._SWAP_ROUNDS + 1):
+            d = k[r] - x
+            xp = jnp.where(k[r] >= x, d, d + nn)
+            bit = D._mix32(jnp.maximum(x, xp) ^ perm.round_keys[2][r]) >> 31
+            x = xp if r == 0 else jnp.where(bit == 1, xp, x)
+        idx = x.astype(jnp.int32)
+        return X[idx] @ jnp.ones(3) + y[idx]
+
+    assert jax.jit(read).lower(perm, start, X, y).compile().as_text().count(mult) == 1
+    assert jax.jit(unguarded).lower(perm, start, X, y).compile().as_text().count(mult) >= 2
+    np.testing.assert_array_equal(jax.jit(read)(perm, start, X + 1, y), jax.jit(unguarded)(perm, start, X + 1, y))
+
+
+def test_unrolled_threefry_gives_the_same_bits_and_restores_the_lowering():
+    from jax._src.interpreters import mlir
+    from jax.extend.random import threefry2x32_p
+
+    from tallmh._lowering import unrolled_threefry
+
+    key = jax.random.PRNGKey(3)
+    f = lambda k: (D.make_permutation(k).round_keys, jax.random.normal(k, (5,)))  # noqa: E731
+    want = jax.jit(f).lower(key).compile()(key)
+    before = mlir._platform_specific_lowerings["cpu"].get(threefry2x32_p)
+    with unrolled_threefry():
+        lowered = jax.jit(f).lower(key)
+        assert threefry2x32_p not in mlir._platform_specific_lowerings["cpu"]
+    got = lowered.compile()(key)
+    assert mlir._platform_specific_lowerings["cpu"].get(threefry2x32_p) is before
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

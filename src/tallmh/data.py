@@ -187,15 +187,22 @@ def _encrypt(perm: Permutation, x, n):
     fkey = perm.round_keys[2]
 
     def partner(kr, x):
-        # (K_r - x) mod n without leaving uint32: K_r + n < 2**32
-        return jnp.where(kr >= x, kr - x, (kr + n) - x)
+        # (K_r - x) mod n in uint32: where K_r < x, ``K_r - x`` wraps to ``2**32 + K_r - x`` and adding n gives
+        # ``K_r + n - x`` (< 2**32) exactly. (Written so, not as ``(K_r + n) - x``: that form has a term free
+        # of x, which XLA hoists out of the reader's loop as one tiny kernel per round.)
+        d = kr - x
+        return jnp.where(kr >= x, d, d + n)
 
     x = partner(k[0], x)  # round 0: always swap, so every position's item is exactly uniform
     for r in range(1, _SWAP_ROUNDS + 1):
         xp = partner(k[r], x)
         bit = _mix32(jnp.maximum(x, xp) ^ fkey[r]) >> 31
         x = jnp.where(bit == 1, xp, x)
-    return x
+    # x < n already. Reduced mod n once more (a no-op) by a divisor XLA cannot see is a constant (n, as the
+    # larger of n and K_0 + 1 <= n): a remainder by a variable is an "expensive" operation to XLA's fusion,
+    # which then computes the rounds once into a buffer instead of fusing them into every gather that reads
+    # the items (one per data leaf), compiling them and running them once per leaf.
+    return x % jnp.maximum(n, k[0] + 1)
 
 
 def permute(perm: Permutation, positions, n: int):

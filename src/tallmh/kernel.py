@@ -282,7 +282,12 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         clt = jnp.where(in_support, clt, jnp.zeros((), dtype))
         llp = jax.tree_util.tree_map(lambda a, b: jnp.where(in_support, a, b), llp, state.log_lik)
         acc = accept & in_support & (nonfinite == 0)
-        audit_exact, audit_items = _audit_decision(oracle, k_test, problem, in_support, audit)
+        # the audit's exact decision sums the plain ratios l_i: with control variates the remainders plus the
+        # proxies' exact sum are the same number, but would cost a second copy of the proxies in the compiled
+        # full pass (and a rounding of that sum); so the oracle decides as Exact() itself does
+        audit_problem = problem if cv is None or exact_test else make_problem(
+            model, data, n, unravel, stats, state.theta, theta_p, log_base, None, None, cv_order or 2, reader)
+        audit_exact, audit_items = _audit_decision(oracle, k_test, audit_problem, in_support, audit)
         theta = jnp.where(acc, theta_p, state.theta)
         lp = jnp.where(acc, lp_p, state.log_prior)
         ll = jax.tree_util.tree_map(lambda new, old: jnp.where(acc, new, old), llp, state.log_lik) \

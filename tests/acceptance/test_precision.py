@@ -37,6 +37,22 @@ def test_df_sum_is_exactly_rounded_where_a_float32_sum_is_not():
     assert float(s[0]) + float(s[1]) == 1e8 + 1
 
 
+def test_df_reduce_keeps_the_digits_a_float32_sum_loses():
+    from tallmh.acceptance.base import df_reduce
+
+    rng = np.random.default_rng(3)
+    f = jax.jit(lambda v: df_reduce(v, jnp.isfinite(v), ~jnp.isfinite(v)))
+    for n in (1, 2, 4097, 65_536, 300_001):
+        v = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n) - 1.4).astype(np.float32)
+        hi, lo, t, bad = f(jnp.asarray(v))
+        ref = np.sum(v.astype(np.float64))
+        got = float(hi) + float(lo)
+        assert abs(got - ref) <= 1e-12 * np.sum(np.abs(v.astype(np.float64))) + 1e-30, (n, got, ref)
+        assert int(t) == n and int(bad) == 0
+    # negative control: a plain float32 sum of the last vector is off by far more
+    assert abs(float(jnp.sum(jnp.asarray(v))) - ref) > 1e3 * abs(got - ref)
+
+
 def _gauss_data():
     rng = np.random.default_rng(1)
     x = (3.0 + rng.standard_normal(N7)).astype(np.float32)

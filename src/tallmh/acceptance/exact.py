@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..errors import ConfigError
-from .base import CompSum, Decision, Problem, StreamReader, draw_u
+from .base import MAX_CHUNK, CompSum, Decision, Problem, StreamReader, draw_u
 
 __all__ = ["Exact", "exact_accept", "as_scalar_log_lik"]
 
@@ -49,8 +50,8 @@ class Exact:
     ``temperature`` T divides the log-likelihood (target ``p0 prod_i p(x_i|theta)^(1/T)``), as in
     :class:`~tallmh.acceptance.Barker`, whose oracle is ``Exact(kind="barker", temperature=T)``.
 
-    Precision. Every full-data sum is compensated (:func:`~tallmh.acceptance.base.df_sum`: pairwise
-    TwoSum within a chunk, double-float addition across chunks), so float32 data and parameters keep
+    Precision. Every full-data sum is compensated (:func:`~tallmh.acceptance.base.df_reduce`: renormalised
+    TwoSum additions within a chunk, double-float addition across chunks), so float32 data and parameters keep
     their digits at any N. Inside :func:`tallmh.sample` the kernel keeps the current full log-likelihood
     as a double-float pair ``[hi, lo]`` (a float array of shape (2,), made by :meth:`initial_log_lik` and
     returned in ``Decision.log_lik_prop``); ``Delta = (hi' - hi) + (lo' - lo)`` whose first difference is
@@ -87,7 +88,17 @@ class Exact:
         return None
 
     def _sum(self, n, fn, dtype, target=None) -> CompSum:
-        reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
+        if isinstance(n, (int, np.integer)):
+            # N items in k equal chunks: one compiled chunk size (the reader's ladder of two or three sizes
+            # compiled the model once per size), at most one item per chunk left over. k: at least 16 (or
+            # N / chunk if fewer), so that a non-finite item still stops the pass early, and chunks of at
+            # most 16 * chunk items
+            n_ = int(n)
+            most = max(1, min(16 * int(self.chunk), MAX_CHUNK))
+            k = max(-(-n_ // most), min(16, -(-n_ // max(1, int(self.chunk)))))
+            reader = StreamReader(n, -(-n_ // k), fn, permuted=False, ladder_base=None, stop_on_nonfinite=True)
+        else:  # a traced population size (tallmh.blocks): the ladder
+            reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
         return reader.advance(None, CompSum.zero(dtype), n if target is None else target)
 
     def initial_log_lik(self, n: int, log_lik_fn, dtype=None):
