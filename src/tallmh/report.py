@@ -709,7 +709,8 @@ def write_netcdf(path: str, result, names, extra: Optional[Dict[str, tuple]] = N
     (:func:`idata_with_names`)."""
     idata = idata_with_names(result, names, extra, dim=dim)
     # libhdf5 does not fail cleanly on a full disk (it can crash the process): check the space first
-    nbytes = sum(int(v.nbytes) for g in idata.groups() for v in idata[g].variables.values())
+    nbytes = sum(int(v.nbytes) for g in diagnostics.group_names(idata)
+                 for v in idata[g].variables.values())
     atomic_write(path, lambda tmp: idata.to_netcdf(tmp), nbytes=int(1.1 * nbytes) + (1 << 16))
     return path
 
