@@ -1,4 +1,4 @@
-"""Compile time, set-up time and peak memory of a whole tm.sample call versus N (issue 12, item 1).
+"""Compile time, set-up time and peak memory of a whole tm.sample call versus N.
 
     python benchmarks/compile_memory.py                       # N = 1e5, 1e6, 1e7, 5e7 (each in a fresh process)
     python benchmarks/compile_memory.py --sizes 1e5,1e6       # a subset
@@ -11,7 +11,7 @@ the process's peak resident memory above what it held before the data existed, n
 The data is passed to the compiled chain as an argument, so compile time should not grow with N and
 the second call should not compile at all. ``tm.sample`` reads in-memory NumPy data in place (no copy:
 ``tallmh.datasource.in_place_leaf``), so the peak above the data is the compile memory (about 0.7 GB)
-plus the set-up passes' fixed-size blocks, whatever N (issue 12, item 1: peak <= data + 1 GB). The
+plus the set-up passes' fixed-size blocks, whatever N (the target: peak <= data + 1 GB). The
 machine's load average is saved with each N (the timings depend on it; the memory does not).
 """
 

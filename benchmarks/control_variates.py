@@ -1,4 +1,4 @@
-"""Items of data and time per MH step with and without Taylor control variates (issue 5).
+"""Items of data and time per MH step with and without Taylor control variates.
 
 Logistic regression (d = 10 + intercept, ``LogisticRegression.simulate(N, d=10, seed=0)``, N(0, 10^2)
 prior), adaptive Metropolis, every run started at the posterior mode (found by the control variates'

@@ -1,4 +1,4 @@
-"""tallmh against NumPyro HMCECS and NUTS on one GPU, at N = 10^7 and 10^8 (issue 12, item 6).
+"""tallmh against NumPyro HMCECS and NUTS on one GPU, at N = 10^7 and 10^8.
 
 Prepared to run in ONE short call (default global budget ``--budget-s 420``, under 8 minutes with start-up)
 on a machine with one GPU. Posterior: Bayesian logistic regression, ``theta ~ N(0, 10^2 I)``, d = 11

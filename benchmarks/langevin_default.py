@@ -1,4 +1,4 @@
-"""Which proposal should be the default for a differentiable model? (issue 12, item 5)
+"""Which proposal should be the default for a differentiable model?
 
 Bayesian logistic regression (``tm.models.LogisticRegression.simulate(N, d=10)``: 11 parameters), austerity
 and Barker with control variates, the proposal either adaptive Metropolis (``AdaptiveMetropolis()``, the

@@ -1,6 +1,6 @@
 """Cost of the NumPyro front end: the same model through ``tm.from_numpyro`` and written as a ``tm.Model``.
 
-Issue 10, item 4: a model through the front end should step within 2x the time of the same model
+The target: a model through the front end should step within 2x the time of the same model
 written by hand, and still read O(batch) items per step. The model is Bayesian logistic regression with
 a ``N(0, prior_scale^2 I)`` prior (the probabilistic-programs paper's BayesLR, eq. 7):
 

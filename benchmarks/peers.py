@@ -106,7 +106,7 @@ REPO = os.path.dirname(HERE)
 PRIOR_SCALE = 10.0
 TALLMH_TESTS = ["exact", "austerity", "confidence", "barker"]
 # tallmh-mala-*-cv: the preconditioned adaptive Langevin proposal with the control-variate gradient
-# (``tm.proposals.Langevin()``; issue 12, item 5) instead of adaptive Metropolis
+# (``tm.proposals.Langevin()``) instead of adaptive Metropolis
 ALL_METHODS = ([f"tallmh-{t}" for t in TALLMH_TESTS] + [f"tallmh-{t}-cv" for t in TALLMH_TESTS[1:]]
                + ["tallmh-mala-austerity-cv", "tallmh-mala-barker-cv"] + ["nuts", "hmcecs", "sgld"])
 ON_METHODS = {"tallmh-exact", "tallmh-austerity", "tallmh-confidence", "tallmh-barker", "nuts"}
@@ -1128,7 +1128,7 @@ def main(argv=None):
     say("\n" + table)
     say("(* = sampling stopped by the time cap; ESS/s = min ESS / sampling seconds; ESS/s tot = min ESS / wall "
         "seconds including set-up and compile)")
-    say("\n# goals (issue 5)")
+    say("\n# goals")
     for line in goal_lines:
         say(line)
     say(f"\ntotal runtime {total:.1f}s; load average at end {load_end}")

@@ -1,4 +1,4 @@
-"""How many digits the exact test's Delta keeps in float32 (issue 8, item 1).
+"""How many digits the exact test's Delta keeps in float32.
 
 Float32 data and parameters (JAX's default precision), ``GaussianMean`` (sigma = 1, x ~ N(3, 1)) and
 ``LinearRegression`` (d = 3, noise sd 1), N = 10^6, 10^7, 10^8. For a few (theta, theta') pairs one MH

@@ -1,4 +1,4 @@
-"""Time per step on 1 device versus chains and rows split over host devices (issue 12, item 3).
+"""Time per step on 1 device versus chains and rows split over host devices.
 
     python benchmarks/sharding.py                    # N = 1e5, 4 host devices, layouts below
     python benchmarks/sharding.py --n 20000 --multi  # also two processes x 2 devices (jax.distributed, gloo)

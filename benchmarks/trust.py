@@ -1,5 +1,5 @@
 """Can I trust it? Every test, with and without control variates, run with tm.sample's defaults on three
-posteriors, against a reference; prints the error, the self-audit and the verdict (issue 8).
+posteriors, against a reference; prints the error, the self-audit and the verdict.
 
     python benchmarks/trust.py                 # the four data sets (~30-60 min on 2 shared cores)
     python benchmarks/trust.py --smoke         # tiny sizes, for the test suite

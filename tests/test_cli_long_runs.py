@@ -1,4 +1,4 @@
-"""Long runs from the command line (issue 9): Ctrl-C keeps the draws, --resume continues, --out never
+"""Long runs from the command line: Ctrl-C keeps the draws, --resume continues, --out never
 clobbers, and ``--model linear`` samples the noise sd.
 
 The Ctrl-C test runs ``python -m tallmh`` as a real process and sends it SIGINT once sampling has made a

@@ -1,4 +1,4 @@
-"""``tallmh.compare``: the demo's comparison workflow as a library, on a user's own model and data (issue 9)."""
+"""``tallmh.compare``: the demo's comparison workflow as a library, on a user's own model and data."""
 
 import json
 

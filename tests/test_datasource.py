@@ -1,4 +1,4 @@
-"""Out-of-core data (tallmh.datasource, issue 12 item 2): .npy files and memmaps read in place."""
+"""Out-of-core data (tallmh.datasource): .npy files and memmaps read in place."""
 
 import warnings
 

@@ -131,7 +131,7 @@ def test_step_size_adapts_in_warmup_only():
 
 @pytest.mark.slow
 def test_adaptive_langevin_with_control_variates_matches_the_posterior(linreg):
-    # The default-to-be (issue 12, item 5): preconditioned adaptive MALA with the control-variate gradient,
+    # The default: preconditioned adaptive MALA with the control-variate gradient,
     # decided by austerity with control variates; closed-form posterior. Negative control: the same
     # proposal without an MH test (SGLD-like, preconditioned) with a step far above the adapted one.
     model, data, mean, cov = linreg

@@ -1,4 +1,4 @@
-"""LinearRegression with the noise sd sampled (issue 9): its exact posterior and its mode."""
+"""LinearRegression with the noise sd sampled: its exact posterior and its mode."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -1,4 +1,4 @@
-"""In-memory data is read in place, not copied (issue 12, item 1: peak memory <= data + 1 GB).
+"""In-memory data is read in place, not copied (the target: peak memory <= data + 1 GB).
 
 ``tm.sample`` validates NumPy data with ``validate_data(..., in_place=True)``: on the CPU backend a
 64-byte-aligned C-contiguous array becomes a ``jax.Array`` aliasing it, an unaligned one an

@@ -1,4 +1,4 @@
-"""Many devices and many hosts (issue 12, item 3): tallmh.distributed and sample(mesh=...).
+"""Many devices and many hosts: tallmh.distributed and sample(mesh=...).
 
 The device count of JAX's CPU backend is fixed when JAX starts, so the multi-device runs happen in
 subprocesses (tests/sharding_worker.py) with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``, or

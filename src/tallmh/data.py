@@ -60,7 +60,7 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False):
     ``in_place=True`` (what :func:`tallmh.sample` asks for): an in-memory NumPy leaf is not copied where
     the CPU backend can read it in place (:func:`tallmh.datasource.in_place_leaf`: a ``jax.Array``
     aliasing it when it is 64-byte aligned, else an :class:`~tallmh.datasource.InPlaceArray`); a copy of
-    the data (``jnp.asarray``) was the largest memory cost of a call (issue 12, item 1). Where that is
+    the data (``jnp.asarray``) was the largest memory cost of a call. Where that is
     impossible (another backend, several devices, a dtype JAX converts, a non-contiguous array) the
     leaf is copied, as without it. The finiteness check of an in-memory leaf reads it in blocks too (no
     N-sized boolean temporary).

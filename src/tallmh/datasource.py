@@ -1,4 +1,4 @@
-"""Out-of-core data: ``.npy`` files and ``np.memmap`` arrays read in place, never loaded whole (issue 12).
+"""Out-of-core data: ``.npy`` files and ``np.memmap`` arrays read in place, never loaded whole.
 
 ``from_npy({"X": "X.npy", "y": "y.npy"})`` opens the files as read-only memory maps and returns a data
 pytree that :func:`tallmh.sample` accepts like any other; an ``np.memmap`` given as a leaf of the data is
@@ -253,7 +253,7 @@ class _Span:
 
 
 class InPlaceArray(_RowArray):
-    """An in-memory NumPy data leaf read by compiled code in place, without a copy (issue 12, item 1).
+    """An in-memory NumPy data leaf read by compiled code in place, without a copy.
 
     The CPU backend aliases host memory only from a 64-byte-aligned address, and NumPy places a large
     array at 16 bytes past a page boundary, so ``jax.device_put`` of it copies. Instead, ``buf`` is a

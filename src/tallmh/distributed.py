@@ -32,7 +32,7 @@ gradient's sum is split across devices in another order). The compiled program's
 ``all-reduce`` of ``f32[chains per device, m]`` per chunk size of the test's reader, over the row
 groups (:func:`collectives` counts them).
 
-What is *not* done here (issue 12, item 3): per-shard keyed permutations with stratified draws weighted
+What is *not* done here: per-shard keyed permutations with stratified draws weighted
 by shard sizes (which would let each device evaluate only its own ``m / rows`` items instead of masking
 ``m``); with ``rows > 1`` every device still evaluates the model on the whole chunk (its own rows
 un-masked), so row sharding saves memory per device, not likelihood evaluations. The set-up passes

@@ -6,7 +6,7 @@ StepInfo)``. The data (and the model's set-up statistics) are *arguments* of the
 closed over: a compiled chain serves any data of the same shape, and lowering does not copy the data
 into the program (DESIGN.md, "Performance habits"). ``adapt`` (a Python or traced bool) turns on the
 proposal's adaptation; ``audit`` (a Python or traced bool, the same for every chain of a step) makes the
-step also take the exact decision with the same u and record whether the two agree (issue 8, self-audit).
+step also take the exact decision with the same u and record whether the two agree (the self-audit).
 
 Parameters are carried as flat vectors (``jax.flatten_util.ravel_pytree``); the model sees its pytree.
 

@@ -324,7 +324,7 @@ class Result:
         overall["verdict"] = "trusted" if not warns else "NOT trusted: " + "; ".join(warns)
         return Summary(table, overall)
 
-    # ---- trust (issue 8) ------------------------------------------------------------------------
+    # ---- trust ------------------------------------------------------------------------
 
     @property
     def label(self) -> str:
@@ -458,7 +458,7 @@ class Result:
         """One line: ``trusted``, or ``NOT trusted: reason; reason``."""
         return self.summary().overall["verdict"]
 
-    # ---- checkpoints (issue 9) --------------------------------------------------------------------
+    # ---- checkpoints --------------------------------------------------------------------
 
     def save(self, path: str) -> str:
         """Write the run (draws, statistics, final chain state, settings) to ``path`` atomically.

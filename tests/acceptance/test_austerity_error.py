@@ -1,4 +1,4 @@
-"""Austerity's per-step error target (issue 8): the designed boundary, measured whole-step error, support.
+"""Austerity's per-step error target: the designed boundary, measured whole-step error, support.
 
 ``Austerity(error=e)`` designs Alg. 1's per-look level so that the worst case (over the standardised gap)
 of the probability that the step's decision differs from exact MH is e (``acceptance/_sequential.py``).

@@ -1,4 +1,4 @@
-"""Support: a read item whose log-likelihood ratio is NaN or infinite rejects at once (issue 8, item 5).
+"""Support: a read item whose log-likelihood ratio is NaN or infinite rejects at once.
 
 A model with a data-dependent support (a Gaussian truncated at b, data in (0, 1)): at ``b' < max_i x_i``
 some items have ``log p(x_i|theta') = -inf`` (or NaN, in a variant written with ``log(b - x)``). Every test must

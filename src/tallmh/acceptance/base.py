@@ -139,7 +139,7 @@ class Moments(NamedTuple):
 # The largest chunk a reader gathers at once (items): 2**20 rows of 11 float32 features are 46 MB, plus the
 # chunk's per-item temporaries. A ladder is unchanged unless it would have had a rung above 2**20 (the exact
 # test's 4096-item ladder: never for N < 2**24; the austerity test's 100-item ladder: a rung of 6,553,600
-# items, used only by a step that reads that many). With 2**24 (before issue 12, item 1) an exact or audit
+# items, used only by a step that reads that many). With 2**24 (an earlier version) an exact or audit
 # pass at N >= 2**24 gathered 0.74 GB chunks of X and about 0.9 GB in all per chunk (measured at N = 3e7),
 # the largest memory cost of a whole tm.sample call once the data is read in place (an exact pass at
 # N = 5e7 now makes 48 loop iterations instead of 3).

@@ -42,7 +42,7 @@ class Langevin:
       whose covariance is M: Roberts & Rosenthal 1998) and, during warmup only, ``log h`` follows
       ``log h += (k+1)^(-0.6) (accepted - target_accept)`` (only h is kept; its log is taken at each update) (target 0.574), then stays fixed, so the
       sampling phase is a homogeneous Markov chain. With control variates the gradient is nearly exact
-      near the mode, so this gives far more ESS per step than a random walk (issue 12, item 5).
+      near the mode, so this gives far more ESS per step than a random walk.
 
     Items read for the gradient (2b per step: at theta and theta') are not in the test's count; they are
     added to ``n_data`` if ``count_gradient_items`` (default True) is set, which adds ``2 b`` to each step.
