@@ -212,3 +212,36 @@ def test_a_read_computes_the_rounds_once_for_all_data_leaves():
     assert jax.jit(read).lower(perm, start, X, y).compile().as_text().count(mult) == 1
     assert jax.jit(unguarded).lower(perm, start, X, y).compile().as_text().count(mult) >= 2
     np.testing.assert_array_equal(jax.jit(read)(perm, start, X + 1, y), jax.jit(unguarded)(perm, start, X + 1, y))
+
+
+def test_unrolled_threefry_gives_the_same_bits_only_in_its_own_thread():
+    import threading
+
+    from tallmh._lowering import unrolled_threefry
+
+    key = jax.random.PRNGKey(3)
+    f = lambda k: (D.make_permutation(k).round_keys, jax.random.normal(k, (5,)))  # noqa: E731
+    plain = jax.jit(f).lower(key).as_text()
+    want = jax.jit(f).lower(key).compile()(key)
+    other = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def lower_elsewhere():  # another thread lowers while the block is open in this one
+        inside.wait()
+        other["text"] = jax.jit(lambda k: f(k)).lower(key).as_text()
+        release.set()
+
+    t = threading.Thread(target=lower_elsewhere)
+    t.start()
+    with unrolled_threefry():
+        lowered = jax.jit(lambda k: f(k)).lower(key)
+        inside.set()
+        release.wait()
+    t.join()
+    unrolled = lowered.as_text()
+    assert unrolled != plain  # the block changes this thread's lowering (negative control of the next line)
+    assert other["text"].replace("_lambda", "f") == plain.replace("_lambda", "f")
+    assert jax.jit(f).lower(key).as_text() == plain  # and nothing after the block
+    got = lowered.compile()(key)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -155,8 +155,12 @@ def compile_and_store(key: Optional[str], lower_fn):
 
     An executable that JAX read back from its own persistent cache does not serialise whole again (the
     copy lacks its kernels' code), so a program with a key is compiled under its own JAX cache key
-    (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored."""
-    lowered = lower_fn()
+    (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored. The program
+    lowers Threefry unrolled (same bits, cheaper to compile: see tallmh._lowering)."""
+    from ._lowering import unrolled_threefry
+
+    with unrolled_threefry():
+        lowered = lower_fn()
     if key is None:
         return lowered.compile()
     hits = _hits()
