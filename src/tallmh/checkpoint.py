@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import io
 import json
 import os
 import zipfile

@@ -692,7 +692,6 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
     method: same seed) and centres any control variates there. ``reference``: also make (or load
     from the cache) a long exact-MH run to measure each method's error. Returns a :class:`Comparison`.
     """
-    import jax.numpy as jnp
 
     import tallmh as tm
 

@@ -276,7 +276,7 @@ def sharded_runner(chain_run_of, plan: Plan, model, n: int, map_chains: bool = F
     ``arange(N)`` as data. ``map_chains``: each device runs its chains one after another (``lax.map``,
     as an inference program's kernel asks) instead of side by side (``vmap``).
     """
-    c_spec, r_spec = plan.chain_spec, plan.row_spec
+    c_spec = plan.chain_spec
     n_local = plan.n_pad // plan.rows
     vm = (0, 0, None, None, None, None, None, None, None)
 

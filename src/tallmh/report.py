@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence
 

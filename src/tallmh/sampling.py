@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import signal
 import sys
@@ -51,7 +50,7 @@ from . import distributed
 from .acceptance import Exact
 from .data import num_items, validate_data
 from .errors import ConfigError, DataChanged, ModelError, Stopped
-from .kernel import StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
+from .kernel import StepInfo, build_kernel, make_problem, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .cache_keys import shape_key as _shape_key, value_key as _value_key
