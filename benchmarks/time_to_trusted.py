@@ -16,9 +16,16 @@ Methods, each configured as its own documentation shows it (``--draws`` sets oth
   batch_size=400), control_variates=tm.ControlVariates(order=2), num_chains=2, ...)``, every other
   argument at its default (Newton for the mode, Langevin proposal, audit), draws sized for a min bulk ESS of
   about 1,000 (``num_samples="auto"`` when the installed tallmh has it).
+* ``tallmh-numpyro``: the same posterior written as a NumPyro model (``peers.numpyro_model``: ``theta ~
+  Normal(0, 10)`` on 11 coordinates, ``y ~ Bernoulli(logits=X @ theta)`` in a plate) through
+  ``tm.from_numpyro`` and ``tm.sample(model, data, min_ess=1000)``, every other argument at its default
+  (its conversion is timed as set-up). What a NumPyro user who switches samplers waits for.
 * ``hmcecs``: NumPyro's HMCECS example (``examples/hmcecs.py``): the reference point by SVI with an
   ``AutoDelta`` guide (Adam, step 1e-3, 5,000 steps, subsample 1,300), ``HMCECS(NUTS(model),
   num_blocks=100, proxy=HMCECS.taylor_proxy(ref))``, 500 warmup steps; 2 chains, draws scaled for the ESS.
+* ``hmcecs-map``: the same HMCECS kernel with the Taylor proxy at the exact MAP (float64 Newton over all
+  rows, ``peers.newton_map``, timed in its set-up) instead of SVI's point: HMCECS as a careful user would
+  run it when SVI's point is poor (the proxy's quality is what HMCECS's efficiency rests on).
 * ``nuts``: NumPyro NUTS with its defaults (diagonal mass matrix, init_to_uniform), 500 warmup steps,
   2 chains, draws scaled for the ESS.
 
@@ -70,12 +77,12 @@ import tempfile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-METHODS = ["tallmh", "hmcecs", "nuts"]
+METHODS = ["tallmh", "tallmh-numpyro", "hmcecs", "hmcecs-map", "nuts"]
 PRIOR_SCALE = 10.0
 D_FEATURES = 10
 # (warmup, draws per chain); chains = 2 for every method
-DEFAULT_DRAWS = {"tallmh": (1000, 2500), "hmcecs": (500, 1500), "nuts": (500, 1500)}
-QUICK_DRAWS = {"tallmh": (200, 300), "hmcecs": (100, 100), "nuts": (100, 100)}
+DEFAULT_DRAWS = {"tallmh": (1000, 2500), "tallmh-numpyro": (1000, 2500), "hmcecs": (500, 1500), "hmcecs-map": (500, 1500), "nuts": (500, 1500)}
+QUICK_DRAWS = {"tallmh": (200, 300), "tallmh-numpyro": (200, 300), "hmcecs": (100, 100), "hmcecs-map": (100, 100), "nuts": (100, 100)}
 CHAINS = 2
 
 
@@ -110,12 +117,15 @@ def _child(args):
     t_imp = time.perf_counter()
     import numpy as np
 
-    if args.method == "tallmh":
+    if args.method.startswith("tallmh"):
         import jax
 
         events = {}  # JAX's persistent-cache events, counted from before tallmh turns the cache on
         jax.monitoring.register_event_listener(lambda e, **k: events.__setitem__(e, events.get(e, 0) + 1))
         import tallmh as tm
+
+        if args.method == "tallmh-numpyro":
+            import numpyro  # noqa: F401
     else:
         import jax
         import jax.numpy as jnp
@@ -127,7 +137,24 @@ def _child(args):
     out = {"method": args.method, "N": args.n, "import_s": t_data - t_imp, "data_s": t_run - t_data,
            "before_import_s": t_imp - T_START}
     warmup, draws = args.warmup, args.draws
-    if args.method == "tallmh":
+    if args.method == "tallmh-numpyro":
+        sys.path.insert(0, HERE)
+        import peers
+
+        model, data = tm.from_numpyro(peers.numpyro_model(X.shape[1]), X, y)
+        t_conv = time.perf_counter() - t_run
+        res = tm.sample(model, data, seed=args.seed, progress=False, min_ess=1000)
+        warmup = int(res.flat_warmup.shape[1])
+        theta = np.asarray(res.flat_output)
+        call = time.perf_counter() - t_run
+        tim = {k: float(res.timings.get(k, 0.0)) for k in ("setup_s", "compile_s", "warmup_s", "sampling_s")}
+        tim["setup_s"] += t_conv
+        out["cache_hits"] = events.get("/jax/compilation_cache/cache_hits", 0)
+        out["cache_misses"] = events.get("/jax/compilation_cache/cache_misses", 0)
+        out.update(tim, verdict=res.verdict, call_s=call, conversion_s=t_conv,
+                   data_per_step=float(np.mean(res.stats["n_data"])), num_samples=int(theta.shape[1]),
+                   num_warmup=warmup)
+    elif args.method == "tallmh":
         model = tm.models.LogisticRegression(prior_scale=PRIOR_SCALE)
         kw = dict(num_warmup=warmup, num_samples=draws)
         import inspect
@@ -160,15 +187,20 @@ def _child(args):
         ts = time.perf_counter()
         keys = jax.random.split(jax.random.PRNGKey(args.seed), 2 * CHAINS + 1)
         note = ""
-        if args.method == "hmcecs":
+        if args.method in ("hmcecs", "hmcecs-map"):
             sub = min(1300, n)
             svi_model = peers.numpyro_model(d, sub)
-            svi = SVI(svi_model, autoguide.AutoDelta(svi_model), numpyro.optim.Adam(step_size=1e-3),
-                      loss=Trace_ELBO())
-            svi_result = svi.run(keys[-1], args.svi_steps, Xj, yj, progress_bar=False)
-            ref = {"theta": svi_result.params["theta_auto_loc"]}
-            jax.block_until_ready(ref)
-            out["svi_s"] = time.perf_counter() - ts
+            if args.method == "hmcecs":
+                svi = SVI(svi_model, autoguide.AutoDelta(svi_model), numpyro.optim.Adam(step_size=1e-3),
+                          loss=Trace_ELBO())
+                svi_result = svi.run(keys[-1], args.svi_steps, Xj, yj, progress_bar=False)
+                ref = {"theta": svi_result.params["theta_auto_loc"]}
+                jax.block_until_ready(ref)
+                out["svi_s"] = time.perf_counter() - ts
+            else:  # the exact MAP by Newton over all rows (float64), timed as set-up
+                theta_map, _, passes = peers.newton_map(X, y, PRIOR_SCALE)
+                ref = {"theta": jnp.asarray(theta_map, X.dtype)}
+                out["map_s"], out["map_passes"] = time.perf_counter() - ts, passes
             kernel = HMCECS(NUTS(svi_model), num_blocks=min(100, sub), proxy=HMCECS.taylor_proxy(ref))
         else:
             kernel = NUTS(peers.numpyro_model(d))
@@ -262,7 +294,7 @@ def run_cell(method, n, cache, args, say):
         else:
             env["XDG_CACHE_HOME"] = os.path.join(tmp, "xdg")
             env.pop("TALLMH_COMPILATION_CACHE", None)
-            if method != "tallmh" and cache == "warm":
+            if not method.startswith("tallmh") and cache == "warm":
                 env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tmp, "xdg", "jax-peer")
                 env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
                 env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
@@ -346,11 +378,11 @@ def ratios(rows):
     """tallmh's ESS per whole-process second over each peer's, per (N, cache)."""
     out = []
     for r in rows:
-        if r["method"] != "tallmh":
+        if not r["method"].startswith("tallmh"):
             continue
         for p in rows:
-            if p["method"] != "tallmh" and p["N"] == r["N"] and p["cache"] == r["cache"] and p.get("ess_per_process_s", 0) > 0:
-                out.append(f"N={_fmt_n(r['N'])} cache={r['cache']}: tallmh / {p['method']} = "
+            if not p["method"].startswith("tallmh") and p["N"] == r["N"] and p["cache"] == r["cache"] and p.get("ess_per_process_s", 0) > 0:
+                out.append(f"N={_fmt_n(r['N'])} cache={r['cache']}: {r['method']} / {p['method']} = "
                            f"{r['ess_per_process_s'] / p['ess_per_process_s']:.1f}x ESS per process second")
     return out
 
