@@ -16,6 +16,8 @@ What lives here, once:
   average at the end);
 - plots: :func:`pyplot` (the non-interactive backend), :func:`figure`, :func:`finish_figure` (lay out,
   save the PNG, close), :func:`log_log` (the axes of a cost-versus-N panel);
+- child processes: :func:`run_child` (a fresh process timed from outside, its result read from a tagged
+  JSON line of its output);
 - small analysis pieces the scripts share: :func:`slope` (log-log least squares), the logistic-regression
   MAP by Newton's method (:func:`logistic_newton`), the wrong-decision measurement of the austerity
   paper's Fig. 2 (:func:`tune_rw_sigma`, :func:`pair_decisions`, :func:`wrong_decisions`), and the
@@ -34,12 +36,32 @@ import platform
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
+
+
+# ---------------------------------------------------------------------------------------------------
+# child processes
+
+
+def run_child(cmd, env, tag, *, timeout=None):
+    """Run ``cmd`` (a benchmark's own child) and return ``(result, wall seconds)``: ``result`` is the JSON
+    object on the last line of its standard output that starts with ``tag`` and a space. A child that
+    exits non-zero raises RuntimeError with the end of its standard error; ``timeout`` is
+    :func:`subprocess.run`'s (``subprocess.TimeoutExpired`` is left to the caller)."""
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {' '.join(map(str, cmd[1:]))} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    prefix = tag + " "
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)][-1]
+    return json.loads(line[len(prefix):]), wall
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -114,6 +113,8 @@ def _count(dump):
 
 
 def run(a, extra):
+    from _common import run_child  # (here: the child's own imports are timed)
+
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",)}
     env["TALLMH_COMPILATION_CACHE"] = "0"
     env["PYTHONPATH"] = os.path.join(REPO, "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -121,14 +122,7 @@ def run(a, extra):
         if a.dump:
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
         load0 = os.getloadavg()[0]
-        t = time.perf_counter()
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"] + extra, env=env,
-                              capture_output=True, text=True)
-        wall = time.perf_counter() - t
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr[-3000:])
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT-JSON ")][-1]
-        out = json.loads(line[len("RESULT-JSON "):])
+        out, wall = run_child([sys.executable, os.path.abspath(__file__), "--child"] + extra, env, "RESULT-JSON")
         if a.dump:
             out.update(_count(dump) or {})
         out.update(process_s=wall, load=[load0, os.getloadavg()[0]])

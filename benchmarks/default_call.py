@@ -25,7 +25,6 @@ T0 = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -78,18 +77,13 @@ def _child(n: int, d: int):
 
 
 def _run(n, d, cache_dir):
+    from _common import run_child  # (here: the child's own imports are timed)
+
     env = {k: v for k, v in os.environ.items() if k not in ("TALLMH_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
     env["XDG_CACHE_HOME"] = cache_dir
     env["PYTHONPATH"] = os.path.join(REPO, "src") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     load0 = os.getloadavg()
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n), str(d)], env=env,
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT-JSON ")][-1]
-    out = json.loads(line[len("RESULT-JSON "):])
+    out, wall = run_child([sys.executable, os.path.abspath(__file__), "--child", str(n), str(d)], env, "RESULT-JSON")
     out.update(process_s=wall, load_before=load0, load_after=os.getloadavg())
     return out
 

@@ -304,18 +304,12 @@ def run_cell(method, n, cache, args, say):
         runs = 2 if cache == "warm" else 1
         for i in range(runs):
             load0 = C.load_average()
-            t = time.perf_counter()
             try:
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+                row, wall = C.run_child(cmd, env, "TTT-JSON", timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 say(f"#   {method} N={_fmt_n(n)} cache={cache}: stopped at the time box, {args.timeout:.0f}s")
                 return dict(method=method, N=n, cache=cache, timed_out=True, process_s=float(args.timeout),
                             load_before=load0, load_after=C.load_average(), chains=CHAINS), None
-            wall = time.perf_counter() - t
-            if proc.returncode != 0:
-                raise RuntimeError(f"{method} N={n} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("TTT-JSON ")][-1]
-            row = json.loads(line[len("TTT-JSON "):])
             if i == 0 and runs == 2:
                 say(f"#   {method} N={_fmt_n(n)} cache-filling run: {wall:.1f}s")
         import numpy as np
