@@ -220,6 +220,8 @@ def _child(args):
         out.update(num_samples=int(theta.shape[1]), num_warmup=warmup, leapfrog_steps=steps,
                    acceptance_rate=float(np.mean(info["accept_prob"])), note=note)
     np.save(args.draws_out, np.asarray(theta, np.float64))
+    dev = jax.devices()[0]  # where it ran (the backend was started by the run above)
+    out["device"] = f"{jax.default_backend()}: {getattr(dev, 'device_kind', dev)}"
     out["child_total_s"] = time.perf_counter() - T_START
     # the rest of the sampler's call (checks, results, diagnostics) and of the child (saving the draws)
     out["other_s"] = out["child_total_s"] - sum(out[k] for k in ("before_import_s", "import_s", "data_s", "setup_s",
@@ -310,6 +312,11 @@ def run_cell(method, n, cache, args, say):
                 say(f"#   {method} N={_fmt_n(n)} cache={cache}: stopped at the time box, {args.timeout:.0f}s")
                 return dict(method=method, N=n, cache=cache, timed_out=True, process_s=float(args.timeout),
                             load_before=load0, load_after=C.load_average(), chains=CHAINS), None
+            except RuntimeError as e:  # the child failed: its error is the row, and the other cells still run
+                last = [ln for ln in str(e).splitlines() if ln.strip()][-1:]
+                say(f"#   {method} N={_fmt_n(n)} cache={cache}: failed: {last[0] if last else e}")
+                return dict(method=method, N=n, cache=cache, error=str(e)[-2000:], load_before=load0,
+                            load_after=C.load_average(), chains=CHAINS), None
             if i == 0 and runs == 2:
                 say(f"#   {method} N={_fmt_n(n)} cache-filling run: {wall:.1f}s")
         import numpy as np
@@ -372,7 +379,7 @@ def ratios(rows):
     """tallmh's ESS per whole-process second over each peer's, per (N, cache)."""
     out = []
     for r in rows:
-        if not r["method"].startswith("tallmh"):
+        if not r["method"].startswith("tallmh") or not r.get("ess_per_process_s", 0) > 0:
             continue
         for p in rows:
             if not p["method"].startswith("tallmh") and p["N"] == r["N"] and p["cache"] == r["cache"] and p.get("ess_per_process_s", 0) > 0:
@@ -456,7 +463,7 @@ def main(argv=None):
         for cache in args.cache:
             for method in args.methods:
                 row, theta = run_cell(method, n, cache, args, say)
-                if theta is None:  # time box: no draws
+                if theta is None:  # time box or failure: no draws
                     rows.append(row)
                     continue
                 row = score(row, theta, ref)
@@ -470,13 +477,14 @@ def main(argv=None):
                 with open(os.path.join(args.out, stem + ".json"), "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
     meta["load_at_end"] = C.load_average()
+    meta["devices"] = sorted({r["device"] for r in rows if r.get("device")})
     lines = ratios(rows)
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "ratios": lines}, f, indent=1)
     md = markdown(rows)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(f"{meta['command']}\n\n{meta['date']}, load at start {meta['load_at_start']}, at end "
-                f"{meta['load_at_end']}\n\n{md}\n\n" + "\n".join(f"- {s}" for s in lines) + "\n")
+                f"{meta['load_at_end']}, {os.cpu_count()} CPUs, ran on {', '.join(meta['devices']) or '?'}\n\n{md}\n\n" + "\n".join(f"- {s}" for s in lines) + "\n")
     say(md)
     for s in lines:
         say(s)

@@ -165,3 +165,16 @@ def test_auto_warmup_is_short_only_where_only_a_step_size_is_tuned(tmp_path):
     assert resumed.flat_warmup.shape[1] == 300 and resumed.flat_samples.shape[1] == 10
     with pytest.raises(tm.errors.ConfigError, match="num_warmup"):
         tm.sample(model, data, num_warmup="long", **kw)
+
+
+def test_a_chain_on_an_accelerator_says_so(problem, monkeypatch):
+    """On a GPU the chain's small sequential reads are latency-bound (measured slower than the host's CPU):
+    the run's notes say where it ran and how to run on the CPU; a CPU run says nothing of the kind."""
+    from tallmh import sampling
+
+    model, data = problem
+    cpu = _run(model, data, num_samples=20, num_warmup=20, num_chains=2)
+    assert not any("JAX_PLATFORMS=cpu" in n for n in cpu.notes)
+    monkeypatch.setattr(sampling.jax, "default_backend", lambda: "gpu")
+    gpu = _run(model, data, num_samples=20, num_warmup=20, num_chains=2)
+    assert any("ran on the gpu" in n and "JAX_PLATFORMS=cpu" in n for n in gpu.notes)

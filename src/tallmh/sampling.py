@@ -716,6 +716,14 @@ class _Run:
     # ---- devices, resume, draws on disk ---------------------------------------------------------------
 
     def plan_devices(self, mesh):
+        if jax.default_backend() not in ("cpu",):
+            # measured: on an H200 the default call at N = 10^6 ran 6x slower than on the same machine's CPU
+            # (benchmarks/README.md, "On a GPU"); the step's many small reads and loop tests are latency-bound there
+            msg = (f"the chain ran on the {jax.default_backend()} ({getattr(jax.devices()[0], 'device_kind', '?')}): "
+                   "tallmh's MH steps are sequential small reads, latency-bound on an accelerator and measured "
+                   "slower there than on the host's CPU; JAX_PLATFORMS=cpu runs them on the CPU")
+            if msg not in self.notes:
+                self.notes.append(msg)
         if mesh is None:
             mesh = distributed.default_mesh(self.num_chains)
         self.plan = distributed.plan_for(mesh, self.num_chains, self.n)
