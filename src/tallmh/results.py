@@ -100,6 +100,27 @@ def _binom_sf(k: int, m: int, p: float) -> float:
     return float(sf(float(k), float(m), p))
 
 
+def audit_first_stage(target: Optional[float], loss: float = 0.01, factor: float = 2.0) -> Optional[int]:
+    """The first stage of the default self-audit: the fewest audits ``m1`` with ``(1 - factor * target)^m1 <=
+    loss``, i.e. a true wrong-decision rate of ``factor * target`` finds no wrong decision in ``m1`` audits with
+    probability at most ``loss`` (44 at a target of 0.05). A run whose first ``m1`` audits find none stops
+    auditing; the design's power to flag that rate is then at least the full plan's power less ``loss``.
+    None without a target."""
+    if not target or factor * target >= 1.0:
+        return None
+    return int(math.ceil(math.log(loss) / math.log1p(-factor * target)))
+
+
+def design_power(design: Optional[Dict[str, Any]], m: int, target: float, factor: float = 2.0) -> float:
+    """Power of the audit as run to flag a true wrong-decision rate of ``factor * target``: the fixed-sample
+    :func:`audit_power` of its ``m`` audits, or, where the two-stage default stopped after its first stage,
+    the whole plan's power less the probability of passing that stage at that rate (a lower bound)."""
+    if not design or design.get("cleared_after") is None:
+        return audit_power(m, target, factor)
+    first = int(design["first_stage"])
+    return max(0.0, audit_power(int(design["planned"]), target, factor) - (1.0 - factor * target) ** first)
+
+
 def audits_for_power(target: float, power: float = 0.8, factor: float = 2.0, most: int = 100_000) -> int:
     """The fewest audits with :func:`audit_power` >= ``power`` (binomial power is not monotone in m:
     the first m from which it stays above, checked over the next 10% of m)."""
@@ -373,7 +394,8 @@ class Result:
                        audit_bias=float("nan"), audit_bias_ci=(float("nan"), float("nan")))
         out["audit_kind"] = "distribution" if getattr(self.test, "name", "") == "barker" else "decision"
         out["audit_target"] = tgt = error_target(self.test)
-        out["audit_power"] = audit_power(m, tgt) if (tgt and out["audit_kind"] == "decision") else float("nan")
+        out["audit_power"] = design_power((self.resume_info or {}).get("audit_design"), m, tgt) \
+            if (tgt and out["audit_kind"] == "decision") else float("nan")
         return out
 
     @property

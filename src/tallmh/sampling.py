@@ -54,7 +54,7 @@ from .kernel import StepInfo, build_kernel, make_problem, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .cache_keys import shape_key as _shape_key, value_key as _value_key
-from .results import Result, audit_power, audits_for_power, error_target, method_label
+from .results import Result, audit_first_stage, audit_power, audits_for_power, error_target, method_label
 
 _cache.setup_default()  # JAX's persistent compilation cache, before the runner first compiles
 
@@ -66,6 +66,11 @@ INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
 # MAX_AUDIT_RATE of the steps, and at most DEFAULT_AUDIT_ITEMS items read by the audits.
 AUDIT_POWER = 0.8
 MAX_AUDIT_RATE = 0.05
+# ... and a two-stage design: once AUDIT_FIRST_STAGE(target) sampling steps have been audited with no wrong
+# decision in any audit so far, the rest of the planned audits are skipped. A true rate of twice the target
+# passes that first stage with probability (1 - 2 target)^m1 <= AUDIT_CLEAR_LOSS, so the design's power drops by
+# at most that much (0.01); a run whose audits find a wrong decision keeps its whole plan.
+AUDIT_CLEAR_LOSS = 0.01
 DEFAULT_AUDIT_ITEMS = 4 * 10**8  # ... and no more than this many items read by them (each reads all N)
 _RUNNERS: dict = {}
 # num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
@@ -510,8 +515,12 @@ def sample(
         true wrong-decision rate of twice the test's target with probability 0.8 (198 at a target of 0.05:
         :func:`tallmh.results.audits_for_power`), at most 5% of the steps and at most
         ``DEFAULT_AUDIT_ITEMS`` = 4·10^8 items (40 at N = 10^7, none at N >= 4·10^8); when these caps
-        cut the audit, a note in ``result.notes`` gives its power. ``summary()`` shows the audited rate, its
-        interval and the power. A float applies to warmup and sampling alike; 0 turns it off.
+        cut the audit, a note in ``result.notes`` gives its power. In two stages: once
+        :func:`tallmh.results.audit_first_stage` sampling steps (44 at 0.05) have been audited and no audit so
+        far found a wrong decision, the rest of the plan is skipped (the power drops by at most 0.01: a doubled
+        rate passes that stage with probability at most 0.01). ``summary()`` shows the audited rate, its
+        interval and the power. A float applies to warmup and sampling alike, every planned step; 0 turns it
+        off.
     budget_s : optional wall-clock budget (seconds) of the sampling phase: sampling stops when it is spent
         (``num_samples`` is then a cap; the run is not marked partial)
     resume : a :class:`Result` (complete, partial or loaded with :func:`tallmh.load_result`) to continue:
@@ -587,6 +596,7 @@ class _Run:
         self.stats = None
         self.constrain = getattr(model, "constrain", None)
         self.empty_info = None
+        self.audit_design = None  # the default audit's two-stage plan (_audit_rates, _audit_clear)
 
     # ---- options -----------------------------------------------------------------------------------
 
@@ -807,7 +817,8 @@ class _Run:
         info = dict(seed=self.seed, warmup_done=self.done["warmup"], sampling_done=self.done["sampling"],
                     num_warmup=self.num_warmup, num_samples=self.num_samples,
                     control_variates=self.control_variates, start_info=self.start_info,
-                    fingerprint=self.fingerprint, program=self.program is not None)
+                    fingerprint=self.fingerprint, program=self.program is not None,
+                    audit_design=self._audit_design_as_run())
         return _assemble({p: self.parts(p) for p in ("warmup", "sampling")}, self.num_chains, self.d, self.dtype,
                          self.unravel, self.n, self.test, self.proposal, self.timings, self.setup_items,
                          self.partial, host_states, self.notes, info, self.t0, self.control_variates,
@@ -919,6 +930,10 @@ class _Run:
         self.rates = (rate, rate)
         self.audit_on = rate > 0
         got = int(round(rate * steps))
+        first = audit_first_stage(error_target(test))
+        if first is not None and got > first and self.plan is None and self.program is None \
+                and getattr(test, "name", "") != "barker":
+            self.audit_design = {"planned": got, "first_stage": first, "cleared_after": None, "rate": rate}
         if got < wanted:
             each = f"all N = {n:,} items" if passes == 1 else f"all N = {n:,} items {passes} times"
             why = (f"each reads {each} and the default reads at most {DEFAULT_AUDIT_ITEMS:.0e}"
@@ -928,6 +943,45 @@ class _Run:
                    f"for more: {wanted} give {AUDIT_POWER:g})")
             if msg not in self.notes:  # (a resumed run carries its notes already)
                 self.notes.append(msg)
+
+    def _audit_clear(self):
+        """The audit's first stage (``AUDIT_CLEAR_LOSS``): after a sampling chunk, when at least ``first_stage``
+        sampling steps have been audited and no audit so far found a wrong decision, the remaining sampling
+        chunks audit nothing (their audit rate is a run-time argument: nothing recompiles)."""
+        design = self.audit_design
+        if design is None or design["cleared_after"] is not None or self.rates[1] == 0:
+            return
+        wrong, m_sampling = 0, 0
+        for pname in ("warmup", "sampling"):
+            for _, info in self.parts(pname):
+                if "audited" not in info or "audit_exact" not in info:
+                    return
+                aud = np.asarray(info["audited"], bool)
+                wrong += int(np.sum(aud & (np.asarray(info["accepted"], bool) != np.asarray(info["audit_exact"], bool))))
+                if pname == "sampling":
+                    m_sampling += int(aud.sum())
+        if wrong or m_sampling < design["first_stage"]:
+            return
+        self.rates = (self.rates[0], 0.0)
+        design["cleared_after"] = m_sampling
+        tgt = error_target(self.test)
+        msg = (f"self-audit: no wrong decision in the first {m_sampling} audited sampling steps (nor in warmup's), so "
+               f"the rest of the {design['planned']} planned audits were skipped (a true rate of twice the target, "
+               f"{2 * tgt:g}, passes {design['first_stage']} audits unflagged with probability "
+               f"{(1 - 2 * tgt) ** design['first_stage']:.3f}; audit=rate audits every planned step)")
+        if not any(n.startswith("self-audit: no wrong decision in the first") for n in self.notes):
+            self.notes.append(msg)
+
+    def _audit_design_as_run(self):
+        """The two-stage audit's record for the result: ``planned`` becomes the audits that the run's own steps
+        would have had at the planned rate (fewer than the plan when the draws stopped early), so that the
+        power reported for a cleared audit is that of the run as it went."""
+        if not self.audit_design:
+            return None
+        design = dict(self.audit_design)
+        steps = self.num_chains * (self.done["warmup"] + self.done["sampling"])
+        design["planned"] = int(round(design.pop("rate") * steps))
+        return design
 
     def _entry(self, states):
         """``(cache key, cache entry)`` of the compiled chunk for chain states shaped like ``states``."""
@@ -1080,6 +1134,8 @@ class _Run:
             if stop:
                 break
             dt = self._chunk(pname, phase, count)
+            if pname == "sampling":
+                self._audit_clear()
             self.timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
             if self._after_chunk(pname, total):
                 return True
