@@ -108,3 +108,16 @@ def test_time_to_trusted_quick(tmp_path):
     assert row["draws"] == 300 and row["ess_min"] > 0 and row["rhat_max"] > 0.9
     assert 0.0 <= row["max_mean_err_sd"] < 1.0  # against the Laplace approximation at N = 2000
     assert (tmp_path / "time_to_trusted_quick.md").exists()
+
+
+def test_exact_pass_smoke():
+    """``exact_pass.py`` times the exact decision's sums; all of them sum the same ratios (same value, to the
+    float32 rounding of the plain sum)."""
+    cmd = [sys.executable, os.path.join(BENCH, "exact_pass.py"), "--N", "5000", "--reps", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {r["sum"] for r in res["rows"]} == {"plain sum", "df_sum", "df_reduce", "exact oracle"}
+    values = [r["value"] for r in res["rows"]]
+    assert max(values) - min(values) <= 1e-4 * max(1.0, abs(values[0]))
+    assert all(r["ns_per_item_chain"] > 0 for r in res["rows"])
