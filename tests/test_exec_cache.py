@@ -67,3 +67,33 @@ def test_only_tallmh_objects_have_stable_keys():
 
     assert _exec_cache.stable_key(Mine()) is None
     assert _exec_cache.stable_key(lambda x: x) is None
+
+
+def test_only_the_mh_chain_lowers_threefry_unrolled(monkeypatch):
+    """tm.sample's chain lowers Threefry unrolled (cheaper to compile); an inference program lowers it as JAX
+    does: jax 0.12's CPU compiler took over 10 minutes on a stochastic-volatility program lowered unrolled."""
+    import contextlib
+
+    from tallmh import _lowering
+    from tallmh.blocks.models import TwoComponentMixture
+
+    entered = []
+    real = _lowering.unrolled_threefry
+
+    @contextlib.contextmanager
+    def spy():
+        entered.append(1)
+        with real():
+            yield
+
+    monkeypatch.setattr(_lowering, "unrolled_threefry", spy)
+    monkeypatch.setattr(_exec_cache, "load", lambda key: None)  # compiled here, whatever earlier runs stored
+    sampling._RUNNERS.clear()
+    _run()
+    assert entered, "the MH chain was not lowered with the unrolled rule"
+    entered.clear()
+    X = np.array([-1.5, -0.3, 0.4, 1.8, 2.5, 0.9, 1.1, -0.7], np.float32)
+    prog = tm.Cycle([tm.blocks.MH("pi", scale=1.0), tm.blocks.Gibbs("z", items_per_step=len(X)),
+                     tm.blocks.SubsampledMH("mu", test=tm.acceptance.Exact(chunk=8), scale=1.5, group_by="z")])
+    tm.sample_program(prog, TwoComponentMixture(), X, num_samples=10, num_chains=2, seed=0, progress=False)
+    assert not entered

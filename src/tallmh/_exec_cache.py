@@ -16,6 +16,8 @@ here; reading an entry unpickles it, so the folder must be trusted like JAX's (d
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import hashlib
 import os
@@ -150,16 +152,18 @@ jax.monitoring.register_event_listener(_on_event)
 _OWN_OPTIONS = {"xla_embed_ir_in_executable": False}
 
 
-def compile_and_store(key: Optional[str], lower_fn):
+def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
     """``lower_fn().compile()``, and the executable stored under ``key``.
 
     An executable that JAX read back from its own persistent cache does not serialise whole again (the
     copy lacks its kernels' code), so a program with a key is compiled under its own JAX cache key
-    (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored. The program
-    lowers Threefry unrolled (same bits, cheaper to compile: see tallmh._lowering)."""
+    (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored. With
+    ``unrolled`` the program lowers Threefry unrolled (same bits, cheaper to compile for tallmh's MH chain:
+    see tallmh._lowering); inference programs pass False: jax 0.12's CPU compiler took more than 10 minutes
+    on a stochastic-volatility program lowered so, against 17 s for the whole run lowered as JAX does."""
     from ._lowering import unrolled_threefry
 
-    with unrolled_threefry():
+    with unrolled_threefry() if unrolled else contextlib.nullcontext():
         lowered = lower_fn()
     if key is None:
         return lowered.compile()

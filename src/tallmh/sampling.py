@@ -1031,7 +1031,8 @@ class _Run:
                 dkey = self._disk_key(length, args0)
                 compiled = _exec_cache.load(dkey)
                 if compiled is None:
-                    compiled = _exec_cache.compile_and_store(dkey, lambda: entry["fn"].lower(*args0))
+                    compiled = _exec_cache.compile_and_store(dkey, lambda: entry["fn"].lower(*args0),
+                                                             unrolled=self.program is None)
                 box["compiled"] = compiled
             except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
                 box["error"] = e
@@ -1077,7 +1078,7 @@ class _Run:
             entry["compiled"] = _exec_cache.load(dkey)  # a warm process: no tracing at all
             if entry["compiled"] is None:
                 entry["compiled"] = _in_thread(lambda: _exec_cache.compile_and_store(
-                    dkey, lambda: entry["fn"].lower(*args0)))
+                    dkey, lambda: entry["fn"].lower(*args0), unrolled=self.program is None))
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
 
