@@ -97,3 +97,28 @@ def test_only_the_mh_chain_lowers_threefry_unrolled(monkeypatch):
                      tm.blocks.SubsampledMH("mu", test=tm.acceptance.Exact(chunk=8), scale=1.5, group_by="z")])
     tm.sample_program(prog, TwoComponentMixture(), X, num_samples=10, num_chains=2, seed=0, progress=False)
     assert not entered
+
+
+def test_the_chain_asks_for_full_float32_products(monkeypatch):
+    """The chain tm.sample compiles asks for full float32 matrix products (on GPUs JAX's default lets float32
+    products run in TF32, with errors of ~1e-3 of each item's log-likelihood); the same function lowered
+    outside tallmh's context asks for the default (the negative control: the check tells them apart)."""
+    seen = {}
+    real = _exec_cache.compile_and_store
+
+    def spy(key, lower_fn, unrolled=True):
+        seen["lower_fn"] = lower_fn
+        return real(key, lambda: seen.setdefault("lowered", lower_fn()), unrolled)
+
+    monkeypatch.setattr(_exec_cache, "load", lambda key: None)
+    monkeypatch.setattr(_exec_cache, "compile_and_store", spy)
+    sampling._RUNNERS.clear()
+    _run(test=None, control_variates=tm.ControlVariates())
+
+    def dots(text):
+        return [ln for ln in text.splitlines() if "stablehlo.dot_general" in ln and "f32" in ln]
+
+    inside = dots(seen["lowered"].as_text())
+    assert inside and all("precision = [HIGHEST, HIGHEST]" in ln for ln in inside), inside[:3]
+    outside = dots(seen["lower_fn"]().as_text())  # this thread, no precision context
+    assert outside and not any("HIGHEST" in ln for ln in outside)

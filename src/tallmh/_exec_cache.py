@@ -163,7 +163,8 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
     on a stochastic-volatility program lowered so, against 17 s for the whole run lowered as JAX does."""
     from ._lowering import unrolled_threefry
 
-    with unrolled_threefry() if unrolled else contextlib.nullcontext():
+    # (the precision the caller's thread traces with: a config context does not follow into this thread)
+    with unrolled_threefry() if unrolled else contextlib.nullcontext(), jax.default_matmul_precision("float32"):
         lowered = lower_fn()
     if key is None:
         return lowered.compile()
