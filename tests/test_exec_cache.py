@@ -122,3 +122,22 @@ def test_the_chain_asks_for_full_float32_products(monkeypatch):
     assert inside and all("precision = [HIGHEST, HIGHEST]" in ln for ln in inside), inside[:3]
     outside = dots(seen["lower_fn"]().as_text())  # this thread, no precision context
     assert outside and not any("HIGHEST" in ln for ln in outside)
+
+
+def test_the_set_up_thread_traces_full_float32_products():
+    """The set-up (mode search, control variates) runs in a thread of its own: it traces with full float32
+    products too; a plain thread started in the same context does not (the negative control)."""
+    import threading
+
+    import jax.numpy as jnp
+
+    def dot_text():
+        return jax.jit(lambda a: a @ a).lower(jnp.ones((3, 3), jnp.float32)).as_text()
+
+    with jax.default_matmul_precision("float32"):
+        plain = {}
+        t = threading.Thread(target=lambda: plain.setdefault("text", dot_text()))
+        t.start()
+        t.join()
+    assert "HIGHEST" not in plain["text"]
+    assert "precision = [HIGHEST, HIGHEST]" in sampling._in_thread(dot_text)

@@ -246,12 +246,14 @@ def _wait(x):
 
 
 def _in_thread(fn):
-    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive)."""
+    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive). The thread traces
+    with full float32 matrix products, as :func:`sample` does (a config context does not follow a thread)."""
     box = {}
 
     def target():
         try:
-            box["value"] = fn()
+            with jax.default_matmul_precision("float32"):
+                box["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
 
