@@ -5,7 +5,6 @@ import dataclasses
 
 import jax
 import numpy as np
-import pytest
 
 import tallmh as tm
 from tallmh import _exec_cache, sampling

@@ -17,7 +17,6 @@ here; reading an entry unpickles it, so the folder must be trusted like JAX's (d
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import hashlib
 import os
@@ -160,7 +159,7 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
     (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored. With
     ``unrolled`` the program lowers Threefry unrolled (same bits, cheaper to compile for tallmh's MH chain:
     see tallmh._lowering); inference programs pass False: jax 0.12's CPU compiler took more than 10 minutes
-    on a stochastic-volatility program lowered so, against 17 s for the whole run lowered as JAX does."""
+    on a stochastic-volatility program lowered so, against 9-17 s for the whole run lowered as JAX does."""
     from ._lowering import unrolled_threefry
 
     # (the precision the caller's thread traces with: a config context does not follow into this thread)
