@@ -66,7 +66,7 @@ INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
 # MAX_AUDIT_RATE of the steps, and at most DEFAULT_AUDIT_ITEMS items read by the audits.
 AUDIT_POWER = 0.8
 MAX_AUDIT_RATE = 0.05
-# ... and a two-stage design: once AUDIT_FIRST_STAGE(target) sampling steps have been audited with no wrong
+# ... and a two-stage design: once results.audit_first_stage(target) sampling steps are audited with no wrong
 # decision in any audit so far, the rest of the planned audits are skipped. A true rate of twice the target
 # passes that first stage with probability (1 - 2 target)^m1 <= AUDIT_CLEAR_LOSS, so the design's power drops by
 # at most that much (0.01); a run whose audits find a wrong decision keeps its whole plan.
@@ -936,7 +936,7 @@ class _Run:
         self.rates = (rate, rate)
         self.audit_on = rate > 0
         got = int(round(rate * steps))
-        first = audit_first_stage(error_target(test))
+        first = audit_first_stage(error_target(test), AUDIT_CLEAR_LOSS)
         if first is not None and got > first and self.plan is None and self.program is None \
                 and getattr(test, "name", "") != "barker":
             self.audit_design = {"planned": got, "first_stage": first, "cleared_after": None, "rate": rate}
@@ -963,7 +963,8 @@ class _Run:
                 if "audited" not in info or "audit_exact" not in info:
                     return
                 aud = np.asarray(info["audited"], bool)
-                wrong += int(np.sum(aud & (np.asarray(info["accepted"], bool) != np.asarray(info["audit_exact"], bool))))
+                differs = np.asarray(info["accepted"], bool) != np.asarray(info["audit_exact"], bool)
+                wrong += int(np.sum(aud & differs))
                 if pname == "sampling":
                     m_sampling += int(aud.sum())
         if wrong or m_sampling < design["first_stage"]:
