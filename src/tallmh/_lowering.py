@@ -29,6 +29,13 @@ _LOCK = threading.Lock()
 _INSTALLED = {"done": False, "ok": False}
 
 
+def measured_here() -> bool:
+    """Whether the installed jax is one of those where the unrolled form was measured (below ``UNROLL_BELOW``)."""
+    import jax
+
+    return tuple(int(p) for p in jax.__version__.split(".")[:2]) < UNROLL_BELOW
+
+
 def _flag() -> bool:
     return getattr(_LOCAL, "depth", 0) > 0
 
@@ -40,9 +47,7 @@ def _install() -> bool:
             return _INSTALLED["ok"]
         _INSTALLED["done"] = True
         try:
-            import jax
-
-            if tuple(int(p) for p in jax.__version__.split(".")[:2]) >= UNROLL_BELOW:
+            if not measured_here():
                 return False
             from jax._src.interpreters import mlir
             from jax.extend.random import threefry2x32_p

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -245,15 +246,29 @@ def _wait(x):
     return x
 
 
+def _full_float32(fn):
+    """``fn`` traced with full float32 matrix products: on GPUs JAX's default lets float32 products run in
+    TF32 (a 10-bit mantissa), which would leave the control variates' remainders and the exact sums with
+    errors of ~1e-3 of each item's log-likelihood; the CPU computes float32 either way. (A config context
+    does not follow a thread: each thread that traces for tallmh enters it, see :func:`_in_thread` and
+    :func:`tallmh._exec_cache.compile_and_store`.)"""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with jax.default_matmul_precision("float32"):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _in_thread(fn):
-    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive). The thread traces
-    with full float32 matrix products, as :func:`sample` does (a config context does not follow a thread)."""
+    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive), traced with full
+    float32 matrix products as :func:`sample` is (:func:`_full_float32`)."""
     box = {}
 
     def target():
         try:
-            with jax.default_matmul_precision("float32"):
-                box["value"] = fn()
+            box["value"] = _full_float32(fn)()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
 
@@ -445,6 +460,7 @@ def _chain_run(kernel, length, audit_on):
     return chain_run
 
 
+@_full_float32
 def sample(
     model,
     data,
@@ -565,22 +581,18 @@ def sample(
     run = _Run(model, num_chains=num_chains, seed=seed, callback=callback, checkpoint=checkpoint,
                checkpoint_every_s=checkpoint_every_s, chunk_seconds=chunk_seconds, chunk_size=chunk_size,
                budget_s=budget_s, min_ess=min_ess)
-    # full float32 matrix products everywhere (set-up passes, chain): on GPUs JAX's default lets float32
-    # products run in TF32 (a 10-bit mantissa), which would leave the control variates' remainders and the
-    # exact sums with errors of ~1e-3 of each item's log-likelihood; the CPU computes float32 either way
-    with jax.default_matmul_precision("float32"):
-        run.options(test, proposal, num_samples, num_warmup, control_variates, audit, resume, program)
-        run.t0 = time.perf_counter()
-        if run.program is not None:
-            run.method_of_program(data, init)
-        else:
-            run.method(data, init)
-        run.plan_devices(mesh)
-        run.restore(resume)
-        if stream_draws and checkpoint is not None:
-            run.open_store(resume)
-        run.go(init, init_jitter, progress)
-        return run.finish()
+    run.options(test, proposal, num_samples, num_warmup, control_variates, audit, resume, program)
+    run.t0 = time.perf_counter()
+    if run.program is not None:
+        run.method_of_program(data, init)
+    else:
+        run.method(data, init)
+    run.plan_devices(mesh)
+    run.restore(resume)
+    if stream_draws and checkpoint is not None:
+        run.open_store(resume)
+    run.go(init, init_jitter, progress)
+    return run.finish()
 
 
 class _Run:
@@ -732,7 +744,7 @@ class _Run:
     # ---- devices, resume, draws on disk ---------------------------------------------------------------
 
     def plan_devices(self, mesh):
-        if jax.default_backend() not in ("cpu",):
+        if jax.default_backend() != "cpu":
             # measured: on an H200 the default call at N = 10^6 ran 6x slower than on the same machine's CPU
             # (benchmarks/README.md, "On a GPU"); the step's many small reads and loop tests are latency-bound there
             msg = (f"the chain ran on the {jax.default_backend()} ({getattr(jax.devices()[0], 'device_kind', '?')}): "
@@ -955,7 +967,7 @@ class _Run:
         sampling steps have been audited and no audit so far found a wrong decision, the remaining sampling
         chunks audit nothing (their audit rate is a run-time argument: nothing recompiles)."""
         design = self.audit_design
-        if design is None or design["cleared_after"] is not None or self.rates[1] == 0:
+        if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
             return
         wrong, m_sampling = 0, 0
         for pname in ("warmup", "sampling"):
@@ -967,7 +979,10 @@ class _Run:
                 wrong += int(np.sum(aud & differs))
                 if pname == "sampling":
                     m_sampling += int(aud.sum())
-        if wrong or m_sampling < design["first_stage"]:
+        if wrong:  # the whole plan stands: no need to look again
+            design["wrong_seen"] = True
+            return
+        if m_sampling < design["first_stage"]:
             return
         self.rates = (self.rates[0], 0.0)
         design["cleared_after"] = m_sampling

@@ -327,16 +327,8 @@ def df_reduce(v, ok, bad):
         hi, lo = df_sum(v.reshape(r, _DF_BLOCK), axis=1)
     else:
         hi, lo = v, jnp.zeros_like(v)
-    hi, lo = jax.lax.reduce((hi, lo), (z, z), _df_fold2, (0,))
+    hi, lo = jax.lax.reduce((hi, lo), (z, z), df_add, (0,))
     return hi, lo, t, nb
-
-
-def _df_fold2(x, y):
-    # double-float addition of two (hi, lo) pairs, renormalised (so lo stays below an ulp of hi)
-    s, e = two_sum(x[0], y[0])
-    e = e + (x[1] + y[1])
-    hi = s + e
-    return hi, e - (hi - s)
 
 
 class CompSum(NamedTuple):
