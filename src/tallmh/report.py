@@ -108,7 +108,7 @@ class Reference:
         return self.flat.std(axis=0, ddof=1)
 
     def ess(self):
-        return np.array([diagnostics.ess(self.draws[:, :, j]) for j in range(self.draws.shape[-1])])
+        return diagnostics.ess_all(self.draws)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -117,12 +117,7 @@ class Reference:
 
 def param_table(x, names):
     """mean, sd, ess_bulk, ess_tail (rank-normalised) and r_hat of draws ``x`` shaped (chain, draw, d)."""
-    import warnings
-
-    import arviz as az
     import pandas as pd
-
-    from .diagnostics import ess_kwargs
 
     c, k, d = x.shape
     cols = {"mean": np.full(d, np.nan), "sd": np.full(d, np.nan), "ess_bulk": np.full(d, np.nan),
@@ -133,24 +128,11 @@ def param_table(x, names):
         if flat.shape[0] > 1:
             cols["sd"] = flat.std(axis=0, ddof=1)
     if k >= 4:
-        import logging
-
-        ds = az.convert_to_dataset({"theta": np.asarray(x, np.float64)})
-        # ArviZ logs a warning for a single chain (R-hat is then left out), through its own Logger instance
-        logs = [lg for lg in (logging.getLogger("arviz"), getattr(az, "_log", None)) if isinstance(lg, logging.Logger)]
-        levels = [lg.level for lg in logs]
-        for lg in logs:
-            lg.setLevel(logging.ERROR)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                cols["ess_bulk"] = np.asarray(az.ess(ds, method="bulk")["theta"].values, float)
-                cols["ess_tail"] = np.asarray(az.ess(ds, method="tail", **ess_kwargs("tail", az))["theta"].values, float)
-                if c >= 2:
-                    cols["r_hat"] = np.asarray(az.rhat(ds)["theta"].values, float)
-        finally:
-            for lg, level in zip(logs, levels):
-                lg.setLevel(level)
+        xf = np.asarray(x, np.float64)
+        cols["ess_bulk"] = diagnostics.ess_all(xf)
+        cols["ess_tail"] = diagnostics.ess_all(xf, "tail")
+        if c >= 2:
+            cols["r_hat"] = diagnostics.rhat_all(xf)
     df = pd.DataFrame(cols, index=pd.Index(list(names), name="param"))
     return df
 
@@ -449,7 +431,7 @@ def _run_ess_min(run) -> float:
     if x.shape[1] < 4:
         return 0.0
     try:
-        return float(np.nanmin([diagnostics.ess(x[:, :, j]) for j in range(x.shape[-1])]))
+        return float(np.nanmin(diagnostics.ess_all(x)))
     except Exception:  # noqa: BLE001 - a plot, not a verdict
         return 0.0
 

@@ -305,15 +305,16 @@ class Result:
         x = self.flat_output
         names = self.output_names
         rows = []
+        bulk, tail, rh = diagnostics.ess_all(x), diagnostics.ess_all(x, "tail"), diagnostics.rhat_all(x)
         for j, name in enumerate(names):
             xj = x[:, :, j]
             rows.append({
                 "param": name,
                 "mean": float(np.mean(xj)) if xj.size else float("nan"),
                 "sd": float(np.std(xj, ddof=1)) if xj.size > 1 else float("nan"),
-                "ess_bulk": diagnostics.ess(xj),
-                "ess_tail": diagnostics.ess(xj, method="tail"),
-                "r_hat": diagnostics.rhat(xj),
+                "ess_bulk": float(bulk[j]),
+                "ess_tail": float(tail[j]),
+                "r_hat": float(rh[j]),
             })
         table = pd.DataFrame(rows).set_index("param")
         ess_min = float(np.nanmin(table["ess_bulk"])) if len(table) and np.any(np.isfinite(table["ess_bulk"])) else float("nan")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import signal
 import sys
@@ -168,10 +169,10 @@ def _auto_reached(parts, min_ess):
     x = np.concatenate([p[0] for p in parts], axis=1)
     if x.shape[1] < 50:
         return None
-    ess = min(diagnostics.ess(x[:, :, j]) for j in range(x.shape[-1]))
+    ess = float(np.min(diagnostics.ess_all(x)))  # NaN (a NaN draw) fails the test below
     if not (ess >= min_ess):
         return None
-    rhat = max(diagnostics.rhat(x[:, :, j]) for j in range(x.shape[-1])) if x.shape[0] > 1 else 1.0
+    rhat = float(np.max(diagnostics.rhat_all(x))) if x.shape[0] > 1 else 1.0
     return (ess, rhat) if rhat <= AUTO_RHAT else None
 
 
@@ -179,24 +180,6 @@ def _avals(tree):
     """The tree structure and each leaf's shape, dtype and weak type: what a compiled program is made for."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return treedef, [(tuple(np.shape(a)), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves]
-
-
-def _preload_diagnostics():
-    """Import ArviZ (what ``num_samples="auto"`` checks the draws with) in a background thread while the first
-    chunks run: its import (seconds, plotting and numba included) then overlaps the chain instead of
-    holding up the first check. The compiled chain runs without the GIL, so the two share the machine."""
-    if "arviz" in sys.modules:
-        return
-
-    def load():
-        try:
-            from . import diagnostics
-
-            diagnostics._arviz()
-        except Exception:  # noqa: BLE001 - the check imports it again and reports any failure itself
-            pass
-
-    threading.Thread(target=load, daemon=True, name="tallmh-preload-arviz").start()
 
 
 def _prepare(model, data, test, init, check_finite=True, cv_center=None):
@@ -868,8 +851,6 @@ class _Run:
                 self._warmup_of_start()
             self._audit_rates()
             self._compile(early)
-            if self.auto_draws:
-                _preload_diagnostics()
             if progress is None:
                 progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
             if progress:
@@ -982,6 +963,7 @@ class _Run:
         if wrong:  # the whole plan stands: no need to look again
             design["wrong_seen"] = True
             return
+        design["audited_sampling"] = m_sampling
         if m_sampling < design["first_stage"]:
             return
         self.rates = (self.rates[0], 0.0)
@@ -993,6 +975,18 @@ class _Run:
                f"{(1 - 2 * tgt) ** design['first_stage']:.3f}; audit=rate audits every planned step)")
         if not any(n.startswith("self-audit: no wrong decision in the first") for n in self.notes):
             self.notes.append(msg)
+
+    def _audit_chunk_cap(self, count: int) -> int:
+        """While the audit's first stage is open, a sampling chunk of at most the steps expected to bring the
+        audited sampling steps to ``first_stage``: the stage is checked between chunks, and a chunk that ran
+        on past it would audit steps (each a full pass) that the cleared design skips."""
+        design = self.audit_design
+        if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
+            return count
+        left = design["first_stage"] - design.get("audited_sampling", 0)
+        if left <= 0:
+            return count
+        return int(max(1, min(count, math.ceil(left / (self.num_chains * self.rates[1])))))
 
     def _audit_design_as_run(self):
         """The two-stage audit's record for the result: ``planned`` becomes the audits that the run's own steps
@@ -1168,6 +1162,8 @@ class _Run:
                 if pname == "sampling" and self.budget_s is not None:
                     want = min(want, max(1.0, (self.budget_s - self.timings["sampling_s"]) / per_step))
                 count = int(max(1, min(length, want, 4 * count)))
+            if pname == "sampling":
+                count = self._audit_chunk_cap(count)
             count = min(count, length, total - done[pname]) if done[pname] < total else count
         return False
 
