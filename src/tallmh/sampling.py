@@ -977,15 +977,18 @@ class _Run:
             self.notes.append(msg)
 
     def _audit_chunk_cap(self, count: int) -> int:
-        """While the audit's first stage is open, a sampling chunk of at most the steps expected to bring the
-        audited sampling steps to ``first_stage``: the stage is checked between chunks, and a chunk that ran
-        on past it would audit steps (each a full pass) that the cleared design skips."""
+        """While the audit's first stage is open, a sampling chunk of at most the steps expected to bring half
+        of the audited sampling steps still missing to ``first_stage`` (all of them when one audited step
+        would do): the stage is checked between chunks, and a chunk that ran on past it would audit steps
+        (each a full pass) that the cleared design skips. The chunks stay short only until the stage closes."""
         design = self.audit_design
         if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
             return count
         left = design["first_stage"] - design.get("audited_sampling", 0)
         if left <= 0:
             return count
+        if left > self.num_chains:
+            left = left / 2
         return int(max(1, min(count, math.ceil(left / (self.num_chains * self.rates[1])))))
 
     def _audit_design_as_run(self):
