@@ -51,7 +51,7 @@ def _child(a):
     sampling._Run._compile_early = lambda self: None  # compile after the set-up: nothing else runs beside it
     orig = _exec_cache.compile_and_store
 
-    def timed(key, lower_fn):
+    def timed(key, lower_fn, **kw):
         def timed_lower():
             c, w = time.process_time(), time.perf_counter()
             lowered = lower_fn()
@@ -59,7 +59,7 @@ def _child(a):
             return lowered
 
         c0, w0 = time.process_time(), time.perf_counter()
-        compiled = orig(None, timed_lower)  # (tallmh's own path; nothing stored)
+        compiled = orig(None, timed_lower, **kw)  # (tallmh's own path; nothing stored)
         times.update(compile_cpu_s=time.process_time() - c0 - times["trace_cpu_s"],
                      compile_wall_s=time.perf_counter() - w0 - times["trace_wall_s"])
         return compiled

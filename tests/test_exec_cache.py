@@ -43,6 +43,27 @@ def test_a_second_call_loads_the_chain_and_draws_the_same(tmp_path, monkeypatch)
         tm.set_compilation_cache(previous)
 
 
+def test_an_edited_tallmh_stores_its_chain_again(tmp_path, monkeypatch):
+    """After tallmh's source changes (an upgrade) the chain's HLO may be the same: JAX's own cache must not
+    answer for it, or the new key is never stored and every later process traces the chain again."""
+    previous = jax.config.jax_compilation_cache_dir
+    tm.set_compilation_cache(str(tmp_path))
+    stored = []
+    real_store = _exec_cache.store
+    monkeypatch.setattr(_exec_cache, "store", lambda key, c: stored.append(key) or real_store(key, c))
+    try:
+        sampling._RUNNERS.clear()
+        _run()
+        sampling._RUNNERS.clear()
+        monkeypatch.setattr(_exec_cache, "_SOURCE_HASH", ["an edited tallmh"])  # as after an upgrade
+        _run()
+        assert len(stored) == 2 and stored[0] != stored[1]
+        assert len(list((tmp_path / "tallmh-executables").glob("*.pkl"))) == 2
+    finally:
+        sampling._RUNNERS.clear()
+        tm.set_compilation_cache(previous)
+
+
 def test_with_the_cache_off_nothing_is_kept(tmp_path):
     previous = jax.config.jax_compilation_cache_dir
     tm.set_compilation_cache(None)

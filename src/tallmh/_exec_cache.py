@@ -168,10 +168,22 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
     if key is None:
         return lowered.compile()
     hits = _hits()
-    compiled = lowered.compile(compiler_options=dict(_OWN_OPTIONS))
+    try:
+        compiled = lowered.compile(compiler_options=own_options(key))
+    except Exception:  # noqa: BLE001 - an XLA without the debug option: JAX's key is then per program only
+        compiled = lowered.compile(compiler_options=dict(_OWN_OPTIONS))
     if _hits() == hits:
         store(key, compiled)
     return compiled
+
+
+def own_options(key: str) -> dict:
+    """The compile options of the program stored under ``key``: ``_OWN_OPTIONS`` and, so that JAX's cache key
+    is this key's alone, ``xla_debug_buffer_assignment_show_max`` (how many buffers XLA's debug text lists:
+    nothing in the code it makes) set from it. Without it, a program whose HLO did not change while tallmh's
+    source did (an upgrade, an edit elsewhere) was a JAX cache hit under the new key, which cannot be stored,
+    so every later process traced it again (~1.5-2 s of a warm call at N = 10^6)."""
+    return dict(_OWN_OPTIONS, xla_debug_buffer_assignment_show_max=16 + int(key[:12], 16))
 
 
 def load(key: Optional[str]):

@@ -163,12 +163,23 @@ def _tree_names(template):
     return names
 
 
-@dataclass
 class Summary:
-    """Per-parameter table (``table``, a pandas DataFrame) and run-level numbers (``overall``, a dict)."""
+    """Per-parameter table (``table``, a pandas DataFrame) and run-level numbers (``overall``, a dict).
 
-    table: Any
-    overall: Dict[str, float]
+    ``table`` is made on first use from the rows (a list of dicts, or a DataFrame as is): the verdict that
+    every call computes needs only ``overall``, and pandas takes ~0.3 s to import."""
+
+    def __init__(self, table, overall: Dict[str, float]):
+        self._table = table
+        self.overall = overall
+
+    @property
+    def table(self):
+        if isinstance(self._table, list):
+            import pandas as pd
+
+            self._table = pd.DataFrame(self._table).set_index("param")
+        return self._table
 
     def __str__(self):
         o = self.overall
@@ -300,8 +311,6 @@ class Result:
         return self._cache["summary"]
 
     def _summary(self) -> Summary:
-        import pandas as pd
-
         x = self.flat_output
         names = self.output_names
         rows = []
@@ -316,8 +325,7 @@ class Result:
                 "ess_tail": float(tail[j]),
                 "r_hat": float(rh[j]),
             })
-        table = pd.DataFrame(rows).set_index("param")
-        ess_min = float(np.nanmin(table["ess_bulk"])) if len(table) and np.any(np.isfinite(table["ess_bulk"])) else float("nan")
+        ess_min = float(np.nanmin(bulk)) if len(rows) and np.any(np.isfinite(bulk)) else float("nan")
         secs = self.timings.get("sampling_s", float("nan"))
         overall = {
             "method": self.method,
@@ -330,7 +338,7 @@ class Result:
             "mean_n_data": float(np.mean(self.stats["n_data"])) if self.num_draws else float("nan"),
             "ess_min": ess_min,
             "ess_per_s": ess_min / secs if secs and secs > 0 else float("nan"),
-            "rhat_max": float(np.nanmax(table["r_hat"])) if len(table) and np.any(np.isfinite(table["r_hat"])) else float("nan"),
+            "rhat_max": float(np.nanmax(rh)) if len(rows) and np.any(np.isfinite(rh)) else float("nan"),
             "setup_items": int(self.setup_items),
             **{k: float(v) for k, v in self.timings.items()},
         }
@@ -344,7 +352,7 @@ class Result:
         overall["warnings"] = warns
         overall["trusted"] = not warns
         overall["verdict"] = "trusted" if not warns else "NOT trusted: " + "; ".join(warns)
-        return Summary(table, overall)
+        return Summary(rows, overall)
 
     # ---- trust ------------------------------------------------------------------------
 
