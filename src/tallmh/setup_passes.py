@@ -212,8 +212,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     th = jnp.asarray(flat0)
     warm_items = 0
     if warm_start and n >= WARM_MIN_N:
-        idx = jnp.asarray(warm_rows(n))
-        sub = jax.jit(take)(data, idx)
+        idx = warm_rows(n)
+        sub = _gather_rows(data, idx)
         m = int(idx.shape[0])
         try:
             th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start",
@@ -234,6 +234,18 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
 
 
+
+
+def _gather_rows(data, idx):
+    """The rows ``idx`` of every leaf: by NumPy indexing where the leaves are arrays in memory (no program to
+    compile), else by a compiled :func:`tallmh.data.take` (on-disk and in-place leaves)."""
+    from .datasource import HostArray, InPlaceArray
+
+    special = (HostArray, InPlaceArray)
+    leaves = jax.tree_util.tree_leaves(data, is_leaf=lambda a: isinstance(a, special))
+    if leaves and all(isinstance(a, (np.ndarray, jax.Array)) and not isinstance(a, special) for a in leaves):
+        return jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)[idx]), data)
+    return jax.jit(take)(data, jnp.asarray(idx))
 
 
 def _newton_chunk_fns(model, unravel, th):
