@@ -22,6 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .acceptance.base import Problem
 from .data import take
@@ -130,8 +131,25 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
         def bound():
             return model.cv_remainder_bound(theta, theta_p, cv.center, stats, cv_order)
 
+    rows = None
+    if cv is None and reader is take and _plain_rows(data):
+
+        def rows(start, size):
+            return ratio(jax.tree_util.tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), data))
+
     base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
-    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current)
+    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows)
+
+
+def _plain_rows(data) -> bool:
+    """Whether every leaf of ``data`` is an array in memory whose rows a slice reads (not one read by host
+    gathers or in place: :mod:`tallmh.datasource`)."""
+    from .datasource import HostArray, InPlaceArray
+
+    special = (HostArray, InPlaceArray)
+    leaves = jax.tree_util.tree_leaves(data, is_leaf=lambda a: isinstance(a, special))
+    return bool(leaves) and all(isinstance(a, (jax.Array, np.ndarray)) and not isinstance(a, special)
+                                and np.ndim(a) >= 1 for a in leaves)
 
 
 def tracks_log_lik(test, model) -> bool:
@@ -193,7 +211,8 @@ def _audit_decision(oracle, key, problem, in_support, audit):
     """The exact oracle's decision with the same key (same u) and the items it read, when ``audit`` is on."""
 
     def run_audit():
-        ex = oracle.decide(key, problem._replace(log_lik_current=None))
+        full_pass = getattr(oracle, "audit_decide", oracle.decide)
+        ex = full_pass(key, problem._replace(log_lik_current=None))
         # the items the exact decision read: all N, or none for a proposal out of the support
         return ex.accept & in_support, ex.n_data.astype(jnp.int32)
 

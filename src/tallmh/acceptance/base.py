@@ -33,6 +33,8 @@ class Problem(NamedTuple):
     ``log p(x_i|theta')`` (used by the exact test, which keeps the current full log-likelihood);
     ``bound()`` returns an upper bound on ``max_i |l_i|`` from the model, or None when the model has none.
     ``log_lik_current`` is the current full-data log-likelihood when the kernel tracks it, else None.
+    ``lik_ratio_rows(start, size)``, where the items are rows of arrays in memory, returns ``l_i`` for the
+    contiguous items ``[start, start + size)`` by slicing them (no gather); None otherwise.
     """
 
     n: int
@@ -41,6 +43,7 @@ class Problem(NamedTuple):
     log_lik_prop: Callable
     bound: Optional[Callable]
     log_lik_current: Optional[jax.Array] = None
+    lik_ratio_rows: Optional[Callable] = None
 
 
 class Decision(NamedTuple):

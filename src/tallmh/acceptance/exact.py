@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -87,16 +88,19 @@ class Exact:
     def check(self, n: int):
         return None
 
+    def _chunks(self, n: int):
+        """``(k, size)``: N items in k equal chunks of ``size`` (one compiled chunk size, at most one item per
+        chunk left over). k: at least 16 (or N / chunk if fewer), so that a non-finite item still stops the
+        pass early, and chunks of at most 16 * chunk items."""
+        most = max(1, min(16 * int(self.chunk), MAX_CHUNK))
+        k = max(-(-n // most), min(16, -(-n // max(1, int(self.chunk)))))
+        return k, -(-n // k)
+
     def _sum(self, n, fn, dtype, target=None) -> CompSum:
         if isinstance(n, (int, np.integer)):
-            # N items in k equal chunks: one compiled chunk size (the reader's ladder of two or three sizes
-            # compiled the model once per size), at most one item per chunk left over. k: at least 16 (or
-            # N / chunk if fewer), so that a non-finite item still stops the pass early, and chunks of at
-            # most 16 * chunk items
-            n_ = int(n)
-            most = max(1, min(16 * int(self.chunk), MAX_CHUNK))
-            k = max(-(-n_ // most), min(16, -(-n_ // max(1, int(self.chunk)))))
-            reader = StreamReader(n, -(-n_ // k), fn, permuted=False, ladder_base=None, stop_on_nonfinite=True)
+            # (the reader's ladder of two or three sizes compiled the model once per size)
+            k, size = self._chunks(int(n))
+            reader = StreamReader(n, size, fn, permuted=False, ladder_base=None, stop_on_nonfinite=True)
         else:  # a traced population size (tallmh.blocks): the ladder
             reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
         return reader.advance(None, CompSum.zero(dtype), n if target is None else target)
@@ -148,3 +152,41 @@ class Exact:
         delta, ll_prop, read, bad = self.log_ratio(problem)
         accept = exact_accept(self.kind, u, problem.log_base, delta, self.temperature) & (bad == 0)
         return Decision(accept, read.astype(jnp.int32), jnp.int32(1), ll_prop, bad.astype(jnp.int32))
+
+    def audit_decide(self, key, problem: Problem) -> Decision:
+        """:meth:`decide` without a tracked log-likelihood, by one pass of fixed length: the self-audit's
+        exact decision (:func:`tallmh.kernel.build_kernel`).
+
+        The same chunks and compensated sum as :meth:`decide`, but the loop's length does not depend on the
+        chain: chains run side by side (``vmap``) then read each chunk of rows once between them, sliced
+        rather than gathered where the problem offers ``lik_ratio_rows``, and every item is read (a
+        non-finite item is counted and rejects, but does not end the pass early). The last chunk, where
+        the chunks overrun N, is the last ``size`` rows with those already read masked out: the same items,
+        so the same decision up to the rounding of the compensated sum (~eps^2 of it). A traced population
+        size (inference programs) takes :meth:`decide`.
+        """
+        n = problem.n
+        if not isinstance(n, (int, np.integer)) or problem.log_lik_current is not None:
+            return self.decide(key, problem)
+        u, _, _ = draw_u(key)
+        acc = self.fixed_pass_sum(problem)
+        # a proposal with log_base = -inf (prior or proposal ratio) is rejected and reads nothing, as in decide
+        out = problem.log_base == -jnp.inf
+        bad = jnp.where(out, 0, acc.nonfinite)
+        accept = exact_accept(self.kind, u, problem.log_base, (acc.hi, acc.lo), self.temperature) & (bad == 0)
+        read = jnp.where(out, 0, n)
+        return Decision(accept, read.astype(jnp.int32), jnp.int32(1), None, bad.astype(jnp.int32))
+
+    def fixed_pass_sum(self, problem: Problem) -> CompSum:
+        """The compensated sum of every ``l_i`` (N static) by :meth:`audit_decide`'s pass of fixed length."""
+        n = int(problem.n)
+        k, size = self._chunks(n)
+        rows = problem.lik_ratio_rows
+
+        def body(i, acc):
+            start = jnp.minimum(i * size, n - size)  # the last chunk ends at N; its rows read already are masked
+            pos = start + jnp.arange(size, dtype=jnp.int32)
+            l = rows(start, size) if rows is not None else problem.lik_ratio(pos)
+            return acc.merge(l, pos >= i * size)
+
+        return jax.lax.fori_loop(0, k, body, CompSum.zero(problem.log_base.dtype))
