@@ -73,3 +73,11 @@ def test_nan_and_short():
     assert np.isnan(diagnostics.ess_all(x[:, :3])).all()
     with pytest.raises(ValueError, match="method"):
         diagnostics.ess_all(x, "median")
+
+
+def test_average_ranks_match_scipy():
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    a = np.stack([rng.standard_normal(300), rng.integers(0, 4, 300).astype(float), np.full(300, 2.0)], axis=1)
+    np.testing.assert_array_equal(diagnostics._average_ranks(a), stats.rankdata(a, method="average", axis=0))
