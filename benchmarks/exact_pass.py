@@ -7,7 +7,9 @@ ratios ``l_i = log p(x_i|theta') - log p(x_i|theta)`` over all N rows, summed:
 - ``df_sum``: :func:`tallmh.acceptance.base.df_sum`, the pairwise TwoSum tree over all rows;
 - ``df_reduce``: :func:`tallmh.acceptance.base.df_reduce`, the exact test's compensated chunk sum;
 - ``exact oracle``: ``tm.acceptance.Exact()``'s own pass (chunks of rows in a loop, non-finite checks,
-  compensated sums), for one chain and for 4 chains vectorised as ``tm.sample`` runs them.
+  compensated sums), for one chain and for 4 chains vectorised as ``tm.sample`` runs them;
+- ``audit pass``: the self-audit's pass (``Exact.fixed_pass_sum``: a loop of fixed length over sliced rows,
+  each chunk's ratios summed in the next iteration), through the model's own ``log_lik_ratio``.
 
 Each is one compiled function, timed as the best of ``--reps`` calls after a first (compiling) one; printed
 in ns per item and chain. The machine's load is printed with it: these are wall times.
@@ -57,11 +59,23 @@ def main(argv=None):
         acc = tm.acceptance.Exact()._sum(n, fn, jnp.float32, n)
         return acc.hi + acc.lo
 
+    from jax.flatten_util import ravel_pytree
+
+    from tallmh.kernel import make_problem
+
+    _, unravel = ravel_pytree(th[0])
+
+    def audit(t, tp):  # the self-audit's pass: fixed length, rows sliced, pipelined (Exact.fixed_pass_sum)
+        pr = make_problem(model, {"X": X, "y": y}, n, unravel, None, t, tp, jnp.zeros((), jnp.float32))
+        acc = tm.acceptance.Exact().fixed_pass_sum(pr)
+        return acc.hi + acc.lo
+
     cells = [("plain sum", lambda t, tp: jnp.sum(ratios(t, tp))),
              ("df_sum", lambda t, tp: sum(base.df_sum(ratios(t, tp)))),
              ("df_reduce", lambda t, tp: sum(base.df_reduce(ratios(t, tp), jnp.ones(n, bool),
                                                              jnp.zeros(n, bool))[:2])),
-             ("exact oracle", oracle)]
+             ("exact oracle", oracle),
+             ("audit pass", audit)]
     rows = []
     print(f"N = {n:,}, load {os.getloadavg()[0]:.2f}")
     for name, f in cells:
