@@ -185,3 +185,27 @@ def test_unchecked_newton_step_that_loses_falls_back_to_the_line_search():
         th_q, passes_q, _ = run(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2)
         assert abs(float(th_q[0])) < 1e-4 and passes_q == 2, (th_q, passes_q)  # the step, then its check
         assert passes > passes_q + 2, passes  # the failed check and the line search's halvings
+
+
+def test_unchecked_steps_below_the_values_rounding_are_checked_by_their_decrement():
+    """A log posterior whose value is too large for its rounding to show a small gain (a constant -1e6 per
+    item): a Newton step there is checked by the next pass's decrement, not by a line-search pass. On a
+    quadratic the step lands on the mode (2 passes, not 3); on a pseudo-Huber it overshoots, the decrement
+    grows, and the line search takes over and still finds the mode."""
+    with enable_x64(True):
+        data = {"y": jnp.zeros(10)}
+
+        def run(log_lik):
+            model = tm.Model(log_prior=lambda t: -0.5 * (t["a"] / 100.0) ** 2, log_lik=log_lik)
+            flat0, unravel = ravel_pytree({"a": jnp.asarray(2.0)})
+            return setup._newton(model, data, 10, unravel, flat0, 30, 1e-10)
+
+        big = 1e6  # |log posterior| ~ 1e7: its rounding margin (~10) exceeds the gains below
+        th_q, passes_q, _ = run(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2 - big)
+        assert abs(float(th_q[0])) < 1e-4 and passes_q == 2, (th_q, passes_q)
+        th, passes, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2) - big)
+        assert abs(float(th[0])) < 1e-4, th
+        # the overshoot is rejected as where the value can show it: the same passes as without the offset (a
+        # step kept unchecked there went on from -8 and took 13 passes)
+        _, passes_v, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
+        assert passes == passes_v > passes_q + 2, (passes, passes_v)
