@@ -209,3 +209,27 @@ def test_unchecked_steps_below_the_values_rounding_are_checked_by_their_decremen
         # step kept unchecked there went on from -8 and took 13 passes)
         _, passes_v, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
         assert passes == passes_v > passes_q + 2, (passes, passes_v)
+
+
+def test_warm_start_rows_gathered_on_the_host_are_the_rows():
+    """The warm start's rows by NumPy indexing equal a compiled gather's, for the user's array read in place
+    (a pytree node whose child is the flat buffer: indexing that instead of the rows would be wrong)."""
+    import jax
+    from tallmh.data import take, validate_data
+    from tallmh.datasource import InPlaceArray
+
+    rng = np.random.default_rng(0)
+    n, d = 10**6, 11  # 44 MB: above the size below which tallmh copies instead
+    raw = np.empty(n * d + 16, np.float32)
+    k = next(i for i in range(1, 16) if raw[i:].ctypes.data % 64)  # not 64-byte aligned: read in place
+    X = raw[k:k + n * d].reshape(n, d)
+    X[:] = rng.standard_normal((n, d))
+    data = validate_data({"X": X, "y": (X[:, 0] > 0).astype(np.float32)}, in_place=True)
+    if not isinstance(data["X"], InPlaceArray):
+        pytest.skip("the CPU backend did not alias this array here")
+    idx = setup.warm_rows(10**6)
+    got = setup._gather_rows(data, idx)
+    want = jax.jit(take)(data, jnp.asarray(idx))
+    for k in ("X", "y"):
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+        np.testing.assert_array_equal(np.asarray(got[k]), {"X": X, "y": (X[:, 0] > 0)}[k][idx])

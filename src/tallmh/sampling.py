@@ -389,6 +389,8 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
 def _start_normals(key, shape):
     """Standard normals (float64, NumPy) for the chains' start points, from the words of the JAX ``key``:
     the same key gives the same points, without compiling a program on the device for them."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):  # a typed key (jax.random.key): its bits
+        key = jax.random.key_data(key)
     return np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist()).standard_normal(shape)
 
 

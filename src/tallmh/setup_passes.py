@@ -237,14 +237,24 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
 
 def _gather_rows(data, idx):
-    """The rows ``idx`` of every leaf: by NumPy indexing where the leaves are arrays in memory (no program to
-    compile), else by a compiled :func:`tallmh.data.take` (on-disk and in-place leaves)."""
+    """The rows ``idx`` of every leaf: by NumPy indexing where the leaves are arrays in host memory (the
+    user's arrays read in place included; no program to compile), else by a compiled :func:`tallmh.data.take`
+    (on-disk leaves, and arrays on an accelerator, which NumPy would first copy whole to the host)."""
     from .datasource import HostArray, InPlaceArray
 
-    special = (HostArray, InPlaceArray)
-    leaves = jax.tree_util.tree_leaves(data, is_leaf=lambda a: isinstance(a, special))
-    if leaves and all(isinstance(a, (np.ndarray, jax.Array)) and not isinstance(a, special) for a in leaves):
-        return jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)[idx]), data)
+    def on_host(a):
+        if isinstance(a, HostArray):
+            return False
+        if isinstance(a, InPlaceArray):  # the user's NumPy array, read in place
+            return a._host() is not None
+        if isinstance(a, np.ndarray):
+            return True
+        return isinstance(a, jax.Array) and all(d.platform == "cpu" for d in a.devices())
+
+    special = lambda a: isinstance(a, (HostArray, InPlaceArray))  # noqa: E731 - (pytrees: leaves, not nodes)
+    leaves = jax.tree_util.tree_leaves(data, is_leaf=special)
+    if leaves and all(on_host(a) for a in leaves):
+        return jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)[idx]), data, is_leaf=special)
     return jax.jit(take)(data, jnp.asarray(idx))
 
 
