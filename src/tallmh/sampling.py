@@ -182,7 +182,7 @@ def _avals(tree):
     return treedef, [(tuple(np.shape(a)), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves]
 
 
-def _prepare(model, data, test, init, check_finite=True, cv_center=None, with_stats=True):
+def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     data = validate_data(data, check_finite=check_finite, in_place=True)  # no copy of in-memory data
     n = num_items(data)
     test.check(n)
@@ -210,7 +210,7 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None, with_st
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
     # on-disk data (tallmh.datasource): the model is checked on its first rows, set-up streams in blocks
     check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
-    stats = ds.setup_stats(model, data, n) if with_stats else None
+    stats = ds.setup_stats(model, data, n)
     setup_items = n if stats is not None else 0
     return data, n, init, stats, setup_items
 
@@ -671,7 +671,7 @@ class _Run:
         self.init_given = init
         test = self.test
         self.data, n, init, self.stats, self.setup_items = _prepare(model, data, Exact() if self.auto_test else test,
-                                                                    init, with_stats=False)
+                                                                    init)
         control_variates = self.control_variates
         for msg in getattr(model, "notes", None) or ():  # what the front end did to the model (e.g. recentred)
             if isinstance(msg, str) and msg not in notes:
@@ -684,11 +684,6 @@ class _Run:
                          f"test=tm.acceptance.Exact() is the oracle")
         elif control_variates is False:
             control_variates = None
-        if getattr(test, "reads_model_bound", True):
-            # the model's set-up statistics (e.g. max_i ||x_i||) serve only the bounds of a test that reads them
-            # (Confidence's range): a full pass over the data, skipped for the others
-            self.stats = ds.setup_stats(model, self.data, n)
-            self.setup_items += n if self.stats is not None else 0
         self.is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
         if control_variates is not None and getattr(test, "tracks_log_lik", False) \
                 and not (self.proposal is None or getattr(self.proposal, "needs_data", False)):

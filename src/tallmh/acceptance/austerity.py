@@ -178,7 +178,6 @@ class Austerity:
 
     name = "austerity"
     tracks_log_lik = False
-    reads_model_bound = False  # (tm.sample skips the model's set-up statistics pass for it)
 
     def __init__(self, error: Optional[float] = None, batch_size="auto", *, epsilon: Optional[float] = None,
                  skew_correction: bool = True, max_skew_correction: float = 0.25):

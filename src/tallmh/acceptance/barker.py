@@ -51,7 +51,6 @@ class Barker:
 
     name = "barker"
     tracks_log_lik = False
-    reads_model_bound = False  # (tm.sample skips the model's set-up statistics pass for it)
 
     def __post_init__(self):
         if int(self.batch_size) < 2:

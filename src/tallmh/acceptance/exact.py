@@ -84,7 +84,6 @@ class Exact:
         return "exact" if self.kind == "metropolis" else "exact-barker"
 
     tracks_log_lik = True
-    reads_model_bound = False  # (tm.sample skips the model's set-up statistics pass for it)
 
     def check(self, n: int):
         return None

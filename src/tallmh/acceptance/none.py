@@ -22,7 +22,6 @@ class AlwaysAccept:
 
     name = "none"
     tracks_log_lik = False
-    reads_model_bound = False  # (tm.sample skips the model's set-up statistics pass for it)
 
     def check(self, n: int):
         return None
