@@ -66,3 +66,16 @@ def test_feature_beyond_float32_range_is_one_clear_error():
     data["X"][3, 1] = 1e30
     with pytest.raises(DataError, match="rescale the features"):
         tm.sample(tm.models.LogisticRegression(), data, num_samples=5, num_warmup=0, num_chains=1, progress=False)
+
+
+def test_feature_statistics_on_the_host_match_the_compiled_ones():
+    from tallmh.models import logistic
+
+    rng = np.random.default_rng(3)
+    X = (rng.standard_normal((5000, 7)) * np.geomspace(1e-3, 1e3, 7)).astype(np.float32)
+    biggest, max_norm = logistic._feature_stats_host(X)
+    b2, n2 = logistic._feature_stats(jnp.asarray(X))
+    assert biggest == float(b2)
+    np.testing.assert_allclose(max_norm, float(n2), rtol=1e-6)
+    X[17, 3] = np.nan  # a non-finite entry (the finiteness check waived): the compiled path decides
+    assert logistic._feature_stats_host(X) is None

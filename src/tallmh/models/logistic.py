@@ -29,6 +29,22 @@ def _feature_stats(X):
     return biggest, jnp.max(jnp.where(jnp.all(finite, axis=1), norms, 0.0))
 
 
+def _feature_stats_host(X):
+    """:func:`_feature_stats` in NumPy, for an array in host memory whose entries are all finite (its largest
+    and smallest entries are then finite): no program to compile, and ~5x faster than the compiled row
+    norms on a 2-core CPU. None for an array on an accelerator or with a non-finite entry."""
+    if isinstance(X, jax.Array) and not all(d.platform == "cpu" for d in X.devices()):
+        return None
+    Xh = np.asarray(X)  # (an in-memory array read in place: the user's array itself)
+    hi, lo = Xh.max(), Xh.min()
+    if not (np.isfinite(hi) and np.isfinite(lo)):
+        return None
+    biggest = max(float(hi), -float(lo))
+    if biggest > MAX_FEATURE:
+        return biggest, np.inf
+    return biggest, float(np.sqrt(np.max(np.einsum("ij,ij->i", Xh, Xh))))
+
+
 def softplus_diff(z, d):
     """``softplus(z + d) - softplus(z)`` accurate to a few ulps relative for any margin ``z`` and step ``d``.
 
@@ -114,11 +130,16 @@ class LogisticRegression(Model):
         if not np.all((y == 0) | (y == 1)):
             raise DataError("LogisticRegression needs a binary target y with values 0 and 1")
         X = data["X"]
-        if not isinstance(X, jax.Array) and type(X).__name__ != "InPlaceArray":
+        if not isinstance(X, (jax.Array, np.ndarray)) and type(X).__name__ != "InPlaceArray":
             X = jnp.asarray(X)
         if not np.prod(np.shape(X)):
             return {"max_norm": jnp.zeros((), X.dtype)}
-        biggest, max_norm = _feature_stats(X)
+        host = _feature_stats_host(X)
+        if host is not None:
+            biggest, max_norm = host
+            max_norm = jnp.asarray(max_norm, X.dtype)
+        else:
+            biggest, max_norm = _feature_stats(X if not isinstance(X, np.ndarray) else jnp.asarray(X))
         biggest = float(biggest)
         if biggest > MAX_FEATURE:
             raise DataError(f"LogisticRegression: data['X'] holds a value of magnitude {biggest:.3g}, beyond the "
