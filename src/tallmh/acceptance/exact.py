@@ -64,8 +64,8 @@ class Exact:
     older kernel) is also accepted, and then a scalar is returned.
 
     Support. A non-finite ``log p(x_i|theta')`` or ``l_i`` (NaN, +-inf) rejects at once: reading stops
-    at the end of the chunk where it was seen, ``Decision.n_nonfinite`` counts such items and ``n_data``
-    the items read. A proposal with ``log_base = -inf`` (prior or proposal ratio) is rejected without
+    at the end of the chunk after the one where it was seen (the pass is pipelined: :meth:`_pipelined_sum`),
+    ``Decision.n_nonfinite`` counts such items and ``n_data`` the items read. A proposal with ``log_base = -inf`` (prior or proposal ratio) is rejected without
     reading data (``n_data = 0``).
     """
 
@@ -98,12 +98,36 @@ class Exact:
 
     def _sum(self, n, fn, dtype, target=None) -> CompSum:
         if isinstance(n, (int, np.integer)):
-            # (the reader's ladder of two or three sizes compiled the model once per size)
-            k, size = self._chunks(int(n))
-            reader = StreamReader(n, size, fn, permuted=False, ladder_base=None, stop_on_nonfinite=True)
-        else:  # a traced population size (tallmh.blocks): the ladder
-            reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
+            return self._pipelined_sum(int(n), fn, dtype, n if target is None else target)
+        # a traced population size (tallmh.blocks): the reader's ladder
+        reader = StreamReader(n, self.chunk, fn, permuted=False, stop_on_nonfinite=True)
         return reader.advance(None, CompSum.zero(dtype), n if target is None else target)
+
+    def _pipelined_sum(self, n: int, fn, dtype, target) -> CompSum:
+        """The compensated sum of ``fn`` over the items ``[0, target)`` in :meth:`_chunks`'s chunks, each chunk's
+        values added in the next iteration (as in :meth:`fixed_pass_sum`: added in the iteration that computes
+        them, the compiler fused their computation into the compensated reduction's scalar loop). Reading stops
+        once a non-finite value has been added: at the end of the chunk after the one holding it, both counted
+        in ``read``."""
+        k, size = self._chunks(n)
+
+        def chunk(j):
+            pos = j * size + jnp.arange(size, dtype=jnp.int32)
+            return fn(jnp.minimum(pos, n - 1)), pos < target
+
+        def cond(c):
+            j, acc, _, _ = c
+            return (j < k) & (j * size < target) & (acc.nonfinite == 0)
+
+        def body(c):
+            j, acc, prev, prev_mask = c
+            l, mask = chunk(j)
+            return j + 1, acc.merge(prev, prev_mask), l, mask
+
+        shape = jax.eval_shape(lambda: chunk(0)[0])
+        init = (jnp.int32(0), CompSum.zero(dtype), jnp.zeros(shape.shape, shape.dtype), jnp.zeros((size,), bool))
+        _, acc, last, last_mask = jax.lax.while_loop(cond, body, init)
+        return acc.merge(last, last_mask)
 
     def initial_log_lik(self, n: int, log_lik_fn, dtype=None):
         """Full log-likelihood ``sum_i log p(x_i|theta)`` as the pair ``[hi, lo]`` (shape (2,)).
