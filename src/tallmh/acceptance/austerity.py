@@ -37,8 +37,8 @@ def student_t_isf(x, nu):
     """The upper-tail quantile of Student's t with ``nu`` degrees of freedom at the level whose normal quantile
     is ``x`` (``x = -ndtri(p)``): the Cornish-Fisher expansion in 1/nu to the fourth order (Abramowitz &
     Stegun 26.7.5; Fisher & Cornish 1960). ``|T| > student_t_isf(x, nu)`` is ``P(T > |T|) < p``: the
-    austerity test's stopping rule (eq. 4) without the incomplete beta function, a loop that the compiler
-    unrolls into every look. Relative error below 1e-4 for ``nu >= 29`` and ``x <= 5`` (checked against SciPy in
+    austerity test's stopping rule (eq. 4) without the incomplete beta function, a loop evaluated at every
+    look and compiled into the chain. Relative error below 1e-4 for ``nu >= 29`` and ``x <= 5`` (checked against SciPy in
     tests/acceptance/test_student_t.py); used where every look has read at least ``T_EXPANSION_MIN`` items.
     """
     x2 = x * x

@@ -65,8 +65,8 @@ class Exact:
 
     Support. A non-finite ``log p(x_i|theta')`` or ``l_i`` (NaN, +-inf) rejects at once: reading stops
     at the end of the chunk after the one where it was seen (the pass is pipelined: :meth:`_pipelined_sum`),
-    ``Decision.n_nonfinite`` counts such items and ``n_data`` the items read. A proposal with ``log_base = -inf`` (prior or proposal ratio) is rejected without
-    reading data (``n_data = 0``).
+    ``Decision.n_nonfinite`` counts such items and ``n_data`` the items read. A proposal with
+    ``log_base = -inf`` (prior or proposal ratio) is rejected without reading data (``n_data = 0``).
     """
 
     kind: str = "metropolis"

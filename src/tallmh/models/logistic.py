@@ -137,7 +137,7 @@ class LogisticRegression(Model):
         host = _feature_stats_host(X)
         if host is not None:
             biggest, max_norm = host
-            max_norm = jnp.asarray(max_norm, X.dtype)
+            max_norm = jnp.asarray(max_norm, jax.dtypes.canonicalize_dtype(X.dtype))
         else:
             biggest, max_norm = _feature_stats(X if not isinstance(X, np.ndarray) else jnp.asarray(X))
         biggest = float(biggest)
