@@ -167,22 +167,22 @@ def test_pymc_log_sigma_regression_mode():
     assert np.max(np.abs(np.asarray(found.center, np.float64) - want) / sd) < 0.01
 
 
+def _newton_from_2(log_lik):
+    """``_newton`` from theta = 2 on ten items y_i = 0 with ``log_lik`` and a N(0, 100^2) prior (float64)."""
+    model = tm.Model(log_prior=lambda t: -0.5 * (t["a"] / 100.0) ** 2, log_lik=log_lik)
+    flat0, unravel = ravel_pytree({"a": jnp.asarray(2.0)})
+    return setup._newton(model, {"y": jnp.zeros(10)}, 10, unravel, flat0, 30, 1e-10)
+
+
 def test_unchecked_newton_step_that_loses_falls_back_to_the_line_search():
     """A full Newton step taken without a line search is checked by the next pass; where it lowers the log
     posterior (here it overshoots from 2 to -8 on ell_i = -sqrt(1 + theta^2)), the search goes back and
     halves along it, and still ends at the mode (0). A quadratic log-likelihood is the contrast: its full step
     is right, so no line-search pass is made at all."""
     with enable_x64(True):
-        data = {"y": jnp.zeros(10)}
-
-        def run(log_lik):
-            model = tm.Model(log_prior=lambda t: -0.5 * (t["a"] / 100.0) ** 2, log_lik=log_lik)
-            flat0, unravel = ravel_pytree({"a": jnp.asarray(2.0)})
-            return setup._newton(model, data, 10, unravel, flat0, 30, 1e-10)
-
-        th, passes, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
+        th, passes, _ = _newton_from_2(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
         assert abs(float(th[0])) < 1e-4, th
-        th_q, passes_q, _ = run(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2)
+        th_q, passes_q, _ = _newton_from_2(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2)
         assert abs(float(th_q[0])) < 1e-4 and passes_q == 2, (th_q, passes_q)  # the step, then its check
         assert passes > passes_q + 2, passes  # the failed check and the line search's halvings
 
@@ -193,21 +193,14 @@ def test_unchecked_steps_below_the_values_rounding_are_checked_by_their_decremen
     quadratic the step lands on the mode (2 passes, not 3); on a pseudo-Huber it overshoots, the decrement
     grows, and the line search takes over and still finds the mode."""
     with enable_x64(True):
-        data = {"y": jnp.zeros(10)}
-
-        def run(log_lik):
-            model = tm.Model(log_prior=lambda t: -0.5 * (t["a"] / 100.0) ** 2, log_lik=log_lik)
-            flat0, unravel = ravel_pytree({"a": jnp.asarray(2.0)})
-            return setup._newton(model, data, 10, unravel, flat0, 30, 1e-10)
-
         big = 1e6  # |log posterior| ~ 1e7: its rounding margin (~10) exceeds the gains below
-        th_q, passes_q, _ = run(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2 - big)
+        th_q, passes_q, _ = _newton_from_2(lambda t, b: -0.5 * (t["a"] - b["y"]) ** 2 - big)
         assert abs(float(th_q[0])) < 1e-4 and passes_q == 2, (th_q, passes_q)
-        th, passes, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2) - big)
+        th, passes, _ = _newton_from_2(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2) - big)
         assert abs(float(th[0])) < 1e-4, th
         # the overshoot is rejected as where the value can show it: the same passes as without the offset (a
         # step kept unchecked there went on from -8 and took 13 passes)
-        _, passes_v, _ = run(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
+        _, passes_v, _ = _newton_from_2(lambda t, b: -jnp.sqrt(1.0 + (t["a"] - b["y"]) ** 2))
         assert passes == passes_v > passes_q + 2, (passes, passes_v)
 
 
