@@ -117,7 +117,7 @@ def test_exact_pass_smoke():
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {r["sum"] for r in res["rows"]} == {"plain sum", "df_sum", "df_reduce", "exact oracle"}
+    assert {r["sum"] for r in res["rows"]} == {"plain sum", "df_sum", "df_reduce", "exact oracle", "audit pass"}
     values = [r["value"] for r in res["rows"]]
     assert max(values) - min(values) <= 1e-4 * max(1.0, abs(values[0]))
     assert all(r["ns_per_item_chain"] > 0 for r in res["rows"])
