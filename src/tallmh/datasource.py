@@ -400,6 +400,21 @@ def advise(data, pattern: str):
     return done
 
 
+def host_view(leaf) -> Optional[np.ndarray]:
+    """``leaf`` as a NumPy array without a copy where it lies in host memory (a NumPy array, the user's array
+    read in place, a ``jax.Array`` on the CPU), else None (data read from disk by gathers, arrays on an
+    accelerator, which NumPy would first copy whole to the host)."""
+    if isinstance(leaf, HostArray):
+        return None
+    if isinstance(leaf, InPlaceArray):
+        return np.asarray(leaf) if leaf._host() is not None else None
+    if isinstance(leaf, np.ndarray):
+        return leaf
+    if isinstance(leaf, jax.Array) and all(d.platform == "cpu" for d in leaf.devices()):
+        return np.asarray(leaf)
+    return None
+
+
 def is_host_leaf(leaf) -> bool:
     return isinstance(leaf, (HostArray, InPlaceArray)) or _memmap_of(leaf) is not None
 

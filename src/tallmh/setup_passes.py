@@ -237,24 +237,14 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
 
 def _gather_rows(data, idx):
-    """The rows ``idx`` of every leaf: by NumPy indexing where the leaves are arrays in host memory (the
-    user's arrays read in place included; no program to compile), else by a compiled :func:`tallmh.data.take`
-    (on-disk leaves, and arrays on an accelerator, which NumPy would first copy whole to the host)."""
-    from .datasource import HostArray, InPlaceArray
-
-    def on_host(a):
-        if isinstance(a, HostArray):
-            return False
-        if isinstance(a, InPlaceArray):  # the user's NumPy array, read in place
-            return a._host() is not None
-        if isinstance(a, np.ndarray):
-            return True
-        return isinstance(a, jax.Array) and all(d.platform == "cpu" for d in a.devices())
+    """The rows ``idx`` of every leaf: by NumPy indexing where every leaf lies in host memory
+    (:func:`tallmh.datasource.host_view`; no program to compile), else by a compiled :func:`tallmh.data.take`."""
+    from .datasource import HostArray, InPlaceArray, host_view
 
     special = lambda a: isinstance(a, (HostArray, InPlaceArray))  # noqa: E731 - (pytrees: leaves, not nodes)
-    leaves = jax.tree_util.tree_leaves(data, is_leaf=special)
-    if leaves and all(on_host(a) for a in leaves):
-        return jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)[idx]), data, is_leaf=special)
+    views = [host_view(a) for a in jax.tree_util.tree_leaves(data, is_leaf=special)]
+    if views and all(v is not None for v in views):
+        return jax.tree_util.tree_map(lambda a: jnp.asarray(host_view(a)[idx]), data, is_leaf=special)
     return jax.jit(take)(data, jnp.asarray(idx))
 
 
@@ -358,6 +348,24 @@ def modified_newton_step(neg_h, g):
     return np.linalg.solve(positive_part(neg_h), np.asarray(g, np.float64))
 
 
+def _newton_step(g, h, keep=None):
+    """``(step, decrement, concave)`` of the Newton step for gradient ``g`` and Hessian ``h`` (float64); where the
+    mask ``keep`` is given, only its coordinates move. Not concave: the modified step (:func:`modified_newton_step`)."""
+    neg_h = -0.5 * (h + h.T)
+    gn = g
+    if keep is not None:  # the conditional mode of the free coordinates: zero gradient, identity rows
+        gn = np.where(keep, g, 0.0)
+        neg_h = np.where(keep[:, None] & keep[None, :], neg_h, 0.0) + np.diag((~keep).astype(float))
+    try:
+        np.linalg.cholesky(neg_h)
+        step = np.linalg.solve(neg_h, gn)
+        concave = True
+    except np.linalg.LinAlgError:  # not concave here (e.g. a hierarchical prior's funnel)
+        step = np.asarray(modified_newton_step(neg_h, gn), np.float64)
+        concave = False
+    return step, float(gn @ step), concave
+
+
 def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
@@ -414,22 +422,6 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
             t *= 0.5
         return t0, used, True
 
-    def newton_step(g, h):
-        """``(step, decrement, concave)`` of the Newton step for gradient g and Hessian h."""
-        neg_h = -0.5 * (h + h.T)
-        gn = g
-        if keep is not None:  # the conditional mode of the free coordinates: zero gradient, identity rows
-            gn = np.where(keep, g, 0.0)
-            neg_h = np.where(keep[:, None] & keep[None, :], neg_h, 0.0) + np.diag((~keep).astype(float))
-        try:
-            np.linalg.cholesky(neg_h)
-            step = np.linalg.solve(neg_h, gn)
-            concave = True
-        except np.linalg.LinAlgError:  # not concave here (e.g. a hierarchical prior's funnel)
-            step = np.asarray(modified_newton_step(neg_h, gn), np.float64)
-            concave = False
-        return step, float(gn @ step), concave
-
     passes = 0
     last = None
     # (theta, log posterior, step, decrement, check) before a step taken without a line search; check "value":
@@ -443,7 +435,7 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
         pv, pg, ph = prior_parts(th)
         v, g, h = pv + scale * lv, pg + scale * lg, ph + scale * lh
         finite = np.isfinite(v) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))
-        step, decrement, concave = newton_step(g, h) if finite else (None, np.inf, False)
+        step, decrement, concave = _newton_step(g, h, keep) if finite else (None, np.inf, False)
         if pending is not None:
             t0, v0, step0, dec0, check = pending
             pending = None

@@ -104,30 +104,16 @@ class Exact:
         return reader.advance(None, CompSum.zero(dtype), n if target is None else target)
 
     def _pipelined_sum(self, n: int, fn, dtype, target) -> CompSum:
-        """The compensated sum of ``fn`` over the items ``[0, target)`` in :meth:`_chunks`'s chunks, each chunk's
-        values added in the next iteration (as in :meth:`fixed_pass_sum`: added in the iteration that computes
-        them, the compiler fused their computation into the compensated reduction's scalar loop). Reading stops
-        once a non-finite value has been added: at the end of the chunk after the one holding it, both counted
-        in ``read``."""
+        """The compensated sum of ``fn`` over the items ``[0, target)`` in :meth:`_chunks`'s chunks, by
+        :func:`_pipelined`. Reading stops once a non-finite value has been added: at the end of the chunk after
+        the one holding it, both counted in ``read``."""
         k, size = self._chunks(n)
 
         def chunk(j):
             pos = j * size + jnp.arange(size, dtype=jnp.int32)
             return fn(jnp.minimum(pos, n - 1)), pos < target
 
-        def cond(c):
-            j, acc, _, _ = c
-            return (j < k) & (j * size < target) & (acc.nonfinite == 0)
-
-        def body(c):
-            j, acc, prev, prev_mask = c
-            l, mask = chunk(j)
-            return j + 1, acc.merge(prev, prev_mask), l, mask
-
-        shape = jax.eval_shape(lambda: chunk(0)[0])
-        init = (jnp.int32(0), CompSum.zero(dtype), jnp.zeros(shape.shape, shape.dtype), jnp.zeros((size,), bool))
-        _, acc, last, last_mask = jax.lax.while_loop(cond, body, init)
-        return acc.merge(last, last_mask)
+        return _pipelined(chunk, k, dtype, lambda j, acc: (j * size < target) & (acc.nonfinite == 0))
 
     def initial_log_lik(self, n: int, log_lik_fn, dtype=None):
         """Full log-likelihood ``sum_i log p(x_i|theta)`` as the pair ``[hi, lo]`` (shape (2,)).
@@ -202,14 +188,9 @@ class Exact:
         return Decision(accept, read.astype(jnp.int32), jnp.int32(1), None, bad.astype(jnp.int32))
 
     def fixed_pass_sum(self, problem: Problem) -> CompSum:
-        """The compensated sum of every ``l_i`` (N static) by :meth:`audit_decide`'s pass of fixed length.
-
-        Pipelined: iteration i computes chunk i's ``l_i`` and adds chunk i - 1's, carried from the iteration
-        before. Added in the iteration that computes them, the compiler fused the ratios' computation into the
-        compensated reduction, a loop of dependent scalar steps, so the exponentials and logarithms ran one
-        item at a time: ~150 ms per 4 chains at N = 10^6 against ~30 ms carried (``benchmarks/exact_pass.py``
-        times the pass as it is).
-        """
+        """The compensated sum of every ``l_i`` (N static) by :meth:`audit_decide`'s pass of fixed length (its
+        loop's condition depends on the iteration alone, so chains side by side share it), pipelined
+        (:func:`_pipelined`)."""
         n = int(problem.n)
         k, size = self._chunks(n)
         rows = problem.lik_ratio_rows
@@ -220,12 +201,28 @@ class Exact:
             l = rows(start, size) if rows is not None else problem.lik_ratio(pos)
             return l, pos >= i * size
 
-        def body(i, carry):
-            acc, prev, prev_mask = carry
-            l, mask = chunk(i)
-            return acc.merge(prev, prev_mask), l, mask
+        return _pipelined(chunk, k, problem.log_base.dtype)
 
-        shape = jax.eval_shape(lambda: chunk(0)[0])  # (the ratios' dtype, which may not be log_base's)
-        none = (jnp.zeros(shape.shape, shape.dtype), jnp.zeros((size,), bool))
-        acc, last, last_mask = jax.lax.fori_loop(0, k, body, (CompSum.zero(problem.log_base.dtype),) + none)
-        return acc.merge(last, last_mask)
+
+def _pipelined(chunk, k, dtype, go=None) -> CompSum:
+    """The compensated sum (:class:`CompSum`) of the values of chunks ``0 .. k - 1`` (``chunk(j) -> (values,
+    mask)``), while ``go(j, acc)`` (default: always): iteration j computes chunk j and adds chunk j - 1's
+    values, carried from the iteration before. Added in the iteration that computes them, the compiler fused
+    their computation (the model's exponentials and logarithms) into the compensated reduction, a loop of
+    dependent scalar steps, so they ran one item at a time: the self-audit's pass at N = 10^6, 4 chains, took
+    ~150 ms against ~30 ms pipelined (``benchmarks/exact_pass.py`` times the passes as they are)."""
+    shape = jax.eval_shape(lambda: chunk(0)[0])  # (the values' dtype, which may not be the sum's)
+    size = shape.shape[0]
+
+    def cond(c):
+        j, acc, _, _ = c
+        return (j < k) & (go(j, acc) if go is not None else True)
+
+    def body(c):
+        j, acc, prev, prev_mask = c
+        values, mask = chunk(j)
+        return j + 1, acc.merge(prev, prev_mask), values, mask
+
+    init = (jnp.int32(0), CompSum.zero(dtype), jnp.zeros(shape.shape, shape.dtype), jnp.zeros((size,), bool))
+    _, acc, last, last_mask = jax.lax.while_loop(cond, body, init)
+    return acc.merge(last, last_mask)

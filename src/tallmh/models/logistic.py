@@ -33,9 +33,11 @@ def _feature_stats_host(X):
     """:func:`_feature_stats` in NumPy, for an array in host memory whose entries are all finite (its largest
     and smallest entries are then finite): no program to compile, and ~5x faster than the compiled row
     norms on a 2-core CPU. None for an array on an accelerator or with a non-finite entry."""
-    if isinstance(X, jax.Array) and not all(d.platform == "cpu" for d in X.devices()):
+    from ..datasource import host_view
+
+    Xh = host_view(X)
+    if Xh is None:
         return None
-    Xh = np.asarray(X)  # (an in-memory array read in place: the user's array itself)
     hi, lo = Xh.max(), Xh.min()
     if not (np.isfinite(hi) and np.isfinite(lo)):
         return None
