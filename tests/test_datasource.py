@@ -116,6 +116,7 @@ def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypa
     monkeypatch.setattr(ds, "BLOCK_ROWS", 1024)
     monkeypatch.setattr(setup_passes, "_CHUNK", 512)
     monkeypatch.setattr(setup_passes, "_BLOCK_CHUNKS", 2)
+    monkeypatch.setattr(setup_passes, "HOST_BLOCK", 1024)
     disk = tm.data.from_npy(paths, gather="callback", check_finite=False)
     counters = {}
     for k, leaf in disk.items():

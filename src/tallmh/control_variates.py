@@ -30,7 +30,7 @@ import numpy as np
 
 from .cache_keys import shape_key, value_key
 from .errors import ConfigError
-from .setup_passes import CENTRE_TOL, closed_form_vgh, full_pass, mode_search
+from .setup_passes import CENTRE_TOL, HostPasses, closed_form_vgh, full_pass, mode_search
 
 
 __all__ = ["ControlVariates", "CVState", "proxy_sums", "proxy_terms", "proxy_sum_diff", "state_at_mode"]
@@ -101,17 +101,26 @@ def proxy_sums(model, data, n, unravel, center, order=2):
     Each chunk's sums (8192 items) are made on the device in the working precision; the chunks are
     accumulated in float64 on the host, so the result has the precision of a float32 sum of 8192 items,
     not of N items (``G`` is a sum of N terms that nearly cancel at the mode). The pass reads the rows in
-    blocks of 2**20 (:func:`full_pass`), so on-disk data is streamed, never loaded whole.
+    blocks of 2**20 (:func:`full_pass`), so on-disk data is streamed, never loaded whole. A model with
+    NumPy closed forms (the built-in GLMs) on data in host memory or in a file is summed in float64 on the
+    host instead (:class:`~tallmh.setup_passes.HostPasses`).
     """
     d = center.shape[0]
-    chunk_sums = _proxy_chunk_fn(model, unravel, order, center)
-    G = np.zeros(d, np.float64)
-    H = np.zeros((d, d), np.float64)
-    for g, h in full_pass(chunk_sums, data, n, (center,), "tallmh: control-variate sums"):
-        G += np.asarray(g, np.float64)
-        H += np.asarray(h, np.float64)
+    host = HostPasses.of(model, data, n, unravel, center)
+    if host is not None:  # the built-in GLMs on host data: NumPy, float64 (HostPasses)
+        _, G, H = host.sums(center, "tallmh: control-variate sums")
+        if order == 1:
+            H = np.zeros((d, d))
+    else:
+        chunk_sums = _proxy_chunk_fn(model, unravel, order, center)
+        G = np.zeros(d, np.float64)
+        H = np.zeros((d, d), np.float64)
+        for g, h in full_pass(chunk_sums, data, n, (center,), "tallmh: control-variate sums"):
+            G += np.asarray(g, np.float64)
+            H += np.asarray(h, np.float64)
     H = 0.5 * (H + H.T)
-    return CVState(center, jnp.asarray(G, center.dtype), jnp.asarray(H, center.dtype))
+    dt = np.dtype(center.dtype)
+    return CVState(center, jnp.asarray(np.asarray(G, dt)), jnp.asarray(np.asarray(H, dt)))
 
 
 

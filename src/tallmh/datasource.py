@@ -556,6 +556,28 @@ def _rows_of(leaf, a: int, b: int):
     return leaf[a:b]
 
 
+def host_reader(data):
+    """``read(a, b)``: rows ``[a, b)`` of every leaf as NumPy arrays in the dtype compiled code sees (the leaf's
+    canonical dtype), where every leaf lies in host memory or in a file (read with no device program); None
+    where a leaf lives on an accelerator (it would first be copied whole to the host)."""
+    leaves, tree = jax.tree_util.tree_flatten(data, is_leaf=_is_leaf)
+    srcs = []
+    for leaf in leaves:
+        mm = _memmap_of(leaf) if is_host_leaf(leaf) else None
+        if isinstance(leaf, HostArray) and mm is not None:
+            srcs.append((mm, np.dtype(leaf.dtype)))
+            continue
+        src = mm if mm is not None else host_view(leaf)
+        if src is None:
+            return None
+        srcs.append((src, _canonical(src.dtype)))
+
+    def read(a: int, b: int):
+        return jax.tree_util.tree_unflatten(tree, [np.asarray(src[a:b], dt) for src, dt in srcs])
+
+    return read
+
+
 def read_rows(data, a: int, b: int):
     """Rows ``[a, b)`` of every leaf, as in-memory arrays (outside compiled code)."""
     return jax.tree_util.tree_map(lambda x: _rows_of(x, a, b), data, is_leaf=_is_leaf)

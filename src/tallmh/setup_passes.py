@@ -15,6 +15,7 @@ streamed pass; the mode search hands back its last pass's sums so that the calle
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional
 
 import jax
@@ -115,6 +116,106 @@ def closed_form_vgh(model, unravel, th):
     return fn
 
 
+
+
+def _owned_with(model, name, partner):
+    """Whether the class that defines ``model.name`` also defines ``model.partner`` (a subclass with its own
+    likelihood or prior does not inherit another's closed forms)."""
+    mro = type(model).__mro__
+    owner = next((c for c in mro if name in vars(c)), None)
+    return owner is not None and owner is next((c for c in mro if partner in vars(c)), None)
+
+
+HOST_BLOCK = 2**16  # rows per block of a host pass (fixed: the same blocks wherever the data lives)
+HOST_THREADS = 4  # blocks of a host pass computed at once, at most (NumPy releases the GIL in its loops)
+
+
+class HostPasses:
+    """The set-up passes in NumPy, in float64, for a model with closed forms on the host
+    (``lik_value_grad_hess_host``, ``log_lik_host``; the built-in GLMs) and data in host memory or in a
+    file: no program to compile (in a fresh process the set-up's compiled passes cost more than the passes
+    themselves, and they compiled beside the chain on the same cores), and float64 sums.
+
+    Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.datasource.host_reader`: slices of in-memory
+    arrays, reads of files) and reduced by up to ``HOST_THREADS`` threads; their results are summed in row
+    order, so in-memory and on-disk data give the same sums, bit for bit. A pass over on-disk data of at
+    least ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar."""
+
+    def __init__(self, model, data, n, read):
+        self.model, self.data, self.n, self.read = model, data, n, read
+
+    @staticmethod
+    def of(model, data, n, unravel, th) -> Optional["HostPasses"]:
+        """The host passes for this model and data, or None (then the compiled passes: :func:`full_pass`)."""
+        from .datasource import host_reader
+
+        if not all(callable(getattr(model, a, None)) for a in ("lik_value_grad_hess_host", "log_lik_host")):
+            return None
+        if not (_owned_with(model, "lik_value_grad_hess_host", "log_lik")
+                and _owned_with(model, "log_lik_host", "log_lik")):
+            return None
+        flat = unravel(th)
+        if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th))):
+            return None
+        read = host_reader(data)
+        return None if read is None else HostPasses(model, data, n, read)
+
+    def _blocks(self, fn, desc):
+        """``fn(rows)`` of each block, in row order."""
+        import collections
+        from concurrent.futures import ThreadPoolExecutor
+
+        from . import datasource as ds
+
+        n, read = self.n, self.read
+        starts = list(range(0, n, HOST_BLOCK))
+        bar = ds.progress_bar(n, desc, ds.is_out_of_core(self.data))
+        ds.advise(self.data, "sequential")
+
+        def work(s):
+            return fn(read(s, min(n, s + HOST_BLOCK)))
+
+        try:
+            threads = min(HOST_THREADS, os.cpu_count() or 1, len(starts))
+            if threads <= 1:
+                for s in starts:
+                    yield work(s)
+                    if bar is not None:
+                        bar.update(min(n, s + HOST_BLOCK) - s)
+                return
+            with ThreadPoolExecutor(threads, thread_name_prefix="tallmh-pass") as ex:
+                queue = collections.deque()
+                for s in starts:  # at most 2 blocks per thread in flight: memory of a few blocks, not of N
+                    queue.append((s, ex.submit(work, s)))
+                    if len(queue) >= 2 * threads:
+                        s0, f = queue.popleft()
+                        yield f.result()
+                        if bar is not None:
+                            bar.update(min(n, s0 + HOST_BLOCK) - s0)
+                while queue:
+                    s0, f = queue.popleft()
+                    yield f.result()
+                    if bar is not None:
+                        bar.update(min(n, s0 + HOST_BLOCK) - s0)
+        finally:
+            ds.advise(self.data, "normal")
+            if bar is not None:
+                bar.close()
+
+    def sums(self, th, desc="tallmh: set-up pass"):
+        """``(sum_i l_i, sum_i grad l_i, sum_i hess l_i)`` at ``th``, float64."""
+        t = np.asarray(th, np.float64)
+        d = t.shape[0]
+        v, g, h = 0.0, np.zeros(d), np.zeros((d, d))
+        for bv, bg, bh in self._blocks(lambda rows: self.model.lik_value_grad_hess_host(t, rows), desc):
+            v, g, h = v + bv, g + bg, h + bh
+        return v, g, h
+
+    def diff(self, th0, th1, desc="tallmh: set-up pass"):
+        """``sum_i (l_i(th1) - l_i(th0))``, float64."""
+        t0, t1 = np.asarray(th0, np.float64), np.asarray(th1, np.float64)
+        ll = self.model.log_lik_host
+        return float(sum(self._blocks(lambda rows: float(np.sum(ll(t1, rows) - ll(t0, rows))), desc)))
 
 
 class ModeSearch(NamedTuple):
@@ -229,11 +330,17 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
         _, g_lik, h_lik = last
         h_lik = 0.5 * (h_lik + h_lik.T)
-        g_sum, h_sum = jnp.asarray(g_lik, th.dtype), jnp.asarray(h_lik, th.dtype)
+        g_sum, h_sum = _to_device(g_lik, th.dtype), _to_device(h_lik, th.dtype)
     return ModeSearch(th, passes, g_sum, h_sum, int(warm_items))
 
 
 
+
+
+def _to_device(a, dtype):
+    """A host array as a device array of ``dtype``, converted on the host (``jnp.asarray(a, dtype)`` of a float64
+    array compiles a conversion program in a fresh process)."""
+    return jnp.asarray(np.asarray(a, np.dtype(dtype)))
 
 
 def _gather_rows(data, idx):
@@ -288,6 +395,9 @@ _PRIOR_FNS: dict = {}  # compiled log-prior derivatives of the set-up passes (se
 def lik_hessian(model, data, n, unravel, th):
     """The log-likelihood's Hessian summed over all ``n`` rows at the flat point ``th`` (one pass, in float64
     on the host; closed form for the built-in GLMs, autodiff otherwise)."""
+    host = HostPasses.of(model, data, n, unravel, th)
+    if host is not None:
+        return host.sums(th, "tallmh: Hessian pass")[2]
     chunk_vgh, _ = _newton_chunk_fns(model, unravel, th)
     d = th.shape[0]
     h = np.zeros((d, d), np.float64)
@@ -319,6 +429,31 @@ def _prior_fns(model, unravel, th):
 
 
 EIG_FLOOR = 1e-6  # eigenvalues of the scaled negative Hessian are floored at this times the largest
+
+
+def _prior_parts(model, unravel, th):
+    """``(parts, diff)``: ``parts(t) = (log p0, gradient, Hessian)`` in float64 and ``diff(t0, t1) = log p0(t1) -
+    log p0(t0)``, by the model's NumPy form (``log_prior_vgh_host``, defined with its ``log_prior``) where it
+    has one, else by compiled programs (:func:`_prior_fns`)."""
+    if callable(getattr(model, "log_prior_vgh_host", None)) and _owned_with(model, "log_prior_vgh_host", "log_prior"):
+        flat = unravel(th)
+        if hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th)):
+            def host_parts(t):
+                v, g, h = model.log_prior_vgh_host(np.asarray(t, np.float64))
+                return float(v), np.asarray(g, np.float64), np.asarray(h, np.float64)
+
+            return host_parts, lambda t0, t1: host_parts(t1)[0] - host_parts(t0)[0]
+    vgh, pair = _prior_fns(model, unravel, th)
+
+    def parts(t):
+        lp, g, h = vgh(t)
+        return float(lp), np.asarray(g, np.float64), np.asarray(h, np.float64)
+
+    def diff(t0, t1):
+        lp0, lp1 = pair(t0, t1)
+        return float(lp1) - float(lp0)
+
+    return parts, diff
 
 
 def positive_part(neg_h):
@@ -375,15 +510,14 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
     d = th.shape[0]
     what = f"tallmh: Newton {label} pass" if label else "tallmh: Newton pass"
 
-    chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
-
-    prior_vgh, prior_pair = _prior_fns(model, unravel, th)
-
-    def prior_parts(t0):
-        lp, g, h = prior_vgh(t0)
-        return float(lp), np.asarray(g, np.float64), np.asarray(h, np.float64)
+    host = HostPasses.of(model, data, n, unravel, th)
+    prior_parts, prior_diff = _prior_parts(model, unravel, th)
+    if host is None:
+        chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
 
     def lik_derivs(t0):
+        if host is not None:
+            return host.sums(t0, what)
         v, g, h = 0.0, np.zeros(d, np.float64), np.zeros((d, d), np.float64)
         for cv, cg, ch in full_pass(chunk_vgh, data, n, (t0,), what):
             v += float(cv)
@@ -392,10 +526,12 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
         return v, g, h
 
     def full_diff(t0, cand):
-        lp0, lp1 = prior_pair(t0, cand)
-        dv = float(lp1) - float(lp0)
+        dv = prior_diff(t0, cand)
+        desc = what.replace("pass", "line search")
+        if host is not None:
+            return dv + scale * host.diff(t0, cand, desc)
         lik = 0.0
-        for hi, lo in full_pass(chunk_dv, data, n, (t0, cand), what.replace("pass", "line search")):
+        for hi, lo in full_pass(chunk_dv, data, n, (t0, cand), desc):
             lik += float(hi) + float(lo)
         return dv + scale * lik
 
@@ -488,7 +624,7 @@ def start_cov(model, unravel, cv):
     cov = laplace_cov(model, unravel, cv)
     if cov is not None:
         return cov, True
-    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
+    hp = _prior_parts(model, unravel, cv.center)[0](cv.center)[2]
     prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
     if not np.all(np.isfinite(prec)):
         return None, False
@@ -497,18 +633,18 @@ def start_cov(model, unravel, cv):
         np.linalg.cholesky(0.5 * (cov + cov.T))
     except np.linalg.LinAlgError:
         return None, False
-    return jnp.asarray(0.5 * (cov + cov.T), cv.center.dtype), False
+    return _to_device(0.5 * (cov + cov.T), cv.center.dtype), False
 
 
 def laplace_cov(model, unravel, cv):
     """``(-(H + hess log prior(theta_hat)))^-1`` from the stored sums, or None if not positive definite."""
-    hp = _prior_fns(model, unravel, cv.center)[0](cv.center)[2]
+    hp = _prior_parts(model, unravel, cv.center)[0](cv.center)[2]
     prec = -(np.asarray(cv.hess_sum, float) + np.asarray(hp, float))
     try:
         np.linalg.cholesky(prec)
     except np.linalg.LinAlgError:
         return None
     cov = np.linalg.inv(prec)
-    return jnp.asarray(0.5 * (cov + cov.T), cv.center.dtype)
+    return _to_device(0.5 * (cov + cov.T), cv.center.dtype)
 
 

@@ -119,6 +119,32 @@ class LogisticRegression(Model):
         h = -(X * (m * p * (1.0 - p))[:, None]).T @ X
         return v, g, h
 
+    def lik_value_grad_hess_host(self, theta, batch):
+        """:meth:`lik_value_grad_hess` over every row of a batch of NumPy arrays, in float64 on the host
+        (``theta`` a float64 vector): the set-up passes' form where the data lies in host memory or in a file
+        (no program to compile, and float64 sums). ``tests/test_setup_passes.py`` checks it against the
+        compiled form."""
+        X = np.asarray(batch["X"], np.float64)
+        y = np.asarray(batch["y"], np.float64)
+        z = X @ theta
+        v = -np.sum(np.logaddexp(0.0, np.where(y > 0.5, -z, z)))
+        p = np.exp(-np.logaddexp(0.0, -z))
+        g = X.T @ (y - p)
+        h = -(X.T * (p * (1.0 - p))) @ X
+        return float(v), g, h
+
+    def log_lik_host(self, theta, batch):
+        """:meth:`log_lik` in float64 on the host (a batch of NumPy arrays, ``theta`` a float64 vector)."""
+        z = np.asarray(batch["X"], np.float64) @ theta
+        return -np.logaddexp(0.0, np.where(np.asarray(batch["y"]) > 0.5, -z, z))
+
+    def log_prior_vgh_host(self, theta):
+        """The log prior's value, gradient and Hessian at the float64 vector ``theta``, in NumPy."""
+        s2 = self.prior_scale**2
+        d = theta.shape[0]
+        v = -0.5 * float(theta @ theta) / s2 - d * (np.log(self.prior_scale) + 0.5 * np.log(2 * np.pi))
+        return v, -theta / s2, -np.eye(d) / s2
+
     def init(self, data):
         X = data["X"]
         if np.ndim(X) != 2:

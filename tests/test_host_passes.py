@@ -1,0 +1,122 @@
+"""The set-up passes in NumPy (``setup_passes.HostPasses``) for the built-in GLMs on host data: the same
+sums as the compiled passes, the same bits wherever the data lies and however many threads reduce it, and
+used only where the model's closed forms belong to its likelihood."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import enable_x64
+from jax.flatten_util import ravel_pytree
+
+import tallmh as tm
+from tallmh import control_variates as cvm
+from tallmh import datasource as ds
+from tallmh import setup_passes as setup
+
+
+def _data(n=20_000, seed=3):
+    data, _ = tm.models.LogisticRegression.simulate(n, d=5, seed=seed)
+    data["X"][:, 2] *= 7.0  # unequal scales
+    return {k: np.asarray(v) for k, v in data.items()}
+
+
+def _compiled_sums(model, data, th):
+    """The compiled per-chunk closed form, summed the way the compiled pass sums it."""
+    n = data["y"].shape[0]
+    chunk_vgh, chunk_dv = setup._newton_chunk_fns(model, lambda t: t, th)
+    v, g, h = 0.0, 0.0, 0.0
+    for cv, cg, ch in setup.full_pass(chunk_vgh, {k: jnp.asarray(a) for k, a in data.items()}, n, (th,)):
+        v, g, h = v + float(cv), g + np.asarray(cg, np.float64), h + np.asarray(ch, np.float64)
+    return v, g, h
+
+
+def test_host_sums_equal_the_compiled_closed_form_and_float64_autodiff():
+    model = tm.models.LogisticRegression(prior_scale=3.0)
+    data = _data()
+    n = data["y"].shape[0]
+    th = jnp.asarray(np.linspace(-0.3, 0.4, 6), jnp.float32)
+    host = setup.HostPasses.of(model, data, n, lambda t: t, th)
+    assert host is not None
+    v, g, h = host.sums(th)
+    cv, cg, ch = _compiled_sums(model, data, th)
+    # float32 chunk sums against float64: relative agreement at float32's resolution of the terms
+    np.testing.assert_allclose(v, cv, rtol=2e-6)
+    np.testing.assert_allclose(g, cg, rtol=1e-4, atol=1e-3 * np.sqrt(n))
+    np.testing.assert_allclose(h, ch, rtol=1e-5)
+    # float64 autodiff of the float64 log-likelihood: the host form to float64 rounding
+    with enable_x64():
+        X, y = jnp.asarray(data["X"], jnp.float64), jnp.asarray(data["y"], jnp.float64)
+        t64 = jnp.asarray(np.asarray(th, np.float64))
+        total = lambda t: jnp.sum(-jax.nn.softplus(jnp.where(y > 0.5, -(X @ t), X @ t)))  # noqa: E731
+        np.testing.assert_allclose(v, float(total(t64)), rtol=1e-12)
+        np.testing.assert_allclose(g, np.asarray(jax.grad(total)(t64)), rtol=1e-9, atol=1e-8)
+        np.testing.assert_allclose(h, np.asarray(jax.hessian(total)(t64)), rtol=1e-9, atol=1e-8)
+    # the line search's difference, and the prior's NumPy derivatives against autodiff
+    th1 = th + 0.01
+    lp = lambda t: model.log_lik(t, {k: jnp.asarray(a) for k, a in data.items()})  # noqa: E731
+    np.testing.assert_allclose(host.diff(th, th1), float(jnp.sum(lp(th1) - lp(th))), rtol=1e-3)
+    pv, pg, ph = model.log_prior_vgh_host(np.asarray(th, np.float64))
+    np.testing.assert_allclose(pv, float(model.log_prior(th)), rtol=1e-6)
+    np.testing.assert_allclose(pg, np.asarray(jax.grad(model.log_prior)(th)), rtol=1e-6)
+    np.testing.assert_allclose(ph, np.asarray(jax.hessian(model.log_prior)(th)), rtol=1e-6)
+
+
+def test_host_sums_are_the_same_bits_on_disk_in_memory_and_with_one_thread(tmp_path, monkeypatch):
+    model = tm.models.LogisticRegression()
+    data = _data(n=300_000)
+    n = data["y"].shape[0]
+    th = jnp.asarray(np.linspace(-0.2, 0.2, 6), jnp.float32)
+    paths = {}
+    for k, a in data.items():
+        paths[k] = str(tmp_path / f"{k}.npy")
+        np.save(paths[k], a)
+    disk = tm.data.from_npy(paths, gather="callback", check_finite=False)
+    assert isinstance(disk["X"], ds.HostArray)
+    mem = setup.HostPasses.of(model, {k: jnp.asarray(a) for k, a in data.items()}, n, lambda t: t, th).sums(th)
+    dsk = setup.HostPasses.of(model, disk, n, lambda t: t, th).sums(th)
+    monkeypatch.setattr(setup, "HOST_THREADS", 1)
+    one = setup.HostPasses.of(model, data, n, lambda t: t, th).sums(th)
+    for a, b, c in zip(mem, dsk, one):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+def test_host_passes_only_where_the_closed_forms_are_the_likelihoods():
+    data = _data(n=1000)
+    th = jnp.zeros(6, jnp.float32)
+
+    class Tempered(tm.models.LogisticRegression):  # its own likelihood: the parent's closed forms do not hold
+        def log_lik(self, theta, batch):
+            return 0.5 * super().log_lik(theta, batch)
+
+    assert setup.HostPasses.of(tm.models.LogisticRegression(), data, 1000, lambda t: t, th) is not None
+    assert setup.HostPasses.of(Tempered(), data, 1000, lambda t: t, th) is None
+    # and the Tempered model's set-up sums are its own (half the parent's), by the compiled pass
+    center = jnp.asarray(np.full(6, 0.1), jnp.float32)
+    jd = {k: jnp.asarray(a) for k, a in data.items()}
+    full = cvm.proxy_sums(tm.models.LogisticRegression(), jd, 1000, lambda t: t, center)
+    half = cvm.proxy_sums(Tempered(), jd, 1000, lambda t: t, center)
+    np.testing.assert_allclose(np.asarray(half.grad_sum), 0.5 * np.asarray(full.grad_sum), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(half.hess_sum), 0.5 * np.asarray(full.hess_sum), rtol=1e-4)
+
+
+def test_mode_by_host_passes_is_the_float64_mode_on_data_sorted_by_the_target():
+    """Sorted by the target (the hard case for the sub-sample warm start), the centre the host passes find
+    is the float64 mode to within the centre tolerance (Newton decrement <= CENTRE_TOL)."""
+    model = tm.models.LogisticRegression()
+    data = _data(n=400_000, seed=5)
+    order = np.argsort(data["y"], kind="stable")
+    data = {k: a[order] for k, a in data.items()}
+    n = data["y"].shape[0]
+    flat0, unravel = ravel_pytree(model.init(data))
+    found = setup.mode_search(model, data, n, unravel, flat0, tol=setup.CENTRE_TOL)
+    host = setup.HostPasses.of(model, data, n, unravel, flat0)
+    _, g, h = host.sums(found.center)
+    _, pg, ph = model.log_prior_vgh_host(np.asarray(found.center, np.float64))
+    g, h = g + pg, h + ph
+    decrement = float(g @ np.linalg.solve(-h, g))
+    assert decrement <= setup.CENTRE_TOL
+    assert found.warm_items > 0 and found.passes <= 4
+    # the sums handed back are those at the centre
+    np.testing.assert_allclose(np.asarray(found.grad_sum), g - pg, rtol=1e-5, atol=1e-2)
