@@ -57,6 +57,35 @@ def test_recursion_matches_simulation_of_every_look(n, m, c):
     assert abs(p - q) <= 3.29 * se + 0.002, (p, q, se)
 
 
+def test_root_finder_brackets_and_converges():
+    calls = []
+
+    def counted(g):
+        def f(x):
+            calls.append(x)
+            return g(x)
+        return f
+
+    for g, a, b, root in ((lambda x: x**3 - 2.0, 0.0, 3.0, 2.0 ** (1 / 3)),
+                          (lambda x: np.exp(-x) - 0.01, 0.0, 20.0, np.log(100.0)),
+                          (lambda x: np.arctan(x - 1.3), 50.0, -10.0, 1.3),  # decreasing end first
+                          (lambda x: 1e-9 * (0.5 - x), 0.0, 1.0, 0.5)):
+        calls.clear()
+        got = seq._root(counted(g), a, b, g(a), g(b), xtol=1e-10)
+        assert abs(got - root) <= 1e-9
+        assert all(min(a, b) <= x <= max(a, b) for x in calls) and len(calls) <= 40
+    with pytest.raises(ValueError):
+        seq._root(lambda x: x, 1.0, 2.0, 1.0, 2.0)
+
+
+def test_gauss_legendre_nodes_converged():
+    # the recursion's quadrature (seq._NODES nodes) agrees with 200 nodes far below any level that matters
+    for n, m, c in ((10**4, 50, 2.9), (10**6, 100, 3.17), (10**9, 300, 3.37)):
+        ref = seq.exit_probability(c, n, m, nodes=200)
+        assert abs(seq.exit_probability(c, n, m) / ref - 1) < 1e-8
+        assert abs(seq.exit_probability(c, n, m, nodes=24) / ref - 1) > 1e-6  # too few nodes do show
+
+
 @pytest.mark.slow
 def test_per_look_level_gives_the_target():
     for target in (0.05, 0.01, 0.001):
