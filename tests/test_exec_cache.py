@@ -161,3 +161,37 @@ def test_the_set_up_thread_traces_full_float32_products():
         t.join()
     assert "HIGHEST" not in plain["text"]
     assert "precision = [HIGHEST, HIGHEST]" in sampling._in_thread(dot_text)
+
+
+def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unknown(monkeypatch):
+    """On the CPU the chain compiles with ``_CPU_OPTIONS`` (XLA's elemental emitters: a cheaper compile, the same
+    draws: tests/test_same_draws.py); an XLA that does not know an option compiles without it, and draws the same."""
+    import jax.stages
+
+    seen = []
+    real = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kw):
+        seen.append(dict(compiler_options or {}))
+        return real(self, compiler_options=compiler_options, **kw)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    monkeypatch.setattr(_exec_cache, "load", lambda key: None)
+    monkeypatch.setattr(_exec_cache, "_REFUSED", {})  # (asked afresh, whatever earlier tests learned)
+    sampling._RUNNERS.clear()
+    a = _run()
+    assert jax.default_backend() == "cpu"
+    assert seen and seen[0].get("xla_cpu_use_fusion_emitters") is False
+    try:  # (jax 0.12's XLA no longer has the option: the chain then compiles without it)
+        real(jax.jit(lambda x: x + 1).lower(np.ones(2, np.float32)), compiler_options=dict(_exec_cache._CPU_OPTIONS))
+        known = True
+    except Exception:  # noqa: BLE001
+        known = False
+    assert (seen[-1].get("xla_cpu_use_fusion_emitters") is False) == known
+    seen.clear()
+    monkeypatch.setattr(_exec_cache, "_CPU_OPTIONS", {"xla_cpu_no_such_option_anywhere": True})
+    sampling._RUNNERS.clear()
+    b = _run()
+    assert any("xla_cpu_no_such_option_anywhere" in o for o in seen)  # asked, refused, compiled without it
+    assert "xla_cpu_no_such_option_anywhere" not in seen[-1]
+    np.testing.assert_array_equal(a.flat_samples, b.flat_samples)
