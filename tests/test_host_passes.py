@@ -120,3 +120,27 @@ def test_mode_by_host_passes_is_the_float64_mode_on_data_sorted_by_the_target():
     assert found.warm_items > 0 and found.passes <= 4
     # the sums handed back are those at the centre
     np.testing.assert_allclose(np.asarray(found.grad_sum), g - pg, rtol=1e-5, atol=1e-2)
+
+
+def test_the_default_configuration_is_chosen_without_compiling_for_the_logistic_model(monkeypatch):
+    """``differentiable`` (which picks the default test) answers from the NumPy closed forms where the model has
+    them, the same answer as the compiled check, and falls back to the compiled check where it has not."""
+    from tallmh import sampling
+
+    data = _data(n=2000)
+    init = tm.models.LogisticRegression().init(data)
+    flat, unravel = ravel_pytree(init)
+
+    class Tempered(tm.models.LogisticRegression):
+        def log_lik(self, theta, batch):
+            return 0.5 * super().log_lik(theta, batch)
+
+    assert sampling._host_derivatives(tm.models.LogisticRegression(), data, 2000, unravel, flat) is True
+    assert sampling._host_derivatives(Tempered(), data, 2000, unravel, flat) is None
+    compiled = []
+    real = jax.jit
+    monkeypatch.setattr(jax, "jit", lambda f, *a, **k: compiled.append(f) or real(f, *a, **k))
+    assert sampling.differentiable(tm.models.LogisticRegression(), data, 2000, init)
+    assert not compiled
+    assert sampling.differentiable(Tempered(), data, 2000, init)
+    assert compiled  # the compiled check

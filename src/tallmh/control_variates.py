@@ -30,6 +30,7 @@ import numpy as np
 
 from .cache_keys import shape_key, value_key
 from .errors import ConfigError
+from .data import to_device
 from .setup_passes import CENTRE_TOL, HostPasses, closed_form_vgh, full_pass, mode_search
 
 
@@ -120,7 +121,7 @@ def proxy_sums(model, data, n, unravel, center, order=2):
             H += np.asarray(h, np.float64)
     H = 0.5 * (H + H.T)
     dt = np.dtype(center.dtype)
-    return CVState(center, jnp.asarray(np.asarray(G, dt)), jnp.asarray(np.asarray(H, dt)))
+    return CVState(center, to_device(G, dt), to_device(H, dt))
 
 
 

@@ -37,6 +37,17 @@ __all__ = ["validate_data", "num_items", "take", "from_npy", "Permutation", "mak
 _SWAP_ROUNDS = 32
 
 
+
+def to_device(a, dtype=None):
+    """A host array as a JAX array by a plain transfer (``jax.device_put``, dtypes canonicalised as by
+    ``jnp.asarray``). ``jnp.asarray`` of a NumPy array lifts it by ``lax.stage``, which in a fresh process
+    compiles a small program for each shape and dtype (10-40 ms each on the set-up's path). On the CPU the
+    result may alias ``a``'s buffer: pass arrays that nothing changes afterwards."""
+    if isinstance(a, jax.Array) and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    return jax.device_put(np.asarray(a) if dtype is None else np.asarray(a, np.dtype(dtype)))
+
+
 def num_items(data) -> int:
     """Number of data items N: the common leading length of the data's leaves (on-disk leaves included)."""
     from .datasource import leaves_of
@@ -100,7 +111,8 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False):
             out.append(leaf)
             continue
         placed = ds.in_place_leaf(arr, checked=check_finite) if in_place else None
-        out.append(placed if placed is not None else jnp.asarray(arr))
+        # (a copy: the transfer of an aligned array would alias the caller's buffer on the CPU)
+        out.append(placed if placed is not None else to_device(np.array(arr, copy=True)))
     if len(set(lengths.values())) > 1:
         desc = ", ".join(f"{k}: {v}" for k, v in lengths.items())
         raise DataError(f"data leaves have different leading lengths ({desc}); all must share N")

@@ -553,6 +553,9 @@ def _rows_of(leaf, a: int, b: int):
     mm = _memmap_of(leaf)
     if mm is not None:
         return np.asarray(mm[a:b], _canonical(mm.dtype))
+    view = host_view(leaf) if isinstance(leaf, jax.Array) else None
+    if view is not None:  # (a NumPy slice: slicing a jax.Array compiles a program per shape)
+        return view[a:b]
     return leaf[a:b]
 
 

@@ -51,9 +51,9 @@ class StepInfo(NamedTuple):
 
     @staticmethod
     def empty(dtype=jnp.float32):
-        z = jnp.zeros((), jnp.int32)
-        f = jnp.bool_(False)
-        return StepInfo(f, z, z, z, jnp.zeros((), dtype), f, f, z)
+        # (transfers of NumPy zeros: outside a trace, jnp.zeros compiles a program per dtype)
+        z, f = jax.device_put(np.zeros((), np.int32)), jax.device_put(np.bool_(False))
+        return StepInfo(f, z, z, z, jax.device_put(np.zeros((), jnp.dtype(dtype))), f, f, z)
 
 
 class Kernel(NamedTuple):

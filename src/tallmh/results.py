@@ -146,7 +146,7 @@ def _wilson(k: int, m: int, z: float = 1.96):
 
 def _param_names(unravel, d):
     """Names of the flat coordinates, like ``theta[0]`` or ``w[1, 2]``."""
-    return _tree_names(unravel(np.zeros(d)))
+    return _tree_names(jax.eval_shape(unravel, jax.ShapeDtypeStruct((d,), np.float32)))  # (shapes only)
 
 
 def _tree_names(template):

@@ -50,7 +50,7 @@ from . import setup_passes as setup
 from . import datasource as ds
 from . import distributed
 from .acceptance import Exact
-from .data import num_items, validate_data
+from .data import num_items, to_device, validate_data
 from .errors import ConfigError, DataChanged, ModelError, Stopped
 from .kernel import StepInfo, build_kernel, make_problem, tracks_log_lik
 from .model import check_model
@@ -111,9 +111,12 @@ def _as_test(test):
 def differentiable(model, data, n, init) -> bool:
     """Whether the model's log-density has a finite gradient and Hessian-vector product at ``init`` on its
     first rows (what Taylor control variates and Langevin proposals need)."""
+    flat, unravel = ravel_pytree(init)
+    host = _host_derivatives(model, data, n, unravel, flat)
+    if host is not None:  # the model's NumPy closed forms (the built-in GLMs): nothing to compile
+        return host
     rows = ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else \
         jax.tree_util.tree_map(lambda a: a[:min(n, 16)], data)
-    flat, unravel = ravel_pytree(init)
 
     def total(t, rows):
         th = unravel(t)
@@ -130,6 +133,24 @@ def differentiable(model, data, n, init) -> bool:
         return bool(np.all(np.isfinite(np.asarray(g))) and np.all(np.isfinite(np.asarray(hv))))
     except Exception:  # noqa: BLE001 - any failure to differentiate means: not differentiable
         return False
+
+
+def _host_derivatives(model, data, n, unravel, flat):
+    """:func:`differentiable` by the model's NumPy closed forms where it has them for both its likelihood and its
+    prior (:class:`tallmh.setup_passes.HostPasses`; their derivatives are autodiff's, checked in the tests):
+    finite gradient and Hessian-vector product on the first rows. None where it has not."""
+    hp = setup.HostPasses.of(model, data, n, unravel, flat)
+    if hp is None or not (callable(getattr(model, "log_prior_vgh_host", None))
+                          and setup._owned_with(model, "log_prior_vgh_host", "log_prior")):
+        return None
+    try:
+        t = np.asarray(flat, np.float64)
+        _, g, h = model.lik_value_grad_hess_host(t, hp.read(0, min(n, 16)))
+        _, pg, ph = model.log_prior_vgh_host(t)
+        g, hv = np.asarray(g) + np.asarray(pg), (np.asarray(h) + np.asarray(ph)) @ np.ones_like(t)
+        return bool(np.all(np.isfinite(g)) and np.all(np.isfinite(hv)))
+    except Exception:  # noqa: BLE001 - the compiled check decides
+        return None
 
 
 def recommended(model, data, n, init):
@@ -378,12 +399,33 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
         chol = np.linalg.cholesky(np.asarray(out["cov"], float))
         z = _start_normals(key, starts.shape)
         starts = (base_h.astype(float)[None, :] + INIT_SPREAD * z @ chol.T).astype(dtype)
-    starts = jnp.asarray(starts, dtype)
+    starts = to_device(starts, dtype)
     if num_chains > 1 and bool(np.all(np.asarray(starts) == np.asarray(starts)[0])):
         notes.append("all chains started at the same point, so R-hat cannot detect chains that have not "
                      "mixed (pass init_jitter > 0, or no init, to disperse them)")
     out["starts"] = starts
     return out
+
+
+def _run_keys(seed, num_chains):
+    """``(chain keys, set-up key, audit key)`` of a run: ``split(PRNGKey(seed), 3)`` and the first split again
+    into ``num_chains``, made by one compiled program (eagerly, each of the five operations compiled its own
+    in a fresh process). The same bits as the eager operations."""
+    s = int(seed)
+    if not -2**31 <= s < 2**31 or jax.config.jax_enable_x64:  # (PRNGKey of a 64-bit seed: as JAX makes it)
+        k_chains, k_jit, k_audit = jax.random.split(jax.random.PRNGKey(s), 3)
+        return jax.random.split(k_chains, num_chains), k_jit, k_audit
+    fn = _KEYS_FNS.get(num_chains)
+    if fn is None:
+        def keys(seed):
+            k_chains, k_jit, k_audit = jax.random.split(jax.random.PRNGKey(seed), 3)
+            return jax.random.split(k_chains, num_chains), k_jit, k_audit
+
+        fn = _KEYS_FNS[num_chains] = jax.jit(keys)
+    return fn(to_device(np.int32(s)))
+
+
+_KEYS_FNS: dict = {}
 
 
 def _start_normals(key, shape):
@@ -732,8 +774,7 @@ class _Run:
 
     def _keys(self, dtype, d):
         self.dtype, self.d = dtype, d
-        k_chains, self.k_jit, self.k_audit = jax.random.split(jax.random.PRNGKey(self.seed), 3)
-        self.chain_keys = jax.random.split(k_chains, self.num_chains)
+        self.chain_keys, self.k_jit, self.k_audit = _run_keys(self.seed, self.num_chains)
 
     # ---- devices, resume, draws on disk ---------------------------------------------------------------
 
@@ -1050,8 +1091,8 @@ class _Run:
             return None
         if entry["compiled"] is not None:
             return None
-        i32 = jnp.asarray(0, jnp.int32)
-        args0 = (states, self.chain_keys, self.k_audit, i32, i32, i32, jnp.asarray(0.0, jnp.float32), self.data,
+        i32 = to_device(np.int32(0))  # (not jnp.asarray: it compiles a conversion program)
+        args0 = (states, self.chain_keys, self.k_audit, i32, i32, i32, to_device(np.float32(0.0)), self.data,
                  self.stats)
         box = {"rkey": rkey, "avals": _avals(args0)}
         length = self.length
@@ -1079,7 +1120,7 @@ class _Run:
         length = self.length
         if plan is None:
             def arg(v, dt):
-                return jnp.asarray(v, dt)
+                return to_device(np.asarray(v, dt))  # (jnp.asarray(v, dt) compiles a conversion)
 
             self.run_data, self.run_stats, self.run_keys, self.run_akey = \
                 self.data, self.stats, self.chain_keys, self.k_audit

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .cache_keys import shape_key, value_key
-from .data import take
+from .data import take, to_device
 from .errors import ModelError
 
 __all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
@@ -154,7 +154,7 @@ class HostPasses:
         if not (_owned_with(model, "lik_value_grad_hess_host", "log_lik")
                 and _owned_with(model, "log_lik_host", "log_lik")):
             return None
-        flat = unravel(th)
+        flat = jax.eval_shape(unravel, th)  # (shapes only: no program for the unravelling)
         if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th))):
             return None
         read = host_reader(data)
@@ -310,7 +310,7 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     search is then for the conditional mode of the others (a hierarchical model's scale, whose joint mode
     with its effects is degenerate, held at an estimate; see :func:`tallmh.pymc_model.recentre`).
     """
-    th = jnp.asarray(flat0)
+    th = to_device(flat0)
     warm_items = 0
     if warm_start and n >= WARM_MIN_N:
         idx = warm_rows(n)
@@ -339,8 +339,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
 def _to_device(a, dtype):
     """A host array as a device array of ``dtype``, converted on the host (``jnp.asarray(a, dtype)`` of a float64
-    array compiles a conversion program in a fresh process)."""
-    return jnp.asarray(np.asarray(a, np.dtype(dtype)))
+    array compiles a conversion program in a fresh process; see :func:`tallmh.data.to_device`)."""
+    return to_device(a, dtype)
 
 
 def _gather_rows(data, idx):
@@ -351,7 +351,7 @@ def _gather_rows(data, idx):
     special = lambda a: isinstance(a, (HostArray, InPlaceArray))  # noqa: E731 - (pytrees: leaves, not nodes)
     views = [host_view(a) for a in jax.tree_util.tree_leaves(data, is_leaf=special)]
     if views and all(v is not None for v in views):
-        return jax.tree_util.tree_map(lambda a: jnp.asarray(host_view(a)[idx]), data, is_leaf=special)
+        return jax.tree_util.tree_map(lambda a: to_device(host_view(a)[idx]), data, is_leaf=special)
     return jax.jit(take)(data, jnp.asarray(idx))
 
 
@@ -436,7 +436,7 @@ def _prior_parts(model, unravel, th):
     log p0(t0)``, by the model's NumPy form (``log_prior_vgh_host``, defined with its ``log_prior``) where it
     has one, else by compiled programs (:func:`_prior_fns`)."""
     if callable(getattr(model, "log_prior_vgh_host", None)) and _owned_with(model, "log_prior_vgh_host", "log_prior"):
-        flat = unravel(th)
+        flat = jax.eval_shape(unravel, th)
         if hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th)):
             def host_parts(t):
                 v, g, h = model.log_prior_vgh_host(np.asarray(t, np.float64))
@@ -543,7 +543,7 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
             # on the host: eager device arithmetic would compile a program per operation and shape
             th_h = np.asarray(t0)
             cand_h = th_h + (t * step).astype(th_h.dtype)
-            cand = jnp.asarray(cand_h)
+            cand = to_device(cand_h)
             dv = full_diff(t0, cand)
             used += 1
             # accept a step that does not lower the log posterior beyond float rounding of the difference
@@ -599,7 +599,7 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
             # saved a line-search pass over the data)
             pending = (th, v, step, decrement, "value" if by_value else "decrement")
             th_h = np.asarray(th)
-            th = jnp.asarray(th_h + step.astype(th_h.dtype))
+            th = to_device(th_h + step.astype(th_h.dtype))
             continue
         th, used, stop = line_search(th, step, decrement, 1.0)
         passes += used

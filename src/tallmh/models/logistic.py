@@ -149,7 +149,8 @@ class LogisticRegression(Model):
         X = data["X"]
         if np.ndim(X) != 2:
             raise DataError(f"LogisticRegression needs data['X'] of shape (N, d); got shape {np.shape(X)}")
-        return jnp.zeros(np.shape(X)[1])
+        # (a transfer, not jnp.zeros: that compiles two small programs in a fresh process)
+        return jax.device_put(np.zeros(np.shape(X)[1], jax.dtypes.canonicalize_dtype(np.float64)))
 
     def setup(self, data):
         y = np.asarray(data["y"])
@@ -165,7 +166,7 @@ class LogisticRegression(Model):
         host = _feature_stats_host(X)
         if host is not None:
             biggest, max_norm = host
-            max_norm = jnp.asarray(max_norm, jax.dtypes.canonicalize_dtype(X.dtype))
+            max_norm = jax.device_put(np.asarray(max_norm, jax.dtypes.canonicalize_dtype(X.dtype)))
         else:
             biggest, max_norm = _feature_stats(X if not isinstance(X, np.ndarray) else jnp.asarray(X))
         biggest = float(biggest)
