@@ -15,7 +15,6 @@ streamed pass; the mode search hands back its last pass's sums so that the calle
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import jax
@@ -127,7 +126,12 @@ def _owned_with(model, name, partner):
 
 
 HOST_BLOCK = 2**16  # rows per block of a host pass (fixed: the same blocks wherever the data lives)
-HOST_THREADS = 4  # blocks of a host pass computed at once, at most (NumPy releases the GIL in its loops)
+# blocks of a host pass in flight at once: one for data in memory (measured at N = 10^7 on 2 cores: a second
+# thread gained nothing on the gradient-and-Hessian pass, and beside BLAS's own threads it lost up to 50%; on
+# a 16-core machine four threads made a 3-pass set-up take 8 s), two for data in files (one block read while
+# the other is reduced)
+HOST_THREADS = 1
+HOST_THREADS_FILES = 2
 
 
 class HostPasses:
@@ -137,8 +141,9 @@ class HostPasses:
     themselves, and they compiled beside the chain on the same cores), and float64 sums.
 
     Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.datasource.host_reader`: slices of in-memory
-    arrays, reads of files) and reduced by up to ``HOST_THREADS`` threads; their results are summed in row
-    order, so in-memory and on-disk data give the same sums, bit for bit. A pass over on-disk data of at
+    arrays, reads of files) and reduced one after the other (for data in files, by ``HOST_THREADS_FILES``
+    threads, so that reads overlap the arithmetic); their results are summed in row order, so in-memory and
+    on-disk data give the same sums, bit for bit. A pass over on-disk data of at
     least ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar."""
 
     def __init__(self, model, data, n, read):
@@ -176,7 +181,7 @@ class HostPasses:
             return fn(read(s, min(n, s + HOST_BLOCK)))
 
         try:
-            threads = min(HOST_THREADS, os.cpu_count() or 1, len(starts))
+            threads = min(HOST_THREADS_FILES if ds.is_out_of_core(self.data) else HOST_THREADS, len(starts))
             if threads <= 1:
                 for s in starts:
                     yield work(s)

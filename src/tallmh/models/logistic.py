@@ -127,16 +127,22 @@ class LogisticRegression(Model):
         X = np.asarray(batch["X"], np.float64)
         y = np.asarray(batch["y"], np.float64)
         z = X @ theta
-        v = -np.sum(np.logaddexp(0.0, np.where(y > 0.5, -z, z)))
-        p = np.exp(-np.logaddexp(0.0, -z))
+        # with e = exp(-|z|): softplus(+-z) = max(+-z, 0) + log1p(e), sigmoid(z) = 1 / (1 + e) for z >= 0 and
+        # e / (1 + e) below, and p (1 - p) = e / (1 + e)^2: one exponential and one logarithm per row
+        e = np.exp(-np.abs(z))
+        r = 1.0 / (1.0 + e)
+        s = np.where(y > 0.5, -z, z)
+        v = -(np.sum(np.maximum(s, 0.0)) + np.sum(np.log1p(e)))
+        p = np.where(z >= 0.0, r, e * r)
         g = X.T @ (y - p)
-        h = -(X.T * (p * (1.0 - p))) @ X
+        h = -(X.T * (e * r * r)) @ X
         return float(v), g, h
 
     def log_lik_host(self, theta, batch):
         """:meth:`log_lik` in float64 on the host (a batch of NumPy arrays, ``theta`` a float64 vector)."""
         z = np.asarray(batch["X"], np.float64) @ theta
-        return -np.logaddexp(0.0, np.where(np.asarray(batch["y"]) > 0.5, -z, z))
+        s = np.where(np.asarray(batch["y"]) > 0.5, -z, z)
+        return -(np.maximum(s, 0.0) + np.log1p(np.exp(-np.abs(z))))
 
     def log_prior_vgh_host(self, theta):
         """The log prior's value, gradient and Hessian at the float64 vector ``theta``, in NumPy."""
