@@ -559,6 +559,18 @@ def _rows_of(leaf, a: int, b: int):
     return leaf[a:b]
 
 
+def in_files(data) -> bool:
+    """Whether any leaf of ``data`` is read from a file (a :class:`HostArray`, or a memory map read in place),
+    as opposed to an in-memory array read in place (which :func:`is_out_of_core` also counts)."""
+    for leaf in leaves_of(data):
+        if isinstance(leaf, HostArray):
+            return True
+        mm = _memmap_of(leaf) if is_host_leaf(leaf) else None
+        if isinstance(mm, np.memmap) or isinstance(getattr(mm, "base", None), np.memmap):
+            return True
+    return False
+
+
 def host_reader(data):
     """``read(a, b)``: rows ``[a, b)`` of every leaf as NumPy arrays in the dtype compiled code sees (the leaf's
     canonical dtype), where every leaf lies in host memory or in a file (read with no device program); None

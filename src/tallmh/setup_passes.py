@@ -181,7 +181,7 @@ class HostPasses:
             return fn(read(s, min(n, s + HOST_BLOCK)))
 
         try:
-            threads = min(HOST_THREADS_FILES if ds.is_out_of_core(self.data) else HOST_THREADS, len(starts))
+            threads = min(HOST_THREADS_FILES if ds.in_files(self.data) else HOST_THREADS, len(starts))
             if threads <= 1:
                 for s in starts:
                     yield work(s)
