@@ -32,10 +32,10 @@ def test_proxy_sums_match_direct_full_data_sums():
         np.testing.assert_allclose(state.grad_sum, X.T @ (y - p), rtol=1e-8, atol=1e-6)
         np.testing.assert_allclose(state.hess_sum, -(X.T * (p * (1 - p))) @ X, rtol=1e-8)
         # the centre is at the posterior mode to the set-up's tolerance: the Newton decrement of the log
-        # posterior there (the squared distance to the mode in posterior sds) is below CENTRE_TOL
+        # posterior there (the squared distance to the mode in posterior sds) is below centre_tol(d)
         g = np.asarray(state.grad_sum) - c / 100.0
         prec = -np.asarray(state.hess_sum) + np.eye(4) / 100.0
-        assert g @ np.linalg.solve(prec, g) < setup.CENTRE_TOL
+        assert g @ np.linalg.solve(prec, g) < setup.centre_tol(4)
         assert passes >= 2
         # per-item proxy terms g_i.a + a^T H_i a / 2 by nested jvp, against the closed form
         a = jnp.asarray(np.random.default_rng(0).standard_normal(4) * 0.1)

@@ -31,7 +31,7 @@ import numpy as np
 from .cache_keys import shape_key, value_key
 from .errors import ConfigError
 from .data import to_device
-from .setup_passes import CENTRE_TOL, HostPasses, closed_form_vgh, full_pass, mode_search
+from .setup_passes import HostPasses, centre_tol, closed_form_vgh, full_pass, mode_search
 
 
 __all__ = ["ControlVariates", "CVState", "proxy_sums", "proxy_terms", "proxy_sum_diff", "state_at_mode"]
@@ -175,7 +175,7 @@ def prepare(cvopt: Optional[ControlVariates], model, data, n, unravel, flat0):
             raise ConfigError(f"ControlVariates center has {center.shape[0]} coordinates; the parameter has {flat0.shape[0]}")
         passes, extra = 0, 0
     else:
-        found = mode_search(model, data, n, unravel, flat0, cvopt.max_newton, tol=CENTRE_TOL)
+        found = mode_search(model, data, n, unravel, flat0, cvopt.max_newton, tol=centre_tol(flat0.shape[0]))
         center, passes, extra = found.center, found.passes, found.warm_items
         state = state_at_mode(found)
         if state is not None:  # the search's last pass made these sums at the mode already

@@ -344,7 +344,7 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
             fixed = _fixed_mask(model, unravel, flat0)
             found = setup.mode_search(model, data, n, unravel, flat0,
                                       control_variates.max_newton if control_variates is not None else 30,
-                                      tol=setup.CENTRE_TOL, fixed=fixed)
+                                      tol=setup.centre_tol(flat0.shape[0]), fixed=fixed)
             center = found.center
             out["passes"] += found.passes
             out["extra_items"] += found.warm_items
