@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import logging
 
+from statistics import NormalDist
+
 import numpy as np
+
+_STD_NORMAL = NormalDist()
 
 
 
@@ -142,19 +146,34 @@ def _average_ranks(a):
 def _z_scale(x):
     """Rank-normalised values: average ranks over all chains and draws (per parameter), Blom's offset 3/8,
     then the standard normal quantile (Vehtari et al. 2021, eq. 14)."""
-    from scipy.special import ndtri
-
     c, n, k = x.shape
     r = _average_ranks(x.reshape(c * n, k))
-    return ndtri((r - 0.375) / (c * n + 0.25)).reshape(c, n, k)
+    # the quantile of each distinct rank (at most c n of them, halves included), by the standard library
+    # (Wichura's AS 241, ~1e-16 relative; importing scipy.special took ~0.2 s of a fresh process)
+    twice = np.rint(2.0 * r).astype(np.int64)
+    vals, inv = np.unique(twice, return_inverse=True)
+    q = np.array([_STD_NORMAL.inv_cdf((v / 2.0 - 0.375) / (c * n + 0.25)) for v in vals.tolist()])
+    return q[inv.reshape(-1)].reshape(c, n, k)
+
+
+def _next_fast_len(m: int) -> int:
+    """The smallest length >= m whose prime factors are all at most 11 (what ``scipy.fft.next_fast_len`` gives,
+    the lengths pocketfft transforms fast)."""
+    v = max(1, int(m))
+    while True:
+        r = v
+        for f in (2, 3, 5, 7, 11):
+            while r % f == 0:
+                r //= f
+        if r == 1:
+            return v
+        v += 1
 
 
 def _autocov(x):
     """Autocovariances of each chain at every lag (FFT, divided by the draw count), along axis 1."""
-    from scipy.fft import next_fast_len
-
     n = x.shape[1]
-    f = np.fft.rfft(x - x.mean(axis=1, keepdims=True), n=next_fast_len(2 * n), axis=1)
+    f = np.fft.rfft(x - x.mean(axis=1, keepdims=True), n=_next_fast_len(2 * n), axis=1)
     return np.fft.irfft(f * np.conjugate(f), axis=1)[:, :n] / n
 
 

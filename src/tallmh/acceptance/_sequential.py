@@ -58,7 +58,20 @@ from functools import lru_cache
 
 import numpy as np
 from numpy.polynomial.legendre import leggauss
-from scipy.special import ndtr, ndtri
+from statistics import NormalDist
+
+_STD_NORMAL = NormalDist()
+
+
+def ndtr(x: float) -> float:
+    """The standard normal CDF at a scalar (the standard library: importing scipy.special took ~0.2 s of every
+    fresh process)."""
+    return 0.5 * math.erfc(-float(x) / math.sqrt(2.0))
+
+
+def ndtri(p: float) -> float:
+    """The standard normal quantile of a scalar ``0 < p < 1`` (Wichura's AS 241, ~1e-16 relative)."""
+    return _STD_NORMAL.inv_cdf(float(p))
 
 __all__ = ["look_sizes", "exit_probability", "worst_case_error", "per_look_level", "simulate_exit_probability"]
 
