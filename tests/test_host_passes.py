@@ -101,7 +101,8 @@ def test_host_passes_only_where_the_closed_forms_are_the_likelihoods():
     np.testing.assert_allclose(np.asarray(half.hess_sum), 0.5 * np.asarray(full.hess_sum), rtol=1e-4)
 
 
-def test_mode_by_host_passes_is_the_float64_mode_on_data_sorted_by_the_target():
+@pytest.mark.parametrize("host", [True, False])
+def test_mode_by_host_passes_is_the_float64_mode_on_data_sorted_by_the_target(host, monkeypatch):
     """Sorted by the target (the hard case for the sub-sample warm start), the centre the host passes find
     is the float64 mode to within the centre tolerance (Newton decrement <= centre_tol(d)), which keeps the
     mean squared distance of posterior draws from the centre within 1% of theirs from the mode."""
@@ -110,11 +111,14 @@ def test_mode_by_host_passes_is_the_float64_mode_on_data_sorted_by_the_target():
     order = np.argsort(data["y"], kind="stable")
     data = {k: a[order] for k, a in data.items()}
     n = data["y"].shape[0]
+    if not host:  # above HOST_MAX_ROWS: the compiled passes (float32 chunks), to the same tolerance
+        monkeypatch.setattr(setup, "HOST_MAX_ROWS", 1000)
     flat0, unravel = ravel_pytree(model.init(data))
+    assert (setup.HostPasses.of(model, data, n, unravel, flat0) is not None) == host
     d = flat0.shape[0]
     found = setup.mode_search(model, data, n, unravel, flat0, tol=setup.centre_tol(d))
-    host = setup.HostPasses.of(model, data, n, unravel, flat0)
-    _, g, h = host.sums(found.center)
+    ref = setup.HostPasses(model, data, n, ds.host_reader(data))  # (float64 sums, whichever passes searched)
+    _, g, h = ref.sums(found.center)
     _, pg, ph = model.log_prior_vgh_host(np.asarray(found.center, np.float64))
     g, h = g + pg, h + ph
     decrement = float(g @ np.linalg.solve(-h, g))

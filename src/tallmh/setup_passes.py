@@ -132,12 +132,17 @@ HOST_BLOCK = 2**16  # rows per block of a host pass (fixed: the same blocks wher
 # the other is reduced)
 HOST_THREADS = 1
 HOST_THREADS_FILES = 2
+# host passes up to this many rows; above, the compiled passes (float32, both cores): measured per pass of the
+# logistic model with d = 11 on 2 cores, NumPy 0.05 s at 10^6, 0.55 s at 10^7, 7.8 s at 10^8, compiled about
+# 0.35 s at 10^7 and 4-5 s at 10^8 once compiled (~1.2 CPU s for its programs in a fresh process, which the
+# host passes save where N is small)
+HOST_MAX_ROWS = 2**23
 
 
 class HostPasses:
     """The set-up passes in NumPy, in float64, for a model with closed forms on the host
-    (``lik_value_grad_hess_host``, ``log_lik_host``; the built-in GLMs) and data in host memory or in a
-    file: no program to compile (in a fresh process the set-up's compiled passes cost more than the passes
+    (``lik_value_grad_hess_host``, ``log_lik_host``; the built-in logistic regression), data in host memory or
+    in a file, and N up to ``HOST_MAX_ROWS`` (the warm start's sub-sample included): no program to compile (in a fresh process the set-up's compiled passes cost more than the passes
     themselves, and they compiled beside the chain on the same cores), and float64 sums.
 
     Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.datasource.host_reader`: slices of in-memory
@@ -154,7 +159,8 @@ class HostPasses:
         """The host passes for this model and data, or None (then the compiled passes: :func:`full_pass`)."""
         from .datasource import host_reader
 
-        if not all(callable(getattr(model, a, None)) for a in ("lik_value_grad_hess_host", "log_lik_host")):
+        if n > HOST_MAX_ROWS or not all(callable(getattr(model, a, None))
+                                        for a in ("lik_value_grad_hess_host", "log_lik_host")):
             return None
         if not (_owned_with(model, "lik_value_grad_hess_host", "log_lik")
                 and _owned_with(model, "log_lik_host", "log_lik")):
