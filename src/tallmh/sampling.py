@@ -780,12 +780,13 @@ class _Run:
 
     def plan_devices(self, mesh):
         if jax.default_backend() != "cpu":
-            # measured on an H200 (benchmarks/README.md, "On a GPU"): a step of the default chain took about twice
-            # the 16-core host CPU's at N = 10^6 and about the same at 10^7; its small reads and loop tests are
-            # latency-bound there
+            # measured on an H200 (benchmarks/README.md, "On the H200 again"): a step of the default chain took
+            # about twice the 16-core host CPU's at N = 10^6 and about the same at 10^7; its small reads and loop
+            # tests are latency-bound there
             msg = (f"the chain ran on the {jax.default_backend()} ({getattr(jax.devices()[0], 'device_kind', '?')}): "
                    "tallmh's MH steps are sequential small reads, latency-bound on an accelerator (on an H200 about "
-                   "as fast as a 16-core CPU at N = 10^7, half as fast at 10^6); JAX_PLATFORMS=cpu runs them on the CPU")
+                   "as fast as a 16-core CPU at N = 10^7, half as fast at 10^6); JAX_PLATFORMS=cpu runs them on the "
+                   "CPU")
             if msg not in self.notes:
                 self.notes.append(msg)
         if mesh is None:

@@ -2,7 +2,8 @@
 
 - **Streamed full passes** (:func:`full_pass`): a per-chunk function applied to every chunk of 8192 rows,
   read in compiled blocks of 2**20 rows, so on-disk data is streamed, never loaded whole; chunk results are
-  accumulated in float64 on the host.
+  accumulated in float64 on the host. For the built-in logistic regression on host data up to 2**23 rows,
+  the same passes in NumPy (:class:`HostPasses`): nothing to compile.
 - **Mode search** (:func:`mode_search`, :func:`find_center`): damped Newton on the log posterior, each
   iteration one counted pass for the gradient and Hessian sums, with a sub-sample warm start at large N.
 - **Laplace approximation** (:func:`laplace_cov`): the inverse negative Hessian of the log posterior at the
@@ -142,8 +143,9 @@ HOST_MAX_ROWS = 2**23
 class HostPasses:
     """The set-up passes in NumPy, in float64, for a model with closed forms on the host
     (``lik_value_grad_hess_host``, ``log_lik_host``; the built-in logistic regression), data in host memory or
-    in a file, and N up to ``HOST_MAX_ROWS`` (the warm start's sub-sample included): no program to compile (in a fresh process the set-up's compiled passes cost more than the passes
-    themselves, and they compiled beside the chain on the same cores), and float64 sums.
+    in a file, and N up to ``HOST_MAX_ROWS`` (the warm start's sub-sample included): no program to compile
+    (in a fresh process the set-up's compiled passes cost more than the passes themselves, and they compiled
+    beside the chain on the same cores), and float64 sums.
 
     Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.datasource.host_reader`: slices of in-memory
     arrays, reads of files) and reduced one after the other (for data in files, by ``HOST_THREADS_FILES``
@@ -261,6 +263,8 @@ def centre_tol(d: int) -> float:
     (``CENTRE_TOL`` alone asked 0.1 posterior sd in every dimension; at N = 10^7 and d = 11 the search then made
     a third full pass to move the centre from 0.17 sd to 0.00005 sd of the mode.)"""
     return CENTRE_TOL * max(1, int(d))
+
+
 # A Newton step at a concave point whose decrement is at most max(this, N / 1000) is taken without a line
 # search when its predicted gain is well above the rounding of the log posterior's value (:func:`_value_margin`):
 # the mode is then within sqrt(N / 1000) posterior sds, about 0.03 parameter units per unit of an item's
@@ -352,17 +356,11 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
         _, g_lik, h_lik = last
         h_lik = 0.5 * (h_lik + h_lik.T)
-        g_sum, h_sum = _to_device(g_lik, th.dtype), _to_device(h_lik, th.dtype)
+        g_sum, h_sum = to_device(g_lik, th.dtype), to_device(h_lik, th.dtype)
     return ModeSearch(th, passes, g_sum, h_sum, int(warm_items))
 
 
 
-
-
-def _to_device(a, dtype):
-    """A host array as a device array of ``dtype``, converted on the host (``jnp.asarray(a, dtype)`` of a float64
-    array compiles a conversion program in a fresh process; see :func:`tallmh.data.to_device`)."""
-    return to_device(a, dtype)
 
 
 def _gather_rows(data, idx):
@@ -655,7 +653,7 @@ def start_cov(model, unravel, cv):
         np.linalg.cholesky(0.5 * (cov + cov.T))
     except np.linalg.LinAlgError:
         return None, False
-    return _to_device(0.5 * (cov + cov.T), cv.center.dtype), False
+    return to_device(0.5 * (cov + cov.T), cv.center.dtype), False
 
 
 def laplace_cov(model, unravel, cv):
@@ -667,6 +665,6 @@ def laplace_cov(model, unravel, cv):
     except np.linalg.LinAlgError:
         return None
     cov = np.linalg.inv(prec)
-    return _to_device(0.5 * (cov + cov.T), cv.center.dtype)
+    return to_device(0.5 * (cov + cov.T), cv.center.dtype)
 
 

@@ -45,9 +45,10 @@ crosses the boundary, ``exp(-(c' - x)(c' - y) / sinh(ds / 2))`` per side (the ch
 ``c sqrt(tau)`` in W; crossing the chord is slightly more likely than crossing the curve), with the
 continuity correction for discrete monitoring ``c' = c + 0.5826 sqrt(delta)`` (Broadie, Glasserman &
 Kou 1997; Siegmund 1985), ``delta`` the smallest spacing of the grouped looks in s. Cost: about
-``20 log(N / m)`` recursion steps of a ``G x G`` kernel (G = 64 Gauss-Legendre nodes: within ~1e-11 relative of 200 nodes for N/m
-from 30 to 2*10^7) per evaluation and ~10 evaluations to solve for c: 0.03-0.15 s for N/m up to 10^4
-(2-core CPU), once per (N, m, target) (cached). ``tests/acceptance/test_austerity_error.py`` checks (*) against a direct
+``20 log(N / m)`` recursion steps of a ``G x G`` kernel (G = 64 Gauss-Legendre nodes: within ~1e-11
+relative of 200 nodes for N/m from 30 to 2*10^7) per evaluation and ~10 evaluations to solve for c:
+0.03-0.15 s for N/m up to 10^4 (2-core CPU), once per (N, m, target) (cached).
+``tests/acceptance/test_austerity_error.py`` checks (*) against a direct
 simulation of all looks.
 """
 
@@ -173,8 +174,8 @@ def per_look_level(target: float, n: int, m: int) -> float:
 def _root(f, a, b, fa, fb, xtol=1e-7, max_iter=200):
     """The root of ``f`` between ``a`` and ``b``, where ``fa = f(a)`` and ``fb = f(b)`` differ in sign, to within
     ``xtol``: regula falsi with the Anderson-Bjoerck step (superlinear on smooth functions; the root stays
-    bracketed), and a bisection after three steps in a row that each failed to halve the bracket. (Here rather than scipy's
-    ``brentq``: importing scipy.optimize took ~0.4 s of a fresh process's first chain.)"""
+    bracketed), and a bisection after three steps in a row that each failed to halve the bracket. (Here
+    rather than scipy's ``brentq``: importing scipy.optimize took ~0.4 s of a fresh process's first chain.)"""
     if fa == 0.0 or fb == 0.0:
         return a if fa == 0.0 else b
     if (fa > 0) == (fb > 0):
