@@ -67,9 +67,9 @@ def _child(a):
     sampling._exec_cache.compile_and_store = timed
     orig_setup = sampling._Run._set_up
 
-    def timed_setup(self, init_jitter):
+    def timed_setup(self, init_jitter, early=None):
         c, w = time.process_time(), time.perf_counter()
-        out = jax.block_until_ready(orig_setup(self, init_jitter))
+        out = jax.block_until_ready(orig_setup(self, init_jitter, early))
         times.update(setup_cpu_s=time.process_time() - c, setup_wall_s=time.perf_counter() - w)
         return out
 

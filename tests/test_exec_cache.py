@@ -126,9 +126,9 @@ def test_the_chain_asks_for_full_float32_products(monkeypatch):
     seen = {}
     real = _exec_cache.compile_and_store
 
-    def spy(key, lower_fn, unrolled=True):
+    def spy(key, lower_fn, unrolled=True, **kw):
         seen["lower_fn"] = lower_fn
-        return real(key, lambda: seen.setdefault("lowered", lower_fn()), unrolled)
+        return real(key, lambda: seen.setdefault("lowered", lower_fn()), unrolled, **kw)
 
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     monkeypatch.setattr(_exec_cache, "compile_and_store", spy)
@@ -195,3 +195,45 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
     assert any("xla_cpu_no_such_option_anywhere" in o for o in seen)  # asked, refused, compiled without it
     assert "xla_cpu_no_such_option_anywhere" not in seen[-1]
     np.testing.assert_array_equal(a.flat_samples, b.flat_samples)
+    # a model whose chain was not measured with the option (a subclass: its own likelihood) is compiled as JAX does
+    seen.clear()
+
+    class Tempered(tm.models.LogisticRegression):
+        def log_lik(self, theta, batch):
+            return 0.5 * super().log_lik(theta, batch)
+
+    sampling._RUNNERS.clear()
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
+    tm.sample(Tempered(), data, test=tm.acceptance.Exact(), num_samples=20, num_warmup=10, num_chains=2, seed=5,
+              progress=False)
+    assert seen and not any(k.startswith("xla_cpu") for o in seen for k in o)
+
+
+def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):
+    """With the chain compiling beside the set-up, the set-up traces the kernel's init only once the chain's
+    trace is done (one interpreter: two traces at once slowed the chain's, the longer wait)."""
+    import threading
+
+    events = []
+
+    class Recording(tm.models.LogisticRegression):
+        def log_prior(self, theta):
+            events.append(threading.current_thread().name)
+            return super().log_prior(theta)
+
+    real = sampling._Run._set_up
+
+    def set_up(self, init_jitter, early=None):
+        events.append("set-up")
+        assert early is not None  # (the chain compiles beside the set-up)
+        return real(self, init_jitter, early)
+
+    monkeypatch.setattr(sampling._Run, "_set_up", set_up)
+    monkeypatch.setattr(_exec_cache, "load", lambda key: None)
+    sampling._RUNNERS.clear()
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
+    tm.sample(Recording(), data, num_samples=30, num_warmup=20, num_chains=2, seed=5, progress=False)
+    start = events.index("set-up")
+    chain = [i for i, e in enumerate(events) if e == "tallmh-compile"]
+    init = [i for i, e in enumerate(events) if e == "MainThread" and i > start]
+    assert chain and init and max(chain) < min(init), events

@@ -151,7 +151,7 @@ jax.monitoring.register_event_listener(_on_event)
 _OWN_OPTIONS = {"xla_embed_ir_in_executable": False}
 
 
-def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
+def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True, elemental: bool = False):
     """``lower_fn().compile()``, and the executable stored under ``key``.
 
     An executable that JAX read back from its own persistent cache does not serialise whole again (the
@@ -159,13 +159,14 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
     (``_OWN_OPTIONS``), and one that was a JAX cache hit all the same is used but not stored. With
     ``unrolled`` the program lowers Threefry unrolled (same bits, cheaper to compile for tallmh's MH chain:
     see tallmh._lowering); inference programs pass False: jax 0.12's CPU compiler took more than 10 minutes
-    on a stochastic-volatility program lowered so, against 9-17 s for the whole run lowered as JAX does."""
+    on a stochastic-volatility program lowered so, against 9-17 s for the whole run lowered as JAX does.
+    ``elemental``: compile with ``_CPU_OPTIONS`` on the CPU (only for programs where they were measured safe)."""
     from ._lowering import unrolled_threefry
 
     # (the precision the caller's thread traces with: a config context does not follow into this thread)
     with unrolled_threefry() if unrolled else contextlib.nullcontext(), jax.default_matmul_precision("float32"):
         lowered = lower_fn()
-    fast = _cpu_options(lowered)
+    fast = _cpu_options(lowered) if elemental else {}
     if key is None:
         return _compile(lowered, fast)
     hits = _hits()
@@ -180,7 +181,10 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True):
 
 # XLA's CPU backend emits fusions by its MLIR "fusion emitters" by default; its elemental emitters compile the
 # default chain (N = 10^6, 4 chains) in ~2.0 s instead of ~2.8-3.4 s on a 2-core CPU, with the same speed per step
-# and the same draws (tests/test_same_draws.py), and the chain's compile is a fresh process's critical path
+# and the same draws (tests/test_same_draws.py), and the chain's compile is a fresh process's critical path. They
+# re-emit an expression for each of its uses inside a fusion, which can grow without bound: the reversible-jump
+# chain's compile took over 24 GB of memory with them. So they are asked for only where the caller knows the
+# program (tm.sample's chain for tallmh's built-in models whose chains were measured: ``elemental=True``).
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 

@@ -900,7 +900,7 @@ class _Run:
                 del self.notes[n0:]
                 early = self._compile_early()
                 ts = time.perf_counter()
-                self.states = _wait(self._set_up(init_jitter))
+                self.states = _wait(self._set_up(init_jitter, early))
                 self.timings["setup_s"] = time.perf_counter() - ts
                 self._warmup_of_start()
             self._audit_rates()
@@ -929,9 +929,11 @@ class _Run:
             if self.bar is not None:
                 self.bar.close()
 
-    def _set_up(self, init_jitter):
+    def _set_up(self, init_jitter, early=None):
         """The chains' start states: for a program, its blocks' init from the model's; else the mode, the
-        Laplace covariance, the control variates (:func:`_start_points`) and the kernel's init."""
+        Laplace covariance, the control variates (:func:`_start_points`) and the kernel's init. With ``early``
+        (the chain compiling beside the set-up), the kernel's init is traced once the chain's trace is done:
+        two traces at once share one interpreter, and the chain's is the longer wait."""
         if self.program is not None:
             return self.init_states(jax.random.split(self.k_jit, self.num_chains))
         model, data, n, test, proposal = self.model, self.data, self.n, self.test, self.proposal
@@ -947,6 +949,9 @@ class _Run:
         self.start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                            "newton_passes": int(st["passes"])}
         init_v = jax.jit(jax.vmap(self.kernel.init, in_axes=(0, None, None, None)))
+        if early is not None and "traced" in early:
+            while not early["traced"].wait(0.05) and early["thread"].is_alive():
+                pass  # (short waits: Ctrl-C stays responsive)
         states = _wait(init_v(st["starts"], data, cv0, hint))
         if tracks_log_lik(test, model):
             self.setup_items += n * self.num_chains  # the exact test's initial full pass, one per chain
@@ -1096,19 +1101,27 @@ class _Run:
         i32 = to_device(np.int32(0))  # (not jnp.asarray: it compiles a conversion program)
         args0 = (states, self.chain_keys, self.k_audit, i32, i32, i32, to_device(np.float32(0.0)), self.data,
                  self.stats)
-        box = {"rkey": rkey, "avals": _avals(args0)}
+        box = {"rkey": rkey, "avals": _avals(args0), "traced": threading.Event()}
         length = self.length
+
+        def lower():
+            try:
+                return entry["fn"].lower(*args0)
+            finally:
+                box["traced"].set()
 
         def work():
             try:
                 dkey = self._disk_key(length, args0)
                 compiled = _exec_cache.load(dkey)
                 if compiled is None:
-                    compiled = _exec_cache.compile_and_store(dkey, lambda: entry["fn"].lower(*args0),
-                                                             unrolled=self.program is None)
+                    compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=self.program is None,
+                                                             elemental=self._elemental())
                 box["compiled"] = compiled
             except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
                 box["error"] = e
+            finally:
+                box["traced"].set()
 
         box["thread"] = threading.Thread(target=work, daemon=True, name="tallmh-compile")
         box["thread"].start()
@@ -1151,9 +1164,22 @@ class _Run:
             entry["compiled"] = _exec_cache.load(dkey)  # a warm process: no tracing at all
             if entry["compiled"] is None:
                 entry["compiled"] = _in_thread(lambda: _exec_cache.compile_and_store(
-                    dkey, lambda: entry["fn"].lower(*args0), unrolled=self.program is None))
+                    dkey, lambda: entry["fn"].lower(*args0), unrolled=self.program is None,
+                    elemental=self._elemental()))
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
+
+    def _elemental(self) -> bool:
+        """Whether the chain compiles with XLA's elemental CPU emitters (``_exec_cache._CPU_OPTIONS``): for the
+        built-in models whose chains were measured with them (the logistic regression: a third less compile
+        time, the same draws), with tallmh's own proposals other than reversible jump, and never for an
+        inference program (a reversible-jump chain's compile took over 24 GB of memory with them)."""
+        from .models import LogisticRegression
+        from .proposals import ReversibleJump
+
+        return (self.program is None and type(self.model) is LogisticRegression
+                and not isinstance(self.proposal, ReversibleJump)
+                and type(self.proposal).__module__.startswith("tallmh."))
 
     def _disk_key(self, length, args0):
         """The on-disk key of the compiled chunk (:mod:`tallmh._exec_cache`), or None where tallmh cannot name
