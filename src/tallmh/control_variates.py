@@ -103,12 +103,12 @@ def proxy_sums(model, data, n, unravel, center, order=2):
     accumulated in float64 on the host, so the result has the precision of a float32 sum of 8192 items,
     not of N items (``G`` is a sum of N terms that nearly cancel at the mode). The pass reads the rows in
     blocks of 2**20 (:func:`full_pass`), so on-disk data is streamed, never loaded whole. A model with
-    NumPy closed forms (the built-in GLMs) on data in host memory or in a file is summed in float64 on the
-    host instead (:class:`~tallmh.setup_passes.HostPasses`).
+    NumPy closed forms (the built-in logistic regression) on data in host memory or in a file is summed in
+    float64 on the host instead (:class:`~tallmh.setup_passes.HostPasses`).
     """
     d = center.shape[0]
     host = HostPasses.of(model, data, n, unravel, center)
-    if host is not None:  # the built-in GLMs on host data: NumPy, float64 (HostPasses)
+    if host is not None:  # the built-in logistic regression on host data: NumPy, float64 (HostPasses)
         _, G, H = host.sums(center, "tallmh: control-variate sums")
         if order == 1:
             H = np.zeros((d, d))

@@ -113,7 +113,7 @@ def differentiable(model, data, n, init) -> bool:
     first rows (what Taylor control variates and Langevin proposals need)."""
     flat, unravel = ravel_pytree(init)
     host = _host_derivatives(model, data, n, unravel, flat)
-    if host is not None:  # the model's NumPy closed forms (the built-in GLMs): nothing to compile
+    if host is not None:  # the model's NumPy closed forms (the built-in logistic regression): nothing to compile
         return host
     rows = ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else \
         jax.tree_util.tree_map(lambda a: a[:min(n, 16)], data)
