@@ -166,7 +166,7 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True, eleme
     # (the precision the caller's thread traces with: a config context does not follow into this thread)
     with unrolled_threefry() if unrolled else contextlib.nullcontext(), jax.default_matmul_precision("float32"):
         lowered = lower_fn()
-    fast = _cpu_options(lowered) if elemental else {}
+    fast = _cpu_options() if elemental else {}
     if key is None:
         return _compile(lowered, fast)
     hits = _hits()
@@ -188,8 +188,9 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True, eleme
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
-def _cpu_options(lowered) -> dict:
-    """``_CPU_OPTIONS`` where programs compile for the CPU (the default backend), else none."""
+def _cpu_options() -> dict:
+    """``_CPU_OPTIONS`` where programs compile for the CPU (the default backend) and this XLA has not refused
+    them, else none."""
     if _REFUSED.get(tuple(_CPU_OPTIONS)):
         return {}
     try:

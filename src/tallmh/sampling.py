@@ -140,13 +140,13 @@ def _host_derivatives(model, data, n, unravel, flat):
     prior (:class:`tallmh.setup_passes.HostPasses`; their derivatives are autodiff's, checked in the tests):
     finite gradient and Hessian-vector product on the first rows. None where it has not."""
     hp = setup.HostPasses.of(model, data, n, unravel, flat)
-    if hp is None or not (callable(getattr(model, "log_prior_vgh_host", None))
-                          and setup._owned_with(model, "log_prior_vgh_host", "log_prior")):
+    prior = setup.closed_form(model, "log_prior_vgh_host", "log_prior", unravel, flat)
+    if hp is None or prior is None:
         return None
     try:
         t = np.asarray(flat, np.float64)
         _, g, h = model.lik_value_grad_hess_host(t, hp.read(0, min(n, 16)))
-        _, pg, ph = model.log_prior_vgh_host(t)
+        _, pg, ph = prior(t)
         g, hv = np.asarray(g) + np.asarray(pg), (np.asarray(h) + np.asarray(ph)) @ np.ones_like(t)
         return bool(np.all(np.isfinite(g)) and np.all(np.isfinite(hv)))
     except Exception:  # noqa: BLE001 - the compiled check decides

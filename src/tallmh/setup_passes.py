@@ -103,27 +103,26 @@ def closed_form_vgh(model, unravel, th):
     sums of the log-likelihood over a chunk, e.g. :class:`tallmh.models.LogisticRegression`), or None
     (then autodiff). Used only when the class that defines it also defines ``log_lik`` (a subclass with
     its own likelihood does not inherit derivatives of another) and the parameter is a flat vector."""
-    fn = getattr(model, "lik_value_grad_hess", None)
+    return closed_form(model, "lik_value_grad_hess", "log_lik", unravel, th)
+
+
+def closed_form(model, name, partner, unravel, th):
+    """``model.name`` where it is callable, the class that defines it also defines ``partner`` (a subclass
+    with its own likelihood or prior does not inherit another's closed forms), and the parameter is a flat
+    vector (shapes by ``eval_shape``: no program for the unravelling); else None."""
+    fn = getattr(model, name, None)
     if not callable(fn):
         return None
     mro = type(model).__mro__
-    owner = next((c for c in mro if "lik_value_grad_hess" in vars(c)), None)
-    if owner is None or owner is not next((c for c in mro if "log_lik" in vars(c)), None):
+    owner = next((c for c in mro if name in vars(c)), None)
+    if owner is None or owner is not next((c for c in mro if partner in vars(c)), None):
         return None
-    flat = unravel(th)
-    if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(th.shape)):
+    flat = jax.eval_shape(unravel, th)
+    if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th))):
         return None
     return fn
 
 
-
-
-def _owned_with(model, name, partner):
-    """Whether the class that defines ``model.name`` also defines ``model.partner`` (a subclass with its own
-    likelihood or prior does not inherit another's closed forms)."""
-    mro = type(model).__mro__
-    owner = next((c for c in mro if name in vars(c)), None)
-    return owner is not None and owner is next((c for c in mro if partner in vars(c)), None)
 
 
 HOST_BLOCK = 2**16  # rows per block of a host pass (fixed: the same blocks wherever the data lives)
@@ -161,14 +160,8 @@ class HostPasses:
         """The host passes for this model and data, or None (then the compiled passes: :func:`full_pass`)."""
         from .datasource import host_reader
 
-        if n > HOST_MAX_ROWS or not all(callable(getattr(model, a, None))
-                                        for a in ("lik_value_grad_hess_host", "log_lik_host")):
-            return None
-        if not (_owned_with(model, "lik_value_grad_hess_host", "log_lik")
-                and _owned_with(model, "log_lik_host", "log_lik")):
-            return None
-        flat = jax.eval_shape(unravel, th)  # (shapes only: no program for the unravelling)
-        if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th))):
+        if n > HOST_MAX_ROWS or any(closed_form(model, a, "log_lik", unravel, th) is None
+                                    for a in ("lik_value_grad_hess_host", "log_lik_host")):
             return None
         read = host_reader(data)
         return None if read is None else HostPasses(model, data, n, read)
@@ -188,28 +181,25 @@ class HostPasses:
         def work(s):
             return fn(read(s, min(n, s + HOST_BLOCK)))
 
+        def done(s):
+            if bar is not None:
+                bar.update(min(n, s + HOST_BLOCK) - s)
+
         try:
             threads = min(HOST_THREADS_FILES if ds.in_files(self.data) else HOST_THREADS, len(starts))
             if threads <= 1:
                 for s in starts:
                     yield work(s)
-                    if bar is not None:
-                        bar.update(min(n, s + HOST_BLOCK) - s)
+                    done(s)
                 return
             with ThreadPoolExecutor(threads, thread_name_prefix="tallmh-pass") as ex:
                 queue = collections.deque()
                 for s in starts:  # at most 2 blocks per thread in flight: memory of a few blocks, not of N
                     queue.append((s, ex.submit(work, s)))
-                    if len(queue) >= 2 * threads:
+                    while len(queue) >= 2 * threads or (queue and s == starts[-1]):
                         s0, f = queue.popleft()
                         yield f.result()
-                        if bar is not None:
-                            bar.update(min(n, s0 + HOST_BLOCK) - s0)
-                while queue:
-                    s0, f = queue.popleft()
-                    yield f.result()
-                    if bar is not None:
-                        bar.update(min(n, s0 + HOST_BLOCK) - s0)
+                        done(s0)
         finally:
             ds.advise(self.data, "normal")
             if bar is not None:
@@ -455,14 +445,13 @@ def _prior_parts(model, unravel, th):
     """``(parts, diff)``: ``parts(t) = (log p0, gradient, Hessian)`` in float64 and ``diff(t0, t1) = log p0(t1) -
     log p0(t0)``, by the model's NumPy form (``log_prior_vgh_host``, defined with its ``log_prior``) where it
     has one, else by compiled programs (:func:`_prior_fns`)."""
-    if callable(getattr(model, "log_prior_vgh_host", None)) and _owned_with(model, "log_prior_vgh_host", "log_prior"):
-        flat = jax.eval_shape(unravel, th)
-        if hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th)):
-            def host_parts(t):
-                v, g, h = model.log_prior_vgh_host(np.asarray(t, np.float64))
-                return float(v), np.asarray(g, np.float64), np.asarray(h, np.float64)
+    host = closed_form(model, "log_prior_vgh_host", "log_prior", unravel, th)
+    if host is not None:
+        def host_parts(t):
+            v, g, h = host(np.asarray(t, np.float64))
+            return float(v), np.asarray(g, np.float64), np.asarray(h, np.float64)
 
-            return host_parts, lambda t0, t1: host_parts(t1)[0] - host_parts(t0)[0]
+        return host_parts, lambda t0, t1: host_parts(t1)[0] - host_parts(t0)[0]
     vgh, pair = _prior_fns(model, unravel, th)
 
     def parts(t):
