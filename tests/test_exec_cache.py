@@ -120,15 +120,17 @@ def test_only_the_mh_chain_lowers_threefry_unrolled(monkeypatch):
 
 
 def test_the_chain_asks_for_full_float32_products(monkeypatch):
-    """The chain tm.sample compiles asks for full float32 matrix products (on GPUs JAX's default lets float32
-    products run in TF32, with errors of ~1e-3 of each item's log-likelihood); the same function lowered
-    outside tallmh's context asks for the default (the negative control: the check tells them apart)."""
-    seen = {}
+    """The chain tm.sample compiles, and the self-audit's program beside it, ask for full float32 matrix
+    products (on GPUs JAX's default lets float32 products run in TF32, with errors of ~1e-3 of each item's
+    log-likelihood); the same functions lowered outside tallmh's context ask for the default (the negative
+    control: the check tells them apart)."""
+    seen = []
     real = _exec_cache.compile_and_store
 
     def spy(key, lower_fn, unrolled=True, **kw):
-        seen["lower_fn"] = lower_fn
-        return real(key, lambda: seen.setdefault("lowered", lower_fn()), unrolled, **kw)
+        got = {"lower_fn": lower_fn}
+        seen.append(got)
+        return real(key, lambda: got.setdefault("lowered", lower_fn()), unrolled, **kw)
 
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     monkeypatch.setattr(_exec_cache, "compile_and_store", spy)
@@ -138,10 +140,12 @@ def test_the_chain_asks_for_full_float32_products(monkeypatch):
     def dots(text):
         return [ln for ln in text.splitlines() if "stablehlo.dot_general" in ln and "f32" in ln]
 
-    inside = dots(seen["lowered"].as_text())
-    assert inside and all("precision = [HIGHEST, HIGHEST]" in ln for ln in inside), inside[:3]
-    outside = dots(seen["lower_fn"]().as_text())  # this thread, no precision context
-    assert outside and not any("HIGHEST" in ln for ln in outside)
+    assert len(seen) == 2  # the chain, then the audit's program
+    for got in seen:
+        inside = dots(got["lowered"].as_text())
+        assert inside and all("precision = [HIGHEST, HIGHEST]" in ln for ln in inside), inside[:3]
+        outside = dots(got["lower_fn"]().as_text())  # this thread, no precision context
+        assert outside and not any("HIGHEST" in ln for ln in outside)
 
 
 def test_the_set_up_thread_traces_full_float32_products():

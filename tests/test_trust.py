@@ -132,8 +132,8 @@ def test_a_run_skips_the_rest_of_its_audits_when_none_was_wrong():
     assert a["audit_wrong"] == 0 and a["audit_steps"] < design["planned"]
     # no sampling audit after the first stage: the rate went to 0 for the later chunks
     assert int(np.sum(r.stats["audited"])) == design["cleared_after"] >= design["first_stage"]
-    # ... and it closed near its count (an audited step is 4 chain-steps): the sampling chunks were sized for it
-    assert design["cleared_after"] <= design["first_stage"] + 2 * 4, design
+    # ... and it closed at the audited step that brought its count (an audited step is 4 chain-steps)
+    assert design["cleared_after"] < design["first_stage"] + 4, design
     assert a["audit_power"] >= 0.79
     assert any(n.startswith("self-audit: no wrong decision in the first") for n in r.notes)
     # an explicit rate audits every step it plans

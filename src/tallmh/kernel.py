@@ -7,6 +7,9 @@ closed over: a compiled chain serves any data of the same shape, and lowering do
 into the program (DESIGN.md, "Performance habits"). ``adapt`` (a Python or traced bool) turns on the
 proposal's adaptation; ``audit`` (a Python or traced bool, the same for every chain of a step) makes the
 step also take the exact decision with the same u and record whether the two agree (the self-audit).
+With ``defer_audit=True`` the step only marks the audit and returns what the exact decision needs
+(:class:`AuditArgs`); ``Kernel.audit_pass`` takes it afterwards, for many steps in one program, outside
+the chain's loop (the decision does not steer the chain: it is recorded, never used).
 
 Parameters are carried as flat vectors (``jax.flatten_util.ravel_pytree``); the model sees its pytree.
 
@@ -27,7 +30,7 @@ import numpy as np
 from .acceptance.base import Problem
 from .data import take
 
-__all__ = ["KernelState", "StepInfo", "Kernel", "build_kernel", "make_problem", "oracle_of"]
+__all__ = ["KernelState", "StepInfo", "Kernel", "AuditArgs", "build_kernel", "make_problem", "oracle_of"]
 
 
 class KernelState(NamedTuple):
@@ -63,6 +66,18 @@ class Kernel(NamedTuple):
     grad_estimate: Callable  # (data, cv) -> grad_fn(theta, idx): minibatch estimate of grad log posterior
     empty_info: Optional[Callable] = None  # (dtype) -> the statistics of a step not taken; None: StepInfo.empty
     map_chains: bool = False  # run the chains one after another (lax.map) rather than side by side (vmap)
+    # (key, theta, theta', log_base, data, stats) -> (exact decision, items read): the self-audit's exact pass
+    # for a step whose audit ``step(..., defer_audit=True)`` left to the caller; None: the kernel cannot defer
+    audit_pass: Optional[Callable] = None
+
+
+class AuditArgs(NamedTuple):
+    """What a deferred self-audit needs to take a step's exact decision later (:func:`build_kernel`)."""
+
+    key: jax.Array  # the test's key at the step: the oracle draws the same u from it
+    theta: jax.Array  # the state before the step
+    theta_p: jax.Array  # the proposal
+    log_base: jax.Array  # log prior ratio + log proposal ratio (-inf: out of the support)
 
 
 def oracle_of(test):
@@ -268,7 +283,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)
 
-    def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False):
+    def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False, defer_audit=False):
         stats = default_stats if stats is None else stats
         k_prop, k_test = jax.random.split(key)
         dtype = state.theta.dtype
@@ -304,9 +319,14 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         # the audit's exact decision sums the plain ratios l_i: with control variates the remainders plus the
         # proxies' exact sum are the same number, but would cost a second copy of the proxies in the compiled
         # full pass (and a rounding of that sum); so the oracle decides as Exact() itself does
-        audit_problem = problem if cv is None or exact_test else make_problem(
-            model, data, n, unravel, stats, state.theta, theta_p, log_base, None, None, cv_order or 2, reader)
-        audit_exact, audit_items = _audit_decision(oracle, k_test, audit_problem, in_support, audit)
+        if defer_audit:  # marked only: the caller takes the exact decision by audit_pass (the items: N)
+            audit_exact = jnp.bool_(False)
+            audit_items = jnp.where(jnp.asarray(audit, bool) & in_support, jnp.int32(n), jnp.int32(0))
+            deferred = AuditArgs(k_test, state.theta, theta_p, log_base)
+        else:
+            audit_problem = problem if cv is None or exact_test else make_problem(
+                model, data, n, unravel, stats, state.theta, theta_p, log_base, None, None, cv_order or 2, reader)
+            audit_exact, audit_items = _audit_decision(oracle, k_test, audit_problem, in_support, audit)
         theta = jnp.where(acc, theta_p, state.theta)
         lp = jnp.where(acc, lp_p, state.log_prior)
         ll = jax.tree_util.tree_map(lambda new, old: jnp.where(acc, new, old), llp, state.log_lik) \
@@ -315,6 +335,15 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         n_data = n_data + (proposal.items_per_step() if needs_data else 0)
         info = StepInfo(acc, n_data, rounds, nonfinite, clt, jnp.asarray(audit, bool) & (audit_items > 0),
                         audit_exact, audit_items)
-        return KernelState(theta, lp, ll, pstate, state.cv, state.extra), info
+        out = KernelState(theta, lp, ll, pstate, state.cv, state.extra)
+        return (out, info, deferred) if defer_audit else (out, info)
 
-    return Kernel(init, step, full_log_lik, grad_estimate)
+    def audit_pass(key, theta, theta_p, log_base, data, stats=None):
+        """The exact oracle's decision at a step marked by ``step(..., defer_audit=True)`` and the items it read:
+        the same problem, key (so the same u) and full pass as the audit ``step`` takes itself."""
+        stats = default_stats if stats is None else stats
+        problem = make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, None, None,
+                               cv_order or 2, reader)
+        return _audit_decision(oracle, key, problem, log_base > -jnp.inf, True)
+
+    return Kernel(init, step, full_log_lik, grad_estimate, audit_pass=audit_pass)

@@ -52,7 +52,7 @@ from . import distributed
 from .acceptance import Exact
 from .data import num_items, to_device, validate_data
 from .errors import ConfigError, DataChanged, ModelError, Stopped
-from .kernel import StepInfo, build_kernel, make_problem, tracks_log_lik
+from .kernel import AuditArgs, StepInfo, build_kernel, make_problem, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .cache_keys import shape_key as _shape_key, value_key as _value_key
@@ -74,6 +74,7 @@ MAX_AUDIT_RATE = 0.05
 # at most that much (0.01); a run whose audits find a wrong decision keeps its whole plan.
 AUDIT_CLEAR_LOSS = 0.01
 DEFAULT_AUDIT_ITEMS = 4 * 10**8  # ... and no more than this many items read by them (each reads all N)
+AUDIT_SLOTS = 8  # audited steps per call of the deferred audit's program (_audit_runner); more take more calls
 _RUNNERS: dict = {}
 # num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
 # plans for (its rate is fixed before sampling)
@@ -436,14 +437,15 @@ def _start_normals(key, shape):
     return np.random.default_rng(np.asarray(key, np.uint32).ravel().tolist()).standard_normal(shape)
 
 
-def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None, model=None, n=None):
+def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None, model=None, n=None, defer=False):
     """The compiled chunk: ``length`` scan steps of which the first ``count`` are made.
 
     Cached by ``key`` (model, proposal and test by value where they are tallmh's own, shapes, options):
     a second call with data of the same shape reuses the compiled program. Returns the cache entry, a
     dict with ``fn`` (the jitted function) and ``compiled`` (filled on first use). With a ``plan``
     (:mod:`tallmh.distributed`) the chains (and the data's rows) are split over the plan's mesh;
-    ``kernel_of(model)`` then builds the kernel on the (row-sharded view of the) model.
+    ``kernel_of(model)`` then builds the kernel on the (row-sharded view of the) model. ``defer``: the audits
+    are taken after the chunk (:func:`_chain_run`; chains side by side on one device only).
     """
     if key in _RUNNERS:
         return _RUNNERS[key]
@@ -458,7 +460,7 @@ def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None
 
         fn = jax.jit(chains)
     else:
-        fn = jax.jit(jax.vmap(_chain_run(kernel, length, audit_on),
+        fn = jax.jit(jax.vmap(_chain_run(kernel, length, audit_on, defer),
                               in_axes=(0, 0, None, None, None, None, None, None, None)))
     if len(_RUNNERS) >= 16:
         _RUNNERS.pop(next(iter(_RUNNERS)))
@@ -466,8 +468,12 @@ def _runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None
     return _RUNNERS[key]
 
 
-def _chain_run(kernel, length, audit_on):
-    """One chain's chunk: ``length`` scan steps of ``kernel``, of which the first ``count`` are made."""
+def _chain_run(kernel, length, audit_on, defer=False):
+    """One chain's chunk: ``length`` scan steps of ``kernel``, of which the first ``count`` are made.
+
+    ``defer``: no exact pass in the chain; each step's :class:`~tallmh.kernel.AuditArgs` and its audit
+    uniform (the step is audited when it is below the phase's rate) are further outputs beside the draws and
+    statistics, and :func:`_audit_runner` takes the audited steps' exact decisions after the chunk."""
     empty = getattr(kernel, "empty_info", None) or StepInfo.empty
 
     def chain_run(state, ckey, akey, start, count, phase, audit_rate, data, stats):
@@ -477,23 +483,52 @@ def _chain_run(kernel, length, audit_on):
 
         def body(st, i):
             g = start + i
+            k_step = jax.random.fold_in(pkey, g)
 
             def do(st):
                 if audit_on:
-                    audit = jax.random.uniform(jax.random.fold_in(apkey, g)) < audit_rate
+                    ua = jax.random.uniform(jax.random.fold_in(apkey, g))
+                    audit = ua < audit_rate
                 else:
                     audit = False
-                return kernel.step(jax.random.fold_in(pkey, g), st, data, g, adapt, stats, audit)
+                if defer:  # (the host picks the audited steps afterwards: ua < the rate it settles)
+                    return (*kernel.step(k_step, st, data, g, adapt, stats, audit, defer_audit=True), ua)
+                return kernel.step(k_step, st, data, g, adapt, stats, audit)
 
             def skip(st):
+                if defer:  # (the step's key stands in for the test's: never read, the step is never audited)
+                    return st, empty(st.theta.dtype), AuditArgs(jax.random.split(k_step)[1], st.theta, st.theta,
+                                                                jnp.full((), -jnp.inf, st.theta.dtype)), \
+                        jnp.ones((), jnp.float32)
                 return st, empty(st.theta.dtype)
 
-            st, info = jax.lax.cond(i < count, do, skip, st)
-            return st, (st.theta, info_dict(info))
+            st, info, *deferred = jax.lax.cond(i < count, do, skip, st)
+            return st, (st.theta, info_dict(info), *deferred)
 
         return jax.lax.scan(body, state, jnp.arange(length, dtype=jnp.int32))
 
     return chain_run
+
+
+def _audit_runner(kernel, slots):
+    """The deferred self-audit's program: the exact decisions of up to ``slots`` audited steps of all chains
+    (``AuditArgs`` leaves shaped ``(slots, chains, ...)``), the first ``m`` of them, one step's chains side by
+    side at a time. Out of the chain's loop it reads the rows on every core: the same pass cost ~50 ms per
+    step of 4 chains inside the chain at N = 10^6 and ~29 ms here (``benchmarks/exact_pass.py``)."""
+    one_step = jax.vmap(kernel.audit_pass, in_axes=(0, 0, 0, 0, None, None))
+
+    def run(args, m, data, stats):
+        c = args.theta.shape[1]
+        out0 = (jnp.zeros((slots, c), bool), jnp.zeros((slots, c), jnp.int32))
+
+        def body(j, out):
+            a = jax.tree_util.tree_map(lambda v: v[j], args)
+            ex, items = one_step(a.key, a.theta, a.theta_p, a.log_base, data, stats)
+            return out[0].at[j].set(ex), out[1].at[j].set(items)
+
+        return jax.lax.fori_loop(0, m, body, out0)
+
+    return jax.jit(run)
 
 
 @_full_float32
@@ -866,6 +901,7 @@ class _Run:
         return [self.store.view(pname)] if self.store.counts[pname] else []
 
     def result(self):
+        self._settle_audits()
         states = self.states
         host_states = states if self.plan is None or states is None else \
             jax.tree_util.tree_map(distributed.to_host, states)
@@ -1003,9 +1039,10 @@ class _Run:
                 self.notes.append(msg)
 
     def _audit_clear(self):
-        """The audit's first stage (``AUDIT_CLEAR_LOSS``): after a sampling chunk, when at least ``first_stage``
-        sampling steps have been audited and no audit so far found a wrong decision, the remaining sampling
-        chunks audit nothing (their audit rate is a run-time argument: nothing recompiles)."""
+        """The audit's first stage (``AUDIT_CLEAR_LOSS``): after a sampling chunk (or, for audits deferred out of
+        the chain, before a chunk's audited steps are picked), when at least ``first_stage`` sampling steps have
+        been audited and no audit so far found a wrong decision, the remaining sampling chunks audit nothing
+        (their audit rate is a run-time argument: nothing recompiles)."""
         design = self.audit_design
         if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
             return
@@ -1039,7 +1076,8 @@ class _Run:
         """While the audit's first stage is open, a sampling chunk of at most the steps expected to bring half
         of the audited sampling steps still missing to ``first_stage`` (all of them when one audited step
         would do): the stage is checked between chunks, and a chunk that ran on past it would audit steps
-        (each a full pass) that the cleared design skips. The chunks stay short only until the stage closes."""
+        (each a full pass) that the cleared design skips. The chunks stay short only until the stage closes.
+        (Audits deferred out of the chain need no cap: their stage closes at the step that completes it.)"""
         design = self.audit_design
         if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
             return count
@@ -1069,11 +1107,20 @@ class _Run:
             int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
         rkey = (_value_key(self.model), _value_key(proposal), _value_key(test), n, _shape_key(self.data),
                 _shape_key(self.stats), self.cv_order, num_chains, length, self.audit_on, d, str(self.dtype),
-                _shape_key(states), _shape_key(self.init_tree), plan.key() if plan is not None else None)
+                _shape_key(states), _shape_key(self.init_tree), plan.key() if plan is not None else None,
+                self._defer_audit())
         entry = _runner(self.kernel, rkey, num_chains, length, self.audit_on, plan,
                         (lambda m: self.kernel) if self.program is not None else
-                        (lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order)), self.model, n)
+                        (lambda m: build_kernel(m, proposal, test, n, self.unravel, None, self.cv_order)), self.model, n,
+                        self._defer_audit())
         return rkey, entry
+
+    def _defer_audit(self) -> bool:
+        """Whether the chunk leaves its audits' exact passes to :func:`_audit_runner` (chains side by side on
+        one device, a kernel that can; not for inference programs, whose blocks audit inside their step)."""
+        return bool(self.audit_on and self.plan is None and self.program is None
+                    and getattr(self.kernel, "audit_pass", None) is not None
+                    and not getattr(self.kernel, "map_chains", False))
 
     def _compile_early(self):
         """Start compiling the chunk in a thread before the set-up, for the chain states the set-up will
@@ -1101,14 +1148,22 @@ class _Run:
         i32 = to_device(np.int32(0))  # (not jnp.asarray: it compiles a conversion program)
         args0 = (states, self.chain_keys, self.k_audit, i32, i32, i32, to_device(np.float32(0.0)), self.data,
                  self.stats)
-        box = {"rkey": rkey, "avals": _avals(args0), "traced": threading.Event()}
+        box = {"rkey": rkey, "avals": _avals(args0), "traced": threading.Event(), "ready": threading.Event()}
         length = self.length
+
+        def audit_program():
+            try:
+                self._audit_compiled(entry, states)
+            except BaseException:  # noqa: BLE001 - compiled at its first use instead
+                pass
 
         def lower():
             try:
                 return entry["fn"].lower(*args0)
             finally:
                 box["traced"].set()
+                if self._defer_audit():  # the audit's program traced and compiled beside the chain's XLA compile
+                    threading.Thread(target=audit_program, daemon=True, name="tallmh-audit-compile").start()
 
         def work():
             try:
@@ -1122,6 +1177,9 @@ class _Run:
                 box["error"] = e
             finally:
                 box["traced"].set()
+                box["ready"].set()
+            if self._defer_audit() and "compiled" in box:  # (the chain loaded from the disk: the audit's too)
+                audit_program()
 
         box["thread"] = threading.Thread(target=work, daemon=True, name="tallmh-compile")
         box["thread"].start()
@@ -1132,6 +1190,7 @@ class _Run:
         the compile started before the set-up (:meth:`_compile_early`), used when the states match it."""
         plan = self.plan
         rkey, entry = self._entry(self.states)
+        self.entry = entry
         length = self.length
         if plan is None:
             def arg(v, dt):
@@ -1154,8 +1213,8 @@ class _Run:
         if entry["compiled"] is None and early is not None and early["rkey"] == rkey \
                 and early["avals"] == _avals(args0):
             tc = time.perf_counter()
-            while early["thread"].is_alive():  # (short waits: Ctrl-C stays responsive)
-                early["thread"].join(0.05)
+            while not early["ready"].wait(0.05) and early["thread"].is_alive():  # (short waits: Ctrl-C stays responsive)
+                pass
             entry["compiled"] = early.get("compiled")
             self.timings["compile_s"] += time.perf_counter() - tc
         if entry["compiled"] is None:
@@ -1169,6 +1228,125 @@ class _Run:
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
 
+    def _audit_compiled(self, entry, states):
+        """The deferred self-audit's compiled program (:func:`_audit_runner`) for the chunk's cache ``entry``:
+        loaded from tallmh's executable cache where the chunk's is, else compiled (and stored)."""
+        if entry.get("audit") is not None:
+            return entry["audit"]
+        with entry.setdefault("audit_lock", threading.Lock()):
+            if entry.get("audit") is None:
+                theta = states.theta
+                c, d = theta.shape[0], theta.shape[-1]
+                kd = self.chain_keys
+                sd = jax.ShapeDtypeStruct
+                args = AuditArgs(sd((AUDIT_SLOTS, c) + tuple(kd.shape[1:]), kd.dtype),
+                                 sd((AUDIT_SLOTS, c, d), theta.dtype), sd((AUDIT_SLOTS, c, d), theta.dtype),
+                                 sd((AUDIT_SLOTS, c), theta.dtype))
+                m = sd((), jnp.int32)
+                fn = _audit_runner(self.kernel, AUDIT_SLOTS)
+                lowered_args = (args, m, self.data, self.stats)
+                dkey = self._disk_key(self.length, lowered_args, "audit")
+                compiled = _exec_cache.load(dkey)
+                if compiled is None:
+                    compiled = _exec_cache.compile_and_store(dkey, lambda: fn.lower(*lowered_args), unrolled=True)
+                entry["audit"] = compiled
+        return entry["audit"]
+
+    def _audits_of_chunk(self, phase, info, args, ua):
+        """The chunk's audited steps, picked after it ran, and their exact decisions started.
+
+        The chain does not steer by its audits, so which of its steps are audited is settled afterwards: the
+        audits of the chunks before are finished first and the first stage is checked on them
+        (:meth:`_audit_clear`); the steps whose audit uniform is below the phase's rate (and whose proposal is in
+        the support) are audited, in order, and while the two-stage design's first stage is open only until
+        it has its ``first_stage`` audited sampling steps (the rest of the chunk's are audited too if one of
+        those finds a wrong decision: the whole plan then stands). The exact passes run in a thread while the
+        next chunk runs (the chain's loop keeps about one core busy, the pass both); draws streamed to disk
+        wait for them (a chunk is written once)."""
+        self._settle_audits()
+        if phase == 1:
+            self._audit_clear()
+        cand = (np.asarray(ua) < self.rates[phase]) & (np.asarray(args.log_base) > -np.inf)
+        sel, rest = cand, None
+        design = self.audit_design
+        if phase == 1 and design is not None and design["cleared_after"] is None and not design.get("wrong_seen"):
+            need = design["first_stage"] - design.get("audited_sampling", 0)
+            reach = np.flatnonzero(np.cumsum(cand.sum(axis=0)) >= need)
+            if reach.size:  # the stage has its audits at this step: the later ones wait on their outcome
+                sel = cand.copy()
+                sel[:, reach[0] + 1:] = False
+                rest = cand & ~sel
+            # (what _audit_clear will count once these are done)
+            design["audited_sampling"] = design.get("audited_sampling", 0) + int(sel.sum())
+        info["audited"] = sel
+        info["audit_exact"] = np.zeros(sel.shape, bool)
+        info["audit_items"] = np.where(sel, self.n, 0).astype(np.int32)
+        if not cand.any():
+            return
+
+        def audits():
+            self._take_audits(info, args, sel)
+            if rest is not None and rest.any():
+                wrong = info["audited"] & (np.asarray(info["accepted"], bool) != info["audit_exact"])
+                if wrong.any():
+                    self._take_audits(info, args, rest)
+
+        if self.store is not None:
+            audits()
+            return
+        box = {}
+
+        def job():
+            try:
+                audits()
+            except BaseException as e:  # noqa: BLE001 - raised where the run waits for it
+                box["error"] = e
+
+        thread = threading.Thread(target=job, daemon=True, name="tallmh-audit")
+        thread.start()
+        self.audit_job = (thread, box)
+
+    def _settle_audits(self):
+        """Wait for the audits started after the last chunk (:meth:`_audits_of_chunk`)."""
+        job = getattr(self, "audit_job", None)
+        if job is None:
+            return
+        thread, box = job
+        while thread.is_alive():  # (short waits: Ctrl-C stays responsive)
+            thread.join(0.05)
+        self.audit_job = None
+        if "error" in box:
+            raise box["error"]
+
+    def _take_audits(self, info, args, mask):
+        """The exact decisions of the chunk's audited steps ``mask`` (chains first; ``info`` and ``args`` on the
+        host), written into ``info`` as the chain's own audit would have: ``audit_exact``, ``audit_items`` (N,
+        or 0 for a proposal out of the support, which reads nothing) and ``audited``."""
+        mask = np.asarray(mask, bool)
+        steps = np.flatnonzero(mask.any(axis=0))
+        if steps.size == 0:
+            return
+        prog = self._audit_compiled(self.entry, self.states)
+        exact = np.array(info["audit_exact"], bool)
+        items = np.array(info["audit_items"], np.int32)
+        leaves = [np.asarray(v) for v in args]
+        for k in range(0, steps.size, AUDIT_SLOTS):
+            st = steps[k:k + AUDIT_SLOTS]
+
+            def slots(v):  # (chains, steps, ...) -> (AUDIT_SLOTS, chains, ...), the unused slots never read
+                out = np.zeros((AUDIT_SLOTS,) + v.shape[:1] + v.shape[2:], v.dtype)
+                out[:st.size] = np.swapaxes(v[:, st], 0, 1)
+                return out
+
+            ex, it = prog(AuditArgs(*(to_device(slots(v)) for v in leaves)), to_device(np.int32(st.size)),
+                          self.run_data, self.run_stats)
+            ex, it = np.asarray(ex)[:st.size].T, np.asarray(it)[:st.size].T
+            m = mask[:, st]
+            exact[:, st] = np.where(m, ex, exact[:, st])
+            items[:, st] = np.where(m, it, items[:, st])
+        audited = (np.asarray(info["audited"], bool) | mask) & (items > 0)
+        info["audit_exact"], info["audit_items"], info["audited"] = exact & audited, np.where(audited, items, 0), audited
+
     def _elemental(self) -> bool:
         """Whether the chain compiles with XLA's elemental CPU emitters (``_exec_cache._CPU_OPTIONS``): for the
         built-in models whose chains were measured with them (the logistic regression: a third less compile
@@ -1181,7 +1359,7 @@ class _Run:
                 and not isinstance(self.proposal, ReversibleJump)
                 and type(self.proposal).__module__.startswith("tallmh."))
 
-    def _disk_key(self, length, args0):
+    def _disk_key(self, length, args0, what="chain"):
         """The on-disk key of the compiled chunk (:mod:`tallmh._exec_cache`), or None where tallmh cannot name
         everything its tracing depends on (a model, proposal or test not of tallmh's classes; several
         devices visible; data read through host callbacks)."""
@@ -1195,9 +1373,9 @@ class _Run:
             return None
         shapes = jax.tree_util.tree_structure(args0), [(tuple(np.shape(a)), str(a.dtype))
                                                        for a in jax.tree_util.tree_leaves(args0)]
-        return _exec_cache.program_key("chain", named, self.n, self.cv_order, self.num_chains, length,
+        return _exec_cache.program_key(what, named, self.n, self.cv_order, self.num_chains, length,
                                        self.audit_on, self.d, str(self.dtype), str(shapes[0]), shapes[1],
-                                       str(jax.tree_util.tree_structure(self.init_tree)))
+                                       str(jax.tree_util.tree_structure(self.init_tree)), self._defer_audit())
 
     def _recenter(self):
         """Control variates re-centred at the warmup's mean before sampling (``ControlVariates(recenter=True)``)."""
@@ -1234,7 +1412,7 @@ class _Run:
             if stop:
                 break
             dt = self._chunk(pname, phase, count)
-            if pname == "sampling":
+            if pname == "sampling" and not self._defer_audit():  # (deferred: checked before the chunk's audits)
                 self._audit_clear()
             self.timings[f"{pname}_s"] = base_s + time.perf_counter() - tp
             if self._after_chunk(pname, total):
@@ -1245,7 +1423,7 @@ class _Run:
                 if pname == "sampling" and self.budget_s is not None:
                     want = min(want, max(1.0, (self.budget_s - self.timings["sampling_s"]) / per_step))
                 count = int(max(1, min(length, want, 4 * count)))
-            if pname == "sampling":
+            if pname == "sampling" and not self._defer_audit():  # (deferred: the stage closes at its step)
                 count = self._audit_chunk_cap(count)
             count = min(count, length, total - done[pname]) if done[pname] < total else count
         return False
@@ -1258,13 +1436,16 @@ class _Run:
                                         arg(count, jnp.int32), arg(phase, jnp.int32),
                                         arg(self.rates[phase], jnp.float32), self.run_data, self.run_stats)
         _wait(new_states)
+        theta, info, *deferred = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
+        info = dict(info)
+        if deferred:
+            self._audits_of_chunk(phase, info, *deferred)
         dt = time.perf_counter() - tcall
-        theta, info = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
         self.states = new_states
         if self.store is not None:
-            self.store.append(pname, theta, dict(info))
+            self.store.append(pname, theta, info)
         else:
-            self.collected[pname].append((theta, dict(info)))
+            self.collected[pname].append((theta, info))
         self.done[pname] += count
         if self.bar is not None:
             self.bar.update(count, pname, info, self.n)

@@ -1,0 +1,65 @@
+"""The self-audit taken after each chunk by its own program (``sampling._audit_runner``) records what the chain's
+inline audit records: the same audited steps, the same exact decisions (the same key, so the same u) and the
+same items, and the draws do not change. The negative control feeds the deferred pass another key: the
+comparison then fails, so it can tell a wrong u from the right one."""
+
+import jax
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh import _exec_cache, sampling
+
+
+def _run(monkeypatch, defer=True, other_key=False):
+    sampling._RUNNERS.clear()
+    if not defer:
+        monkeypatch.setattr(sampling._Run, "_defer_audit", lambda self: False)
+    if other_key:
+        real = sampling._audit_runner
+
+        def shifted(kernel, slots):
+            fn = real(kernel, slots)
+            return jax.jit(lambda args, *rest: fn(args._replace(key=jax.vmap(jax.vmap(
+                lambda k: jax.random.fold_in(k, 1)))(args.key)), *rest))
+
+        monkeypatch.setattr(sampling, "_audit_runner", shifted)
+        # (neither the right program from the disk, nor this one left there for later runs)
+        monkeypatch.setattr(_exec_cache, "load", lambda key: None)
+        monkeypatch.setattr(_exec_cache, "store", lambda key, compiled: None)
+    data, _ = tm.models.LogisticRegression.simulate(3000, d=3, seed=3)
+    r = tm.sample(tm.models.LogisticRegression(), data, test=tm.acceptance.Austerity(error=0.1, batch_size=100),
+                  proposal=tm.proposals.RandomWalk(0.05), num_samples=200, num_warmup=40, num_chains=3, audit=0.25,
+                  seed=2, progress=False)
+    monkeypatch.undo()
+    sampling._RUNNERS.clear()
+    return r
+
+
+def _audits(r):
+    return {k: np.concatenate([np.asarray(r.warmup_stats[k]), np.asarray(r.stats[k])], axis=1)
+            for k in ("audited", "audit_exact", "audit_items", "accepted")}
+
+
+def test_deferred_audit_records_what_the_inline_audit_does(monkeypatch):
+    inline = _run(monkeypatch, defer=False)
+    deferred = _run(monkeypatch)
+    a, b = _audits(inline), _audits(deferred)
+    assert 20 < a["audited"].sum() < a["audited"].size  # audited and unaudited steps, in every chain
+    aud = a["audited"]
+    assert 0 < a["audit_exact"][aud].sum() < aud.sum()  # both exact decisions among the audited steps
+    for k in a:
+        np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+    np.testing.assert_array_equal(np.asarray(deferred.flat_samples), np.asarray(inline.flat_samples))
+    assert deferred.audit["audit_steps"] == inline.audit["audit_steps"]
+    assert deferred.audit["audit_wrong"] == inline.audit["audit_wrong"]
+
+
+def test_deferred_audit_with_another_key_is_told_apart(monkeypatch):
+    """Negative control: the deferred pass given another key (another u) disagrees with the inline audit."""
+    inline = _run(monkeypatch, defer=False)
+    wrong = _run(monkeypatch, other_key=True)
+    a, b = _audits(inline), _audits(wrong)
+    np.testing.assert_array_equal(b["audited"], a["audited"])  # the same steps audited
+    with pytest.raises(AssertionError):
+        np.testing.assert_array_equal(b["audit_exact"], a["audit_exact"])
