@@ -150,3 +150,31 @@ def test_the_default_configuration_is_chosen_without_compiling_for_the_logistic_
     assert not compiled
     assert sampling.differentiable(Tempered(), data, 2000, init)
     assert compiled  # the compiled check
+
+
+def test_model_check_by_the_host_closed_forms(monkeypatch):
+    """``check_model`` on the built-in logistic regression with data in memory evaluates its NumPy closed forms
+    (no compiled probe); a non-finite row still fails it (then the compiled and eager checks name the
+    problem); a subclass with its own likelihood takes the compiled probe (the negative control)."""
+    from tallmh import model as mm
+    from tallmh.errors import ModelError
+
+    data, _ = tm.models.LogisticRegression.simulate(100, d=3, seed=1)
+    th = np.zeros(4, np.float32)
+    probed = []
+    real = mm._passes_compiled
+    monkeypatch.setattr(mm, "_passes_compiled", lambda *a: probed.append(1) or real(*a))
+    mm.check_model(tm.models.LogisticRegression(), data, th, 100)
+    assert probed == []
+    bad = dict(data, X=data["X"].copy())
+    bad["X"][3, 1] = np.nan
+    with pytest.raises(ModelError, match="non-finite"):
+        mm.check_model(tm.models.LogisticRegression(), bad, th, 100)
+    assert probed == [1]
+
+    class Own(tm.models.LogisticRegression):
+        def log_lik(self, theta, batch):
+            return super().log_lik(theta, batch) * 1.0
+
+    mm.check_model(Own(), data, th, 100)
+    assert probed == [1, 1]

@@ -1,5 +1,6 @@
 """The runner: reproducibility, chain streams, pytree parameters, interruption, ArviZ output."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -178,3 +179,27 @@ def test_a_chain_on_an_accelerator_says_so(problem, monkeypatch):
     monkeypatch.setattr(sampling.jax, "default_backend", lambda: "gpu")
     gpu = _run(model, data, num_samples=20, num_warmup=20, num_chains=2)
     assert any("ran on the gpu" in n and "JAX_PLATFORMS=cpu" in n for n in gpu.notes)
+
+
+def test_run_keys_hashed_on_the_host_are_jax_keys():
+    """The run's keys, hashed in NumPy (``sampling._threefry2x32``), are ``jax.random``'s bit for bit under both
+    settings of ``jax_threefry_partitionable``; the negative control: the two settings' keys differ, so the
+    comparison can tell one hashing from another."""
+    from tallmh import sampling
+
+    before = jax.config.jax_threefry_partitionable
+    got = {}
+    try:
+        for part in (True, False):
+            jax.config.update("jax_threefry_partitionable", part)
+            for seed in (0, 1, 42, 2**31 - 1, -1, -2**31):
+                for c in (1, 3, 4, 16):
+                    mine = sampling._run_keys(seed, c)
+                    k_chains, k_jit, k_audit = jax.random.split(jax.random.PRNGKey(seed), 3)
+                    theirs = (jax.random.split(k_chains, c), k_jit, k_audit)
+                    for a, b in zip(mine, theirs):
+                        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+                    got[part, seed, c] = np.asarray(mine[0])
+    finally:
+        jax.config.update("jax_threefry_partitionable", before)
+    assert not np.array_equal(got[True, 0, 4], got[False, 0, 4])

@@ -86,6 +86,8 @@ def check_model(model: Model, data, theta, n: int):
     finite values. Touches at most 16 items (not counted: it happens once, before sampling).
     """
     b = min(n, 16)
+    if _passes_host(model, theta, data, b):
+        return  # (the model's NumPy closed forms: no program to compile or load)
     batch = jax.tree_util.tree_map(lambda a: a[:b], data)
     if _passes_compiled(model, theta, batch, b):
         return  # (one compiled program instead of a dozen eager ones; any doubt: the eager checks below)
@@ -108,6 +110,33 @@ def check_model(model: Model, data, theta, n: int):
         )
     if not np.all(np.isfinite(np.asarray(ll))):
         raise ModelError("log_lik returns non-finite values at the initial point")
+
+
+def _owns_both(model, name, partner) -> bool:
+    """Whether ``model.name`` is defined by the class that defines ``partner`` (a subclass with its own
+    likelihood or prior does not inherit another's closed forms)."""
+    mro = type(model).__mro__
+    owner = next((c for c in mro if name in vars(c)), None)
+    return owner is not None and owner is next((c for c in mro if partner in vars(c)), None)
+
+
+def _passes_host(model, theta, data, b) -> bool:
+    """Whether the checks of :func:`check_model` pass by the model's NumPy closed forms (``log_lik_host``,
+    ``log_prior_vgh_host``: the built-in logistic regression) at a flat ``theta``, on the first ``b`` rows
+    of data in memory. False where it has none, or on any failure: the compiled and eager checks then run."""
+    if not (_owns_both(model, "log_lik_host", "log_lik") and _owns_both(model, "log_prior_vgh_host", "log_prior")):
+        return False
+    try:
+        th = np.asarray(theta, np.float64)
+        leaves = jax.tree_util.tree_leaves(data)
+        if th.ndim != 1 or not all(isinstance(a, np.ndarray) for a in leaves):
+            return False
+        batch = jax.tree_util.tree_map(lambda a: a[:b], data)
+        lp = model.log_prior_vgh_host(th)[0]
+        ll = np.asarray(model.log_lik_host(th, batch))
+        return bool(np.isfinite(lp)) and ll.shape == (b,) and bool(np.all(np.isfinite(ll)))
+    except Exception:  # noqa: BLE001 - the other checks report it
+        return False
 
 
 def _passes_compiled(model, theta, batch, b) -> bool:

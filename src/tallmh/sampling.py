@@ -408,14 +408,45 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
     return out
 
 
+def _threefry2x32(k0, k1, x0, x1):
+    """The Threefry-2x32 hash (20 rounds; Salmon et al. 2011) of the uint32 arrays ``x0, x1`` under the key
+    ``(k0, k1)``, in NumPy: the function JAX's default PRNG is built on, bit for bit."""
+    u = np.uint32
+    ks = (u(k0), u(k1), u(k0) ^ u(k1) ^ u(0x1BD11BDA))
+    x0, x1 = np.asarray(x0, u) + ks[0], np.asarray(x1, u) + ks[1]
+    rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+    for i in range(5):
+        for r in rotations[i % 2]:
+            x0 = x0 + x1
+            x1 = ((x1 << u(r)) | (x1 >> u(32 - r))) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + u(i + 1)
+    return x0, x1
+
+
+def _split_host(key, num):
+    """``jax.random.split(key, num)`` of a raw Threefry key (uint32[2]) in NumPy, as JAX splits under its
+    ``jax_threefry_partitionable`` setting (the hash of the counts 0..num-1 as 64-bit pairs, or of 0..2 num-1
+    in two halves)."""
+    if jax.config.jax_threefry_partitionable:
+        a, b = _threefry2x32(key[0], key[1], np.zeros(num, np.uint32), np.arange(num, dtype=np.uint32))
+        return np.stack([a, b], axis=1)
+    a, b = _threefry2x32(key[0], key[1], np.arange(num, dtype=np.uint32), np.arange(num, 2 * num, dtype=np.uint32))
+    return np.concatenate([a, b]).reshape(num, 2)
+
+
 def _run_keys(seed, num_chains):
     """``(chain keys, set-up key, audit key)`` of a run: ``split(PRNGKey(seed), 3)`` and the first split again
-    into ``num_chains``, made by one compiled program (eagerly, each of the five operations compiled its own
-    in a fresh process). The same bits as the eager operations."""
+    into ``num_chains``. For a 32-bit seed under JAX's default (Threefry) PRNG they are hashed in NumPy
+    (:func:`_threefry2x32`; no program to compile or load in a fresh process, ~0.2 s cold), the same bits as
+    JAX's (``tests/test_runner.py`` checks them against ``jax.random``); otherwise by one compiled program."""
     s = int(seed)
     if not -2**31 <= s < 2**31 or jax.config.jax_enable_x64:  # (PRNGKey of a 64-bit seed: as JAX makes it)
         k_chains, k_jit, k_audit = jax.random.split(jax.random.PRNGKey(s), 3)
         return jax.random.split(k_chains, num_chains), k_jit, k_audit
+    if str(jax.config.jax_default_prng_impl) == "threefry2x32":
+        k3 = _split_host(np.array([0, s & 0xFFFFFFFF], np.uint32), 3)
+        return to_device(_split_host(k3[0], num_chains)), to_device(k3[1]), to_device(k3[2])
     fn = _KEYS_FNS.get(num_chains)
     if fn is None:
         def keys(seed):
