@@ -169,7 +169,8 @@ def test_the_set_up_thread_traces_full_float32_products():
 
 def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unknown(monkeypatch):
     """On the CPU the chain compiles with ``_CPU_OPTIONS`` (XLA's elemental emitters: a cheaper compile, the same
-    draws: tests/test_same_draws.py); an XLA that does not know an option compiles without it, and draws the same."""
+    draws: tests/test_same_draws.py) and ``_CPU_QUICK`` (LLVM's level 1), and so does the audit's program with
+    ``_CPU_QUICK``; an XLA that does not know an option compiles without it, and draws the same."""
     import jax.stages
 
     seen = []
@@ -186,6 +187,7 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
     a = _run()
     assert jax.default_backend() == "cpu"
     assert seen and seen[0].get("xla_cpu_use_fusion_emitters") is False
+    assert all(o.get("xla_backend_optimization_level") == 1 for o in seen)  # the chain's and the audit's
     try:  # (jax 0.12's XLA no longer has the option: the chain then compiles without it)
         real(jax.jit(lambda x: x + 1).lower(np.ones(2, np.float32)), compiler_options=dict(_exec_cache._CPU_OPTIONS))
         known = True
@@ -210,7 +212,7 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
     data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
     tm.sample(Tempered(), data, test=tm.acceptance.Exact(), num_samples=20, num_warmup=10, num_chains=2, seed=5,
               progress=False)
-    assert seen and not any(k.startswith("xla_cpu") for o in seen for k in o)
+    assert seen and not any(k.startswith("xla_cpu") or k == "xla_backend_optimization_level" for o in seen for k in o)
 
 
 def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):

@@ -1202,7 +1202,7 @@ class _Run:
                 compiled = _exec_cache.load(dkey)
                 if compiled is None:
                     compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=self.program is None,
-                                                             elemental=self._elemental())
+                                                             elemental=self._elemental(), quick=self._elemental())
                 box["compiled"] = compiled
             except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
                 box["error"] = e
@@ -1255,7 +1255,7 @@ class _Run:
             if entry["compiled"] is None:
                 entry["compiled"] = _in_thread(lambda: _exec_cache.compile_and_store(
                     dkey, lambda: entry["fn"].lower(*args0), unrolled=self.program is None,
-                    elemental=self._elemental()))
+                    elemental=self._elemental(), quick=self._elemental()))
             self.timings["compile_s"] += time.perf_counter() - tc
         self.compiled = entry["compiled"]
 
@@ -1279,7 +1279,8 @@ class _Run:
                 dkey = self._disk_key(self.length, lowered_args, "audit")
                 compiled = _exec_cache.load(dkey)
                 if compiled is None:
-                    compiled = _exec_cache.compile_and_store(dkey, lambda: fn.lower(*lowered_args), unrolled=True)
+                    compiled = _exec_cache.compile_and_store(dkey, lambda: fn.lower(*lowered_args), unrolled=True,
+                                                             quick=self._elemental())
                 entry["audit"] = compiled
         return entry["audit"]
 
@@ -1379,10 +1380,12 @@ class _Run:
         info["audit_exact"], info["audit_items"], info["audited"] = exact & audited, np.where(audited, items, 0), audited
 
     def _elemental(self) -> bool:
-        """Whether the chain compiles with XLA's elemental CPU emitters (``_exec_cache._CPU_OPTIONS``): for the
-        built-in models whose chains were measured with them (the logistic regression: a third less compile
-        time, the same draws), with tallmh's own proposals other than reversible jump, and never for an
-        inference program (a reversible-jump chain's compile took over 24 GB of memory with them)."""
+        """Whether the chain compiles with XLA's elemental CPU emitters (``_exec_cache._CPU_OPTIONS``) and LLVM's
+        level 1 (``_CPU_QUICK``; the audit's program with the latter): for the built-in models whose chains
+        were measured with them (the logistic regression: about half the compile time, sampling no slower; the
+        emitters keep the draws, level 1 changes them in float32's last bits), with tallmh's own proposals
+        other than reversible jump, and never for an inference program (a reversible-jump chain's compile
+        took over 24 GB of memory with the emitters)."""
         from .models import LogisticRegression
         from .proposals import ReversibleJump
 
