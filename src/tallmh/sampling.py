@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import math
 import os
+import queue
 import signal
 import sys
 import threading
@@ -640,7 +641,8 @@ def sample(
         far found a wrong decision, the rest of the plan is skipped (the power drops by at most 0.01: a doubled
         rate passes that stage with probability at most 0.01). ``summary()`` shows the audited rate, its
         interval and the power. A float applies to warmup and sampling alike, every planned step; 0 turns it
-        off.
+        off. (The exact passes run outside the chain's loop, in a thread beside the next chunks: they never
+        change the draws.)
     budget_s : optional wall-clock budget (seconds) of the sampling phase: sampling stops when it is spent
         (``num_samples`` is then a cap; the run is not marked partial)
     resume : a :class:`Result` (complete, partial or loaded with :func:`tallmh.load_result`) to continue:
@@ -982,6 +984,9 @@ class _Run:
             for pname, total, phase in (("warmup", self.num_warmup, 0), ("sampling", self.num_samples, 1)):
                 if self.done[pname] < total and self._phase(pname, total, phase):
                     break
+            ta = time.perf_counter()  # (the audits still running after the last chunk: sampling's time)
+            self._settle_audits()
+            self.timings["sampling_s"] += time.perf_counter() - ta
         except DataChanged as e:
             self.partial = True
             self.changed_error = e
@@ -1285,17 +1290,59 @@ class _Run:
         return entry["audit"]
 
     def _audits_of_chunk(self, phase, info, args, ua):
-        """The chunk's audited steps, picked after it ran, and their exact decisions started.
+        """Hand the chunk's audits to the audit worker (:meth:`_audit_chunk`, chunks in the order they ran).
 
-        The chain does not steer by its audits, so which of its steps are audited is settled afterwards: the
-        audits of the chunks before are finished first and the first stage is checked on them
-        (:meth:`_audit_clear`); the steps whose audit uniform is below the phase's rate (and whose proposal is in
-        the support) are audited, in order, and while the two-stage design's first stage is open only until
-        it has its ``first_stage`` audited sampling steps (the rest of the chunk's are audited too if one of
-        those finds a wrong decision: the whole plan then stands). The exact passes run in a thread while the
-        next chunk runs (the chain's loop keeps about one core busy, the pass both); draws streamed to disk
-        wait for them (a chunk is written once)."""
-        self._settle_audits()
+        The chain does not steer by its audits, so which of its steps are audited, and their exact passes,
+        can come after it: a worker thread takes the chunks in order while the next chunks run (the chain's
+        loop keeps about one core busy, the pass both), and sees every earlier chunk's audits done, as the
+        two-stage design wants. Until the worker reaches a chunk its statistics show no audit; the result,
+        a checkpoint and draws streamed to disk (a chunk is written once) wait for it (:meth:`_settle_audits`)."""
+        info["audited"] = np.zeros(np.shape(ua), bool)
+        info["audit_exact"] = np.zeros(np.shape(ua), bool)
+        info["audit_items"] = np.zeros(np.shape(ua), np.int32)
+        if self.store is not None:
+            self._settle_audits()
+            self._audit_chunk(phase, info, args, ua)
+            return
+        if getattr(self, "audit_queue", None) is None:
+            self.audit_queue, self.audit_errors = queue.Queue(), []
+            threading.Thread(target=self._audit_worker, args=(self.audit_queue,), daemon=True,
+                             name="tallmh-audit").start()
+        self.audit_queue.put((phase, info, args, ua))
+
+    def _audit_worker(self, q):
+        while True:
+            item = q.get()
+            try:
+                if item is None:
+                    return
+                if not self.audit_errors:  # (after a failure the rest is not audited: the run raises it)
+                    self._audit_chunk(*item)
+            except BaseException as e:  # noqa: BLE001 - raised where the run waits for its audits
+                self.audit_errors.append(e)
+            finally:
+                q.task_done()
+
+    def _settle_audits(self):
+        """Wait until the audit worker has done every chunk handed to it (then it stops; a later chunk starts
+        another), and raise what it failed with."""
+        q = getattr(self, "audit_queue", None)
+        if q is None:
+            return
+        with q.all_tasks_done:
+            while q.unfinished_tasks:  # (short waits: Ctrl-C stays responsive)
+                q.all_tasks_done.wait(0.05)
+        q.put(None)
+        self.audit_queue = None
+        if self.audit_errors:
+            raise self.audit_errors[0]
+
+    def _audit_chunk(self, phase, info, args, ua):
+        """A chunk's audits, after those of every chunk before it: the first stage checked on those
+        (:meth:`_audit_clear`), then the steps whose audit uniform is below the phase's rate (and whose proposal
+        is in the support) audited, in order; while the first stage is open only until it has its
+        ``first_stage`` audited sampling steps (the rest of the chunk's are audited too if one of those finds
+        a wrong decision: the whole plan then stands)."""
         if phase == 1:
             self._audit_clear()
         cand = (np.asarray(ua) < self.rates[phase]) & (np.asarray(args.log_base) > -np.inf)
@@ -1308,47 +1355,15 @@ class _Run:
                 sel = cand.copy()
                 sel[:, reach[0] + 1:] = False
                 rest = cand & ~sel
-            # (what _audit_clear will count once these are done)
-            design["audited_sampling"] = design.get("audited_sampling", 0) + int(sel.sum())
-        info["audited"] = sel
-        info["audit_exact"] = np.zeros(sel.shape, bool)
-        info["audit_items"] = np.where(sel, self.n, 0).astype(np.int32)
         if not cand.any():
             return
-
-        def audits():
-            self._take_audits(info, args, sel)
-            if rest is not None and rest.any():
-                wrong = info["audited"] & (np.asarray(info["accepted"], bool) != info["audit_exact"])
-                if wrong.any():
-                    self._take_audits(info, args, rest)
-
-        if self.store is not None:
-            audits()
-            return
-        box = {}
-
-        def job():
-            try:
-                audits()
-            except BaseException as e:  # noqa: BLE001 - raised where the run waits for it
-                box["error"] = e
-
-        thread = threading.Thread(target=job, daemon=True, name="tallmh-audit")
-        thread.start()
-        self.audit_job = (thread, box)
-
-    def _settle_audits(self):
-        """Wait for the audits started after the last chunk (:meth:`_audits_of_chunk`)."""
-        job = getattr(self, "audit_job", None)
-        if job is None:
-            return
-        thread, box = job
-        while thread.is_alive():  # (short waits: Ctrl-C stays responsive)
-            thread.join(0.05)
-        self.audit_job = None
-        if "error" in box:
-            raise box["error"]
+        info["audited"] = sel
+        info["audit_items"] = np.where(sel, self.n, 0).astype(np.int32)
+        self._take_audits(info, args, sel)
+        if rest is not None and rest.any():
+            wrong = info["audited"] & (np.asarray(info["accepted"], bool) != info["audit_exact"])
+            if wrong.any():
+                self._take_audits(info, args, rest)
 
     def _take_audits(self, info, args, mask):
         """The exact decisions of the chunk's audited steps ``mask`` (chains first; ``info`` and ``args`` on the
