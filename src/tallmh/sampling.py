@@ -1474,6 +1474,10 @@ class _Run:
                 count = int(max(1, min(length, want, 4 * count)))
             if pname == "sampling" and not self._defer_audit():  # (deferred: the stage closes at its step)
                 count = self._audit_chunk_cap(count)
+            if pname == "sampling" and self.auto_draws and done[pname] < self.next_check:
+                # num_samples="auto": a chunk ends where the ESS is looked at next (draws 25% apart), so the run
+                # stops at most about a quarter past where the goal was met, not a whole growing chunk past it
+                count = max(1, min(count, self.next_check - done[pname]))
             count = min(count, length, total - done[pname]) if done[pname] < total else count
         return False
 
