@@ -63,3 +63,19 @@ def test_deferred_audit_with_another_key_is_told_apart(monkeypatch):
     np.testing.assert_array_equal(b["audited"], a["audited"])  # the same steps audited
     with pytest.raises(AssertionError):
         np.testing.assert_array_equal(b["audit_exact"], a["audit_exact"])
+
+
+def test_deferred_audit_with_64_bit_jax():
+    """With JAX's 64-bit mode on (as the PyMC front end runs), the chain with its audits left to the audit's
+    program compiles and audits (the audit uniform is float64 there, the parameters float32 or float64)."""
+    sampling._RUNNERS.clear()
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=4)
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)  # (the global switch: a context would not reach the compile thread)
+    try:
+        r = tm.sample(tm.models.LogisticRegression(), data, test=tm.acceptance.Austerity(error=0.1, batch_size=100),
+                      num_samples=60, num_warmup=30, num_chains=2, audit=0.3, seed=1, progress=False)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+        sampling._RUNNERS.clear()
+    assert r.audit["audit_steps"] > 5

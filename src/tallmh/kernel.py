@@ -322,7 +322,8 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         if defer_audit:  # marked only: the caller takes the exact decision by audit_pass (the items: N)
             audit_exact = jnp.bool_(False)
             audit_items = jnp.where(jnp.asarray(audit, bool) & in_support, jnp.int32(n), jnp.int32(0))
-            deferred = AuditArgs(k_test, state.theta, theta_p, log_base)
+            # (in the state's dtype, as a step not taken fills them: sampling._chain_run)
+            deferred = AuditArgs(k_test, state.theta, theta_p.astype(dtype), log_base.astype(dtype))
         else:
             audit_problem = problem if cv is None or exact_test else make_problem(
                 model, data, n, unravel, stats, state.theta, theta_p, log_base, None, None, cv_order or 2, reader)

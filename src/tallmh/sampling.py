@@ -531,7 +531,7 @@ def _chain_run(kernel, length, audit_on, defer=False):
                 if defer:  # (the step's key stands in for the test's: never read, the step is never audited)
                     return st, empty(st.theta.dtype), AuditArgs(jax.random.split(k_step)[1], st.theta, st.theta,
                                                                 jnp.full((), -jnp.inf, st.theta.dtype)), \
-                        jnp.ones((), jnp.float32)
+                        jnp.ones((), jax.dtypes.canonicalize_dtype(jnp.float64))  # (uniform's dtype: x64 or not)
                 return st, empty(st.theta.dtype)
 
             st, info, *deferred = jax.lax.cond(i < count, do, skip, st)
