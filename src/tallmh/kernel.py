@@ -7,7 +7,7 @@ closed over: a compiled chain serves any data of the same shape, and lowering do
 into the program (DESIGN.md, "Performance habits"). ``adapt`` (a Python or traced bool) turns on the
 proposal's adaptation; ``audit`` (a Python or traced bool, the same for every chain of a step) makes the
 step also take the exact decision with the same u and record whether the two agree (the self-audit).
-With ``defer_audit=True`` the step only marks the audit and returns what the exact decision needs
+With ``defer_audit=True`` the step takes no exact decision and returns what one would need
 (:class:`AuditArgs`); ``Kernel.audit_pass`` takes it afterwards, for many steps in one program, outside
 the chain's loop (the decision does not steer the chain: it is recorded, never used).
 
@@ -319,9 +319,8 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         # the audit's exact decision sums the plain ratios l_i: with control variates the remainders plus the
         # proxies' exact sum are the same number, but would cost a second copy of the proxies in the compiled
         # full pass (and a rounding of that sum); so the oracle decides as Exact() itself does
-        if defer_audit:  # marked only: the caller takes the exact decision by audit_pass (the items: N)
-            audit_exact = jnp.bool_(False)
-            audit_items = jnp.where(jnp.asarray(audit, bool) & in_support, jnp.int32(n), jnp.int32(0))
+        if defer_audit:  # nothing decided here: the caller picks the audited steps and calls audit_pass
+            audit_exact, audit_items = jnp.bool_(False), jnp.int32(0)
             # (in the state's dtype, as a step not taken fills them: sampling._chain_run)
             deferred = AuditArgs(k_test, state.theta, theta_p.astype(dtype), log_base.astype(dtype))
         else:
@@ -340,7 +339,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         return (out, info, deferred) if defer_audit else (out, info)
 
     def audit_pass(key, theta, theta_p, log_base, data, stats=None):
-        """The exact oracle's decision at a step marked by ``step(..., defer_audit=True)`` and the items it read:
+        """The exact oracle's decision at a step made by ``step(..., defer_audit=True)`` and the items it read:
         the same problem, key (so the same u) and full pass as the audit ``step`` takes itself."""
         stats = default_stats if stats is None else stats
         problem = make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, None, None,

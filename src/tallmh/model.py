@@ -112,7 +112,7 @@ def check_model(model: Model, data, theta, n: int):
         raise ModelError("log_lik returns non-finite values at the initial point")
 
 
-def _owns_both(model, name, partner) -> bool:
+def owns_closed_form(model, name, partner) -> bool:
     """Whether ``model.name`` is defined by the class that defines ``partner`` (a subclass with its own
     likelihood or prior does not inherit another's closed forms)."""
     mro = type(model).__mro__
@@ -124,7 +124,8 @@ def _passes_host(model, theta, data, b) -> bool:
     """Whether the checks of :func:`check_model` pass by the model's NumPy closed forms (``log_lik_host``,
     ``log_prior_vgh_host``: the built-in logistic regression) at a flat ``theta``, on the first ``b`` rows
     of data in memory. False where it has none, or on any failure: the compiled and eager checks then run."""
-    if not (_owns_both(model, "log_lik_host", "log_lik") and _owns_both(model, "log_prior_vgh_host", "log_prior")):
+    if not (owns_closed_form(model, "log_lik_host", "log_lik")
+            and owns_closed_form(model, "log_prior_vgh_host", "log_prior")):
         return False
     try:
         th = np.asarray(theta, np.float64)

@@ -524,7 +524,7 @@ def _chain_run(kernel, length, audit_on, defer=False):
                 else:
                     audit = False
                 if defer:  # (the host picks the audited steps afterwards: ua < the rate it settles)
-                    return (*kernel.step(k_step, st, data, g, adapt, stats, audit, defer_audit=True), ua)
+                    return (*kernel.step(k_step, st, data, g, adapt, stats, False, defer_audit=True), ua)
                 return kernel.step(k_step, st, data, g, adapt, stats, audit)
 
             def skip(st):

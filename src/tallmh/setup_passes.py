@@ -25,6 +25,7 @@ import numpy as np
 from .cache_keys import shape_key, value_key
 from .data import take, to_device
 from .errors import ModelError
+from .model import owns_closed_form
 
 __all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
            "warm_rows"]
@@ -111,11 +112,7 @@ def closed_form(model, name, partner, unravel, th):
     with its own likelihood or prior does not inherit another's closed forms), and the parameter is a flat
     vector (shapes by ``eval_shape``: no program for the unravelling); else None."""
     fn = getattr(model, name, None)
-    if not callable(fn):
-        return None
-    mro = type(model).__mro__
-    owner = next((c for c in mro if name in vars(c)), None)
-    if owner is None or owner is not next((c for c in mro if partner in vars(c)), None):
+    if not callable(fn) or not owns_closed_form(model, name, partner):
         return None
     flat = jax.eval_shape(unravel, th)
     if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th))):
