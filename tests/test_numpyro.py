@@ -142,6 +142,65 @@ def test_log_lik_is_per_item_and_unscaled():
     np.testing.assert_allclose(ll, expect, rtol=1e-5, atol=1e-5)
 
 
+def _runs_in_two_threads(model, thetas, batch):
+    """``model.log_lik`` (its Python body, not the compiled one) at each theta, each in its own thread,
+    started 50 ms apart; returns the values and the errors by thread."""
+    import threading
+    import time
+
+    out, errors = {}, {}
+
+    def one(i):
+        try:
+            out[i] = np.asarray(model._item_log_lik(thetas[i], batch))
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(thetas))]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    return out, errors
+
+
+def test_model_runs_in_two_threads_at_once_keep_their_own_values(monkeypatch):
+    """tallmh traces a model in two threads at once (the chain's program compiles beside the set-up's
+    passes); NumPyro's handler stack is one list for all threads, so each run of the model holds a lock.
+    The model sleeps between its two sites so that the runs overlap; negative control: without the lock,
+    the runs see each other's handlers (a wrong value, or NumPyro's own error)."""
+    import time
+
+    import tallmh.numpyro_model as nm
+
+    pause = {"s": 0.0}
+
+    def slow(y):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        time.sleep(pause["s"])
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("obs", dist.Normal(a, 1.0), obs=y)
+
+    y = np.linspace(-1.0, 1.0, 6).astype(np.float32)
+    model, data = tm.from_numpyro(slow, y)
+    thetas = [{"a": jnp.asarray(-1.0)}, {"a": jnp.asarray(2.0)}]
+    expect = [stats.norm.logpdf(y, float(t["a"]), 1.0) for t in thetas]
+    pause["s"] = 0.2
+    out, errors = _runs_in_two_threads(model, thetas, data)
+    assert not errors, errors
+    for i in range(2):
+        np.testing.assert_allclose(out[i], expect[i], rtol=1e-5)
+    import contextlib
+
+    monkeypatch.setattr(nm, "_STACK_LOCK", contextlib.nullcontext())
+    try:
+        out, errors = _runs_in_two_threads(model, thetas, data)
+    finally:
+        numpyro.primitives._PYRO_STACK.clear()  # (whatever the broken runs left on the shared stack)
+    assert errors or any(not np.allclose(out[i], expect[i], rtol=1e-5) for i in range(2))
+
+
 @pytest.mark.slow
 def test_enumerated_mixture_log_lik():
     rng = np.random.default_rng(1)

@@ -226,3 +226,19 @@ def test_warm_start_rows_gathered_on_the_host_are_the_rows():
     for k in ("X", "y"):
         np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
         np.testing.assert_array_equal(np.asarray(got[k]), {"X": X, "y": (X[:, 0] > 0)}[k][idx])
+
+
+def test_a_mode_search_failing_without_a_message_starts_at_init(monkeypatch):
+    """A model Newton cannot handle falls back to the model's init with a note naming the error, also when
+    the error has no message (NumPyro's bare assertions)."""
+    def fail(*a, **k):
+        raise AssertionError()
+
+    monkeypatch.setattr(setup, "mode_search", fail)
+    rng = np.random.default_rng(1)
+    model = tm.Model(lambda t: -0.5 * jnp.sum(t**2), lambda t, b: -0.5 * (b["y"] - t[0]) ** 2,
+                     init=lambda data: jnp.zeros(1), name="normal mean")
+    res = tm.sample(model, {"y": rng.standard_normal(200)}, num_samples=50, num_warmup=50, num_chains=2, seed=0,
+                    progress=False)
+    assert any("posterior mode not found (AssertionError: AssertionError)" in n for n in res.notes), res.notes
+    assert np.all(np.isfinite(res.flat_samples)) and res.flat_samples.shape[:2] == (2, 50)

@@ -15,7 +15,7 @@ import warnings
 
 PROG = "tallmh"
 
-__all__ = ["PROG", "print_line", "say", "now", "plural", "one_line", "quiet_libraries", "use_compile_cache"]
+__all__ = ["PROG", "print_line", "say", "now", "plural", "one_line", "first_line", "quiet_libraries", "use_compile_cache"]
 
 
 def print_line(*parts):
@@ -47,6 +47,14 @@ def one_line(e) -> str:
     if not msg:
         return type(e).__name__
     return " ".join(msg.split())
+
+
+def first_line(e, limit: int = 0) -> str:
+    """The first line of an exception's message (its type's name if it has none), cut at ``limit`` characters
+    when ``limit`` > 0."""
+    msg = str(e).strip()
+    line = msg.splitlines()[0] if msg else type(e).__name__
+    return line[:limit] if limit > 0 else line
 
 
 def quiet_libraries():

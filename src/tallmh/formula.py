@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import digamma, gammaln, polygamma
 
+from .console import first_line
 from .errors import ConfigError, DataError
 from .model import Model
 
@@ -123,7 +124,7 @@ def load_design(path: str, formula: str, family: str, *, min_rows: int = 1) -> F
     try:
         mm = formulaic.model_matrix(f, frame, na_action="raise")
     except Exception as e:  # noqa: BLE001
-        raise DataError(f"--formula {formula!r} on {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"--formula {formula!r} on {path}: {type(e).__name__}: {first_line(e)}") from None
     lhs, rhs = mm.lhs, mm.rhs
     if lhs.shape[1] != 1:
         raise ConfigError(f"--formula {formula!r}: the response must be one column (it gives {lhs.shape[1]})")
@@ -213,7 +214,7 @@ def design_blocks(path: str, formula: str, family: str, rows: int, progress=None
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise DataError(f"--formula {formula!r} on {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise DataError(f"--formula {formula!r} on {path}: {type(e).__name__}: {first_line(e)}") from None
     spec = mm.model_spec
     if mm.lhs.shape[1] != 1:
         raise ConfigError(f"--formula {formula!r}: the response must be one column (it gives {mm.lhs.shape[1]})")

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import threading
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import jax
@@ -58,6 +59,23 @@ from .model import Model
 __all__ = ["from_numpyro", "describe", "NumPyroModel", "SiteInfo"]
 
 _MAX_ENUM = 4096  # largest joint support summed out per item
+
+
+# NumPyro keeps its effect handlers on one module-level stack (``numpyro.primitives._PYRO_STACK``), shared by
+# all threads. tallmh traces a model in more than one thread at once (the chain's program compiles beside the
+# set-up's passes, the self-audit's program beside the chain's XLA compile): two runs of the model at the same
+# time would push their handlers on the same stack, and each would see the other's substitutions (a wrong
+# value traced silently, or NumPyro's own assertion on a site without a key). Every run of the model under
+# handlers holds this lock; it is held only while a model is traced (never while a compiled program runs).
+_STACK_LOCK = threading.RLock()
+
+
+def _get_trace(m, *args, **kwargs):
+    """``handlers.trace(m).get_trace(*args, **kwargs)`` with NumPyro's handler stack to this thread alone."""
+    from numpyro import handlers
+
+    with _STACK_LOCK:
+        return handlers.trace(m).get_trace(*args, **kwargs)
 
 
 def _numpyro():
@@ -173,7 +191,7 @@ def _structure(model_fn, args, kwargs):
             ls[i] = a
         a, k = jax.tree_util.tree_unflatten(treedef, ls)
         try:
-            tr = handlers.trace(handlers.seed(Sub(model_fn), 0)).get_trace(*a, **k)
+            tr = _get_trace(handlers.seed(Sub(model_fn), 0), *a, **k)
         except NotImplementedError as e:
             if "control flow" in str(e):
                 raise ModelError(
@@ -297,7 +315,7 @@ class NumPyroModel(Model):
         args, kwargs = self._args_for(batch)
         m = handlers.seed(handlers.substitute(Sub(self.model_fn, self.data_plate, b), substitute_fn=subst),
                           0 if rng_key is None else rng_key)
-        tr = handlers.trace(m).get_trace(*args, **kwargs)
+        tr = _get_trace(m, *args, **kwargs)
         ld = sum(logdets) if logdets else jnp.zeros(())
         return tr, ld
 
@@ -693,7 +711,7 @@ def _prepare(model: NumPyroModel, data, n):
     if enum:  # the joint support of the enumerated sites (Cartesian product), from a concrete run
         Sub = _plate_messenger()
         args, kwargs = model._args_for(rows)
-        tr = handlers.trace(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1)).get_trace(*args, **kwargs)
+        tr = _get_trace(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1), *args, **kwargs)
         model._supports = _enum_joint_supports(tr, enum)
         _check_enum_batch_axes(tr, enum)
         _check_enum_structure(model, data, n)
@@ -712,7 +730,7 @@ def _initial_point(model: NumPyroModel, rows, b0):
         args, kwargs = model._args_for(rows)
         m = handlers.substitute(handlers.seed(Sub(model.model_fn, model.data_plate, b0), 1),
                                 substitute_fn=init_to_median(num_samples=15))
-        tr = handlers.trace(m).get_trace(*args, **kwargs)
+        tr = _get_trace(m, *args, **kwargs)
         return {s: biject_to(tr[s]["fn"].support).inv(tr[s]["value"]) for s in model.global_sites}
 
     try:
@@ -953,7 +971,11 @@ def _check_full_density(model: NumPyroModel, data, n, named, rebuild, theta0):
         full = handlers.substitute(full, substitute_fn=lambda msg: fixed[msg["name"]](msg)
                                    if msg["type"] == "sample" and msg["name"] in fixed else None)
     try:
-        pe = float(jax.jit(lambda th: potential_energy(full, args, kwargs, th))(theta0))
+        def pe_of(th):
+            with _STACK_LOCK:
+                return potential_energy(full, args, kwargs, th)
+
+        pe = float(jax.jit(pe_of)(theta0))
     except Exception:  # noqa: BLE001 - NumPyro cannot evaluate it: skip this check
         return
     ll = model._item_log_lik(theta0, data, fixed) if fixed else model.log_lik(theta0, data)

@@ -57,6 +57,7 @@ from .kernel import AuditArgs, StepInfo, build_kernel, make_problem, tracks_log_
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .cache_keys import shape_key as _shape_key, value_key as _value_key
+from .console import first_line
 from .results import Result, audit_first_stage, audit_power, audits_for_power, error_target, method_label
 
 _cache.setup_default()  # JAX's persistent compilation cache, before the runner first compiles
@@ -367,7 +368,7 @@ def _start_points(model, data, n, unravel, flat0, control_variates, num_chains, 
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - a model Newton cannot handle: start at init
-            notes.append(f"posterior mode not found ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            notes.append(f"posterior mode not found ({type(e).__name__}: {first_line(e, 120)}); "
                          "chains start at the model's init")
             center = None
         if center is not None and not bool(np.all(np.isfinite(np.asarray(center)))):
