@@ -201,6 +201,43 @@ def test_mode_search_warm_start_and_reused_sums():
     assert res.setup_items == model_setup + quick.passes * n + quick.warm_items
 
 
+def test_larger_warm_sub_samples_leave_two_full_passes(monkeypatch):
+    """At large N Newton runs on sub-samples WARM_GROWTH times larger in turn before the full data, so that
+    the full data's first Newton step lands within the centre's tolerance: two full passes where the first
+    sub-sample alone leaves more (here with WARM_ROWS = 256 at N = 2^20; data sorted by y, the hard case for
+    sub-samples). The centre is as close to the mode, and every row the sub-samples read is counted."""
+    monkeypatch.setattr(setup, "WARM_ROWS", 256)
+    monkeypatch.setattr(setup, "WARM_MIN_N", 4 * 256)
+    n = 2**20
+    assert setup.warm_sizes(n, 4) == [256, 4096, 65536]
+    assert setup.warm_sizes(n, 4 * 10**6) == [256, 4096, 65536]  # (the next would exceed n / WARM_GROWTH)
+    assert setup.warm_sizes(2**16, 1) == [256, 4096] and setup.warm_sizes(1000, 4) == []
+    rows = setup.warm_rows(n, 65536)
+    assert rows.min() == 0 and rows.max() == n - 1 and len(np.unique(rows)) == 65536
+    rng = np.random.default_rng(4)
+    X = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, 3))], 1).astype(np.float32)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([0.3, 1.0, -0.5, 0.2]))))).astype(np.float32)
+    order = np.argsort(y, kind="stable")
+    data = {"X": jnp.asarray(X[order]), "y": jnp.asarray(y[order])}
+    model = tm.models.LogisticRegression(prior_scale=10.0)
+    flat0, unravel = ravel_pytree(model.init(data))
+    exact = setup.mode_search(model, data, n, unravel, flat0, warm_start=False)
+    prec = -np.asarray(exact.hess_sum, np.float64) + np.eye(4) / 100.0
+
+    def sd_from_mode(th):
+        dth = np.asarray(th, np.float64) - np.asarray(exact.center, np.float64)
+        return float(np.sqrt(dth @ prec @ dth))
+
+    tol = setup.centre_tol(4)
+    ladder = setup.mode_search(model, data, n, unravel, flat0, tol=tol)
+    monkeypatch.setattr(setup, "WARM_GROWTH", 10**9)  # negative control: the first sub-sample alone
+    single = setup.mode_search(model, data, n, unravel, flat0, tol=tol)
+    assert ladder.passes == 2 and single.passes > 2, (ladder.passes, single.passes)
+    assert sd_from_mode(ladder.center) < 0.1 and ladder.grad_sum is not None
+    assert ladder.warm_items > single.warm_items >= 256
+    assert ladder.warm_items >= 2 * (256 + 4096 + 65536)  # (each sub-sample's gather and at least one pass)
+
+
 def test_logistic_closed_form_derivatives_equal_autodiff():
     """LogisticRegression.lik_value_grad_hess (one matrix product each, used by the set-up passes) equals
     autodiff of the masked log-likelihood sum; a subclass with its own log_lik falls back to autodiff."""

@@ -28,7 +28,7 @@ from .errors import ModelError
 from .model import owns_closed_form
 
 __all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
-           "warm_rows"]
+           "warm_rows", "warm_sizes"]
 
 _CHUNK = 8192
 
@@ -233,6 +233,17 @@ class ModeSearch(NamedTuple):
 WARM_ROWS = 2**16  # rows of the sub-sample whose scaled posterior mode starts Newton on the full data
 WARM_BLOCKS = 64  # ... read as this many runs of contiguous rows spread evenly over the data
 WARM_MIN_N = 4 * WARM_ROWS  # below this N the warm start saves nothing
+# Larger sub-samples follow, each WARM_GROWTH times the last, while the last has fewer than
+# WARM_TARGET * sqrt(d N) rows and the next is at most N / WARM_GROWTH. The full-data Newton step from a
+# sub-sample's mode (Newton decrement about d N / m) lands within the centre's tolerance (0.01 d) when the
+# decrement after it, about c (d N / m)^2 / N, is below 0.01 d, i.e. m >= 10 sqrt(c d N): c was 0.12 for the
+# logistic model at N = 10^7 and 10^8 (d = 11; 0.55 after the step from 2.2e4 at N = 10^8, a third full pass)
+# and 1 on data sorted by y (d = 4). Each larger sub-sample costs a few reads of its m <= N / 16 rows; each
+# full pass it saves, N rows.
+WARM_GROWTH = 16
+WARM_TARGET = 16.0
+WARM_RUN_ROWS = 1024  # rows per contiguous run of a larger sub-sample (at most WARM_MAX_RUNS runs)
+WARM_MAX_RUNS = 1024
 # Newton decrement at which tm.sample's mode search stops: the centre of the control variates and of the
 # Laplace start is then within sqrt(0.01) = 0.1 posterior sd (Laplace metric) of the mode, which leaves the
 # Taylor remainders as small as at the mode itself, and the search stops one gradient-and-Hessian pass and
@@ -267,13 +278,28 @@ def _value_margin(v):
     return 1e-6 * abs(v) + 1e-3
 
 
-def warm_rows(n):
-    """Row indices of the warm-start sub-sample: ``WARM_BLOCKS`` runs of contiguous rows at evenly spaced
-    offsets (contiguous, so on-disk data is read in a few sequential reads; spread, so data sorted by
-    some column is covered end to end). Deterministic: the same rows for the same N."""
-    per = WARM_ROWS // WARM_BLOCKS
-    starts = (np.arange(WARM_BLOCKS, dtype=np.int64) * (n - per)) // max(1, WARM_BLOCKS - 1)
+def warm_rows(n, rows=WARM_ROWS):
+    """Row indices of a warm-start sub-sample of ``rows`` rows: runs of contiguous rows at evenly spaced
+    offsets, ``WARM_BLOCKS`` runs for the first sub-sample, up to ``WARM_MAX_RUNS`` of ``WARM_RUN_ROWS`` or more
+    rows for the larger ones (contiguous, so on-disk data is read in a few sequential reads; spread, so data
+    sorted by some column is covered end to end). Deterministic: the same rows for the same N."""
+    runs = WARM_BLOCKS if rows <= WARM_ROWS else min(WARM_MAX_RUNS, max(WARM_BLOCKS, rows // WARM_RUN_ROWS))
+    per = rows // runs
+    starts = (np.arange(runs, dtype=np.int64) * (n - per)) // max(1, runs - 1)
     return (starts[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1).astype(np.int32)
+
+
+def warm_sizes(n, d=1):
+    """The warm start's sub-sample sizes for N = ``n`` rows and ``d`` parameters (empty below ``WARM_MIN_N``):
+    ``WARM_ROWS``, then each ``WARM_GROWTH`` times the last while the last is below ``WARM_TARGET * sqrt(d n)``
+    and the next is at most ``n / WARM_GROWTH`` (d = 11: 2^16 up to N ~ 1.6e7; 2^16, 2^20 at 10^8; 2^16, 2^20,
+    2^24 at 10^9)."""
+    if n < WARM_MIN_N:
+        return []
+    sizes = [WARM_ROWS]
+    while sizes[-1] < WARM_TARGET * np.sqrt(max(1, d) * n) and sizes[-1] * WARM_GROWTH * WARM_GROWTH <= n:
+        sizes.append(sizes[-1] * WARM_GROWTH)
+    return sizes
 
 
 def find_center(model, data, n, unravel, flat0, max_iter=30, tol=1e-6):
@@ -311,9 +337,12 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     - **Warm start**: Newton first runs, from ``flat0``, on a sub-sample of ``WARM_ROWS`` rows
       (:func:`warm_rows`) with its log-likelihood scaled by ``N / WARM_ROWS``; that mode is within a few
       ``sqrt(N / WARM_ROWS)`` posterior sds of the full one, where Newton on the full data converges in
-      two or three iterations, so the full passes drop from about 10 to about 5. The sub-sample's reads
-      are returned in ``warm_items``. ``warm_start=False`` or a failed warm start (non-finite) starts the
-      full-data Newton at ``flat0`` as before.
+      two or three iterations, so the full passes drop from about 10 to about 5. At large N, Newton then
+      runs on sub-samples 16, 256, ... times larger in turn (:func:`warm_sizes`), each from the last one's
+      mode, until the full data's first Newton step lands within the centre's tolerance: the search then
+      ends after two full passes (measured with d = 11: three at N = 10^8 from the first sub-sample alone,
+      four at 10^9). The sub-samples' reads are returned in ``warm_items``. ``warm_start=False`` or a failed
+      warm start (non-finite) starts the full-data Newton at the last finite sub-sample mode, or at ``flat0``.
     - **Sums reused**: when the search stops at a point where it has just made the gradient and Hessian
       pass, those sums (less the prior's) are the control-variate sums ``G, H`` at the mode
       (:func:`~tallmh.control_variates.proxy_sums` computes the same chunk sums the same way), returned in
@@ -325,19 +354,22 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
     """
     th = to_device(flat0)
     warm_items = 0
-    if warm_start and n >= WARM_MIN_N:
-        idx = warm_rows(n)
+    for rows in (warm_sizes(n, int(np.shape(flat0)[0])) if warm_start else []):
+        idx = warm_rows(n, rows)
         sub = _gather_rows(data, idx)
         m = int(idx.shape[0])
         try:
             th_w, p_w, _ = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start",
                                    fixed=fixed)
-            warm_items = m * (p_w + 1)  # the gather, and each of its passes
-            if bool(np.all(np.isfinite(np.asarray(th_w)))):
-                th = th_w
+            warm_items += m * (p_w + 1)  # the gather, and each of its passes
         except ModelError:
-            warm_items = m
-        del sub
+            warm_items += m
+            break
+        finally:
+            del sub
+        if not bool(np.all(np.isfinite(np.asarray(th_w)))):
+            break
+        th = th_w
     th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol, fixed=fixed)
     g_sum = h_sum = None
     if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
