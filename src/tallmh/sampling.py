@@ -268,14 +268,35 @@ def _full_float32(fn):
     return wrapper
 
 
+def _as_caller(fn):
+    """``fn`` to run in another thread with the calling thread's 64-bit mode and full float32 matrix products
+    (:func:`_full_float32`): JAX's configuration contexts (``with jax.enable_x64(True):`` around the call)
+    hold in the thread that entered them only, and tallmh traces in threads of its own (the set-up, the
+    chain's compile, the audits); without this a run inside such a context made its start points and its
+    chain in float32. Call it in the calling thread; the wrapper runs in the new one."""
+    x64 = bool(jax.config.jax_enable_x64)
+    enable_x64 = getattr(jax, "enable_x64", None)  # (a config State: callable as a context, not truthy)
+    if enable_x64 is None:  # pragma: no cover - older JAX
+        from jax.experimental import enable_x64
+    fn32 = _full_float32(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with enable_x64(x64):
+            return fn32(*args, **kwargs)
+
+    return wrapper
+
+
 def _in_thread(fn):
-    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive), traced with full
-    float32 matrix products as :func:`sample` is (:func:`_full_float32`)."""
+    """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive), traced with the
+    caller's 64-bit mode and full float32 matrix products as :func:`sample` is (:func:`_as_caller`)."""
     box = {}
+    run = _as_caller(fn)
 
     def target():
         try:
-            box["value"] = _full_float32(fn)()
+            box["value"] = run()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
 
@@ -1200,7 +1221,8 @@ class _Run:
             finally:
                 box["traced"].set()
                 if self._defer_audit():  # the audit's program traced and compiled beside the chain's XLA compile
-                    threading.Thread(target=audit_program, daemon=True, name="tallmh-audit-compile").start()
+                    threading.Thread(target=_as_caller(audit_program), daemon=True,
+                                     name="tallmh-audit-compile").start()
 
         def work():
             try:
@@ -1218,7 +1240,7 @@ class _Run:
             if self._defer_audit() and "compiled" in box:  # (the chain loaded from the disk: the audit's too)
                 audit_program()
 
-        box["thread"] = threading.Thread(target=work, daemon=True, name="tallmh-compile")
+        box["thread"] = threading.Thread(target=_as_caller(work), daemon=True, name="tallmh-compile")
         box["thread"].start()
         return box
 
@@ -1307,7 +1329,7 @@ class _Run:
             return
         if getattr(self, "audit_queue", None) is None:
             self.audit_queue, self.audit_errors = queue.Queue(), []
-            threading.Thread(target=self._audit_worker, args=(self.audit_queue,), daemon=True,
+            threading.Thread(target=_as_caller(self._audit_worker), args=(self.audit_queue,), daemon=True,
                              name="tallmh-audit").start()
         self.audit_queue.put((phase, info, args, ua))
 
