@@ -292,7 +292,7 @@ def warm_rows(n, rows=WARM_ROWS):
 def warm_sizes(n, d=1):
     """The warm start's sub-sample sizes for N = ``n`` rows and ``d`` parameters (empty below ``WARM_MIN_N``):
     ``WARM_ROWS``, then each ``WARM_GROWTH`` times the last while the last is below ``WARM_TARGET * sqrt(d n)``
-    and the next is at most ``n / WARM_GROWTH`` (d = 11: 2^16 up to N ~ 1.6e7; 2^16, 2^20 at 10^8; 2^16, 2^20,
+    and the next is at most ``n / WARM_GROWTH`` (d = 11: 2^16 below N = 2^24 ~ 1.7e7; 2^16, 2^20 at 10^8; 2^16, 2^20,
     2^24 at 10^9)."""
     if n < WARM_MIN_N:
         return []
