@@ -81,27 +81,36 @@ def test_deferred_audit_with_64_bit_jax():
     assert r.audit["audit_steps"] > 5
 
 
-def test_a_call_inside_a_64_bit_context_runs_in_64_bits_in_every_thread():
-    """``with jax.enable_x64(True): tm.sample(...)``: the set-up, the chain's compile and the audits run in
-    tallmh's own threads, where the caller's context does not hold unless carried there; the run is the
-    same, draw for draw, as with the global switch (before, its start points and chain were float32)."""
+@pytest.mark.parametrize("setting, value", [("enable_x64", True), ("threefry_partitionable", None)])
+def test_a_call_inside_a_jax_context_runs_with_it_in_every_thread(setting, value):
+    """``with jax.enable_x64(True): tm.sample(...)`` (or another of JAX's per-thread settings): the set-up,
+    the chain's compile and the audits run in tallmh's own threads, where the caller's context does not hold
+    unless carried there; the run is the same, draw for draw, as with the global switch (before, a 64-bit
+    context's run made its start points and chain in float32)."""
+    name = "jax_" + setting
+    before = getattr(jax.config, name)
+    if value is None:
+        value = not before  # (the setting away from its default)
     data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=4)
     data = {k: np.asarray(v, np.float64) for k, v in data.items()}
     kw = dict(test=tm.acceptance.Austerity(error=0.1, batch_size=100), num_samples=60, num_warmup=30, num_chains=2,
               audit=0.3, seed=1, progress=False)
     sampling._RUNNERS.clear()
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
+    jax.config.update(name, value)
     try:
         ref = tm.sample(tm.models.LogisticRegression(), data, **kw)
     finally:
-        jax.config.update("jax_enable_x64", before)
+        jax.config.update(name, before)
         sampling._RUNNERS.clear()
     try:
-        with jax.enable_x64(True):
+        with getattr(jax, setting)(value):
             r = tm.sample(tm.models.LogisticRegression(), data, **kw)
     finally:
         sampling._RUNNERS.clear()
-    assert ref.flat_samples.dtype == np.float64 and r.flat_samples.dtype == np.float64
+    plain = tm.sample(tm.models.LogisticRegression(), data, **kw)  # negative control: the setting matters here
+    sampling._RUNNERS.clear()
+    assert r.flat_samples.dtype == ref.flat_samples.dtype
     np.testing.assert_array_equal(r.flat_samples, ref.flat_samples)
     assert r.audit["audit_steps"] == ref.audit["audit_steps"] > 5
+    assert plain.flat_samples.dtype != ref.flat_samples.dtype or not np.array_equal(plain.flat_samples,
+                                                                                     ref.flat_samples)

@@ -268,21 +268,27 @@ def _full_float32(fn):
     return wrapper
 
 
+# JAX settings that a ``with`` block may set for the calling thread only (``with jax.enable_x64(True):``), and
+# that change what a traced program computes: carried into tallmh's own threads by :func:`_as_caller`
+_CARRIED = ("enable_x64", "default_device", "threefry_partitionable", "default_prng_impl")
+
+
 def _as_caller(fn):
-    """``fn`` to run in another thread with the calling thread's 64-bit mode and full float32 matrix products
-    (:func:`_full_float32`): JAX's configuration contexts (``with jax.enable_x64(True):`` around the call)
-    hold in the thread that entered them only, and tallmh traces in threads of its own (the set-up, the
-    chain's compile, the audits); without this a run inside such a context made its start points and its
-    chain in float32. Call it in the calling thread; the wrapper runs in the new one."""
-    x64 = bool(jax.config.jax_enable_x64)
-    enable_x64 = getattr(jax, "enable_x64", None)  # (a config State: callable as a context, not truthy)
-    if enable_x64 is None:  # pragma: no cover - older JAX
-        from jax.experimental import enable_x64
+    """``fn`` to run in another thread with the calling thread's JAX settings (64-bit mode, default device,
+    random-bits settings: ``_CARRIED``) and full float32 matrix products (:func:`_full_float32`): JAX's
+    configuration contexts hold in the thread that entered them only, and tallmh traces in threads of its own
+    (the set-up, the chain's compile, the audits); without this a run inside ``with jax.enable_x64(True):``
+    made its start points and its chain in float32. Call it in the calling thread; the wrapper runs in the
+    new one."""
+    settings = [(state, getattr(jax.config, "jax_" + name)) for name in _CARRIED
+                if (state := getattr(jax, name, None)) is not None]  # (States: callable as contexts, not truthy)
     fn32 = _full_float32(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with enable_x64(x64):
+        with contextlib.ExitStack() as stack:
+            for state, value in settings:
+                stack.enter_context(state(value))
             return fn32(*args, **kwargs)
 
     return wrapper
