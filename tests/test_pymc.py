@@ -495,3 +495,37 @@ def test_logistic_glm_against_pymc_nuts():
     sd = nuts.reshape(-1, 3).std(axis=0)
     ok_bad, _ = _agree(ours + 5 * sd, nuts)  # negative control: 5 posterior sd away fails the same check
     assert not ok_bad
+
+
+def test_from_pymc_leaves_the_process_on_its_own_devices():
+    """PyMC's JAX module asks for 100 host CPU devices (XLA_FLAGS) when first imported; tm.from_pymc imports
+    it but puts XLA_FLAGS back, so a fresh process keeps one CPU device and tallmh's unsharded chains. Negative
+    control: the module, imported again, does set the flag."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent("""
+        import importlib, json, os, sys
+        import numpy as np
+        import pymc as pm
+        import tallmh as tm
+        rng = np.random.default_rng(0)
+        y = rng.normal(size=200)
+        with pm.Model() as m:
+            mu = pm.Normal("mu", 0, 5)
+            pm.Normal("y", mu, 1.0, observed=y)
+        tm.from_pymc(m)
+        after = os.environ.get("XLA_FLAGS")
+        import jax
+        devices = jax.device_count()
+        importlib.reload(sys.modules["pymc.sampling.jax"])
+        print(json.dumps({"after": after, "devices": devices, "reloaded": os.environ.get("XLA_FLAGS")}))
+    """)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["after"] is None and got["devices"] == 1, got
+    assert "xla_force_host_platform_device_count=100" in (got["reloaded"] or ""), got

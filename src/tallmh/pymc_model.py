@@ -34,6 +34,8 @@ joint mode, where tallmh builds its start and preconditioner, lies at a scale fa
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Dict
 
@@ -191,7 +193,7 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
     x64 = bool(jax.config.jax_enable_x64)
     pm = _pymc()
     from pymc.logprob.utils import replace_rvs_by_values
-    from pymc.sampling.jax import get_jaxified_graph  # noqa: F401 - loads PyTensor's JAX backend now
+    _load_pytensor_jax()
 
     # PyTensor's JAX backend sets JAX's 64-bit mode from its floatX when first imported; keep the caller's
     jax.config.update("jax_enable_x64", x64)
@@ -434,6 +436,23 @@ def _output_graphs(m, free, rv_to_val, transforms, value_vars, data_set):
         out_vars.append(g)
         out_names.append(det.name)
     return out_vars, out_names
+
+
+def _load_pytensor_jax():
+    """Import ``pymc.sampling.jax`` (PyTensor's JAX backend) without the process-wide device setting its first
+    import makes: it sets ``XLA_FLAGS`` to ask for 100 host CPU devices (for PyMC's own parallel chains), and
+    in a process whose JAX backend has not started yet tallmh would then lay its chains out over 100 devices
+    (a sharded run: other programs, no deferred self-audit). ``XLA_FLAGS`` is put back as it was; a user who
+    imported that module earlier keeps what it set."""
+    first = "pymc.sampling.jax" not in sys.modules
+    flags = os.environ.get("XLA_FLAGS")
+    from pymc.sampling.jax import get_jaxified_graph  # noqa: F401 - loads PyTensor's JAX backend now
+
+    if first and os.environ.get("XLA_FLAGS") != flags:
+        if flags is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = flags
 
 
 def _jaxify(inputs, outputs, what):
