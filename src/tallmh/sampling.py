@@ -296,7 +296,7 @@ def _as_caller(fn):
 
 def _in_thread(fn):
     """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive), traced with the
-    caller's 64-bit mode and full float32 matrix products as :func:`sample` is (:func:`_as_caller`)."""
+    caller's JAX settings and full float32 matrix products as :func:`sample` is (:func:`_as_caller`)."""
     box = {}
     run = _as_caller(fn)
 
