@@ -340,8 +340,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
       two or three iterations, so the full passes drop from about 10 to about 5. At large N, Newton then
       runs on sub-samples 16, 256, ... times larger in turn (:func:`warm_sizes`), each from the last one's
       mode, until the full data's first Newton step lands within the centre's tolerance: the search then
-      ends after two full passes (measured with d = 11: three at N = 10^8 from the first sub-sample alone,
-      four at 10^9). The sub-samples' reads are returned in ``warm_items``. ``warm_start=False`` or a failed
+      ends after two full passes (measured with d = 11: three at N = 10^8 and 10^9 from the first sub-sample
+      alone). The sub-samples' reads are returned in ``warm_items``. ``warm_start=False`` or a failed
       warm start (non-finite) starts the full-data Newton at the last finite sub-sample mode, or at ``flat0``.
     - **Sums reused**: when the search stops at a point where it has just made the gradient and Hessian
       pass, those sums (less the prior's) are the control-variate sums ``G, H`` at the mode
