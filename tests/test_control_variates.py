@@ -151,19 +151,26 @@ def test_recenter_after_warmup_makes_one_more_counted_pass(linreg):
     assert not np.allclose(np.asarray(a.final_state.cv.center[0]), warm)
 
 
-def test_mode_search_warm_start_and_reused_sums():
-    """At N >= WARM_MIN_N the mode search starts Newton from a sub-sample's scaled mode and hands back the
-    control-variate sums of its last pass: the same mode (to float32 resolution, far inside one posterior
-    sd), fewer full passes, and sums equal to a separate proxy_sums pass. The data is sorted by y, so a
-    sub-sample of the first rows only would start Newton far off (the warm rows span the whole data)."""
-    n = setup.WARM_MIN_N
-    rng = np.random.default_rng(3)
+def _sorted_logistic(n, seed):
+    """A logistic regression (intercept and 3 features) on ``n`` rows sorted by y, the hard case for
+    sub-samples: ``(model, data, unravel, flat0)``."""
+    rng = np.random.default_rng(seed)
     X = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, 3))], 1).astype(np.float32)
     y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([0.3, 1.0, -0.5, 0.2]))))).astype(np.float32)
     order = np.argsort(y, kind="stable")
     data = {"X": jnp.asarray(X[order]), "y": jnp.asarray(y[order])}
     model = tm.models.LogisticRegression(prior_scale=10.0)
     flat0, unravel = ravel_pytree(model.init(data))
+    return model, data, unravel, flat0
+
+
+def test_mode_search_warm_start_and_reused_sums():
+    """At N >= WARM_MIN_N the mode search starts Newton from a sub-sample's scaled mode and hands back the
+    control-variate sums of its last pass: the same mode (to float32 resolution, far inside one posterior
+    sd), fewer full passes, and sums equal to a separate proxy_sums pass. The data is sorted by y, so a
+    sub-sample of the first rows only would start Newton far off (the warm rows span the whole data)."""
+    n = setup.WARM_MIN_N
+    model, data, unravel, flat0 = _sorted_logistic(n, seed=3)
     cold = setup.mode_search(model, data, n, unravel, flat0, warm_start=False)
     warm = setup.mode_search(model, data, n, unravel, flat0)
     assert cold.warm_items == 0 and warm.warm_items > 0
@@ -214,13 +221,7 @@ def test_larger_warm_sub_samples_leave_two_full_passes(monkeypatch):
     assert setup.warm_sizes(2**16, 1) == [256, 4096] and setup.warm_sizes(1000, 4) == []
     rows = setup.warm_rows(n, 65536)
     assert rows.min() == 0 and rows.max() == n - 1 and len(np.unique(rows)) == 65536
-    rng = np.random.default_rng(4)
-    X = np.concatenate([np.ones((n, 1)), rng.standard_normal((n, 3))], 1).astype(np.float32)
-    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.array([0.3, 1.0, -0.5, 0.2]))))).astype(np.float32)
-    order = np.argsort(y, kind="stable")
-    data = {"X": jnp.asarray(X[order]), "y": jnp.asarray(y[order])}
-    model = tm.models.LogisticRegression(prior_scale=10.0)
-    flat0, unravel = ravel_pytree(model.init(data))
+    model, data, unravel, flat0 = _sorted_logistic(n, seed=4)
     exact = setup.mode_search(model, data, n, unravel, flat0, warm_start=False)
     prec = -np.asarray(exact.hess_sum, np.float64) + np.eye(4) / 100.0
 

@@ -17,6 +17,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from .console import first_line
 from .errors import DataError
 
 __all__ = ["Table", "load_flights", "load_table", "train_test_split", "FLIGHTS_FEATURES"]
@@ -211,7 +212,7 @@ def _read_frame(path: str):
     except DataError:
         raise
     except Exception as e:  # the reader's own error, shortened to one line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = first_line(e)
         raise DataError(f"cannot read {path}: {msg}") from None
 
 

@@ -19,6 +19,7 @@ import types
 import numpy as np
 
 from .design import scaling_of, split_features
+from .console import first_line
 from .errors import DataError
 from .method_options import batch_of
 
@@ -273,7 +274,7 @@ def _header(path: str):
     except ImportError:
         raise DataError("reading Parquet needs pyarrow: pip install pyarrow") from None
     except Exception as e:  # noqa: BLE001 - the reader's own error, in one line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = first_line(e)
         raise DataError(f"cannot read {path}: {msg}") from None
 
 
