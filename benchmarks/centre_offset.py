@@ -31,7 +31,7 @@ from peers import newton_map
 from time_to_trusted import PRIOR_SCALE, make_data
 
 
-def sub_sample_decrement(X, y, H, theta_map, setup):
+def sub_sample_decrement(X, y, H, setup):
     """The full data's Newton decrement at the mode of the last warm-start sub-sample (float64)."""
     n, d = X.shape
     sizes = setup.warm_sizes(n, d)
@@ -73,7 +73,7 @@ def main():
         d = X.shape[1]
         L = np.linalg.cholesky(np.linalg.inv(H))
         deltas = list(args.deltas)
-        sub, m = (None, 0) if args.no_sub else sub_sample_decrement(X, y, H, theta_map, setup)
+        sub, m = (None, 0) if args.no_sub else sub_sample_decrement(X, y, H, setup)
         if sub is not None:
             print(f"# N = {n:.0e}: the last warm-start sub-sample ({m:,} rows) leaves a decrement of {sub:.1f} "
                   f"(d N / m = {d * n / m:.1f}); the centre's tolerance is {setup.centre_tol(d):.2f}", flush=True)
