@@ -32,7 +32,8 @@ from time_to_trusted import PRIOR_SCALE, make_data
 
 
 def sub_sample_decrement(X, y, H, setup):
-    """The full data's Newton decrement at the mode of the last warm-start sub-sample (float64)."""
+    """The full data's Newton decrement at the mode of the last warm-start sub-sample (float64; measured in the
+    metric of ``H``, the negative Hessian at the MAP, which differs from the one at that point by O(its distance))."""
     n, d = X.shape
     sizes = setup.warm_sizes(n, d)
     if not sizes:
