@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .acceptance.base import Problem
+from .acceptance.base import Problem, draw_u
 from .data import take
 
 __all__ = ["KernelState", "StepInfo", "Kernel", "AuditArgs", "build_kernel", "make_problem", "oracle_of"]
@@ -78,6 +78,7 @@ class AuditArgs(NamedTuple):
     theta: jax.Array  # the state before the step
     theta_p: jax.Array  # the proposal
     log_base: jax.Array  # log prior ratio + log proposal ratio (-inf: out of the support)
+    u: jax.Array  # the uniform the exact oracle draws from ``key`` (acceptance.base.draw_u), for tallmh.certify
 
 
 def oracle_of(test):
@@ -322,7 +323,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         if defer_audit:  # nothing decided here: the caller picks the audited steps and calls audit_pass
             audit_exact, audit_items = jnp.bool_(False), jnp.int32(0)
             # (in the state's dtype, as a step not taken fills them: sampling._chain_run)
-            deferred = AuditArgs(k_test, state.theta, theta_p.astype(dtype), log_base.astype(dtype))
+            deferred = AuditArgs(k_test, state.theta, theta_p.astype(dtype), log_base.astype(dtype), draw_u(k_test)[0])
         else:
             audit_problem = problem if cv is None or exact_test else make_problem(
                 model, data, n, unravel, stats, state.theta, theta_p, log_base, None, None, cv_order or 2, reader)

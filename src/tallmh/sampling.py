@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from . import certify
 from . import checkpoint as ckpt
 from . import _cache
 from . import _exec_cache
@@ -53,7 +54,7 @@ from . import distributed
 from .acceptance import Exact
 from .data import num_items, to_device, validate_data
 from .errors import ConfigError, DataChanged, ModelError, Stopped
-from .kernel import AuditArgs, StepInfo, build_kernel, make_problem, tracks_log_lik
+from .kernel import AuditArgs, StepInfo, build_kernel, make_problem, oracle_of, tracks_log_lik
 from .model import check_model
 from .proposals import AdaptiveMetropolis
 from .cache_keys import shape_key as _shape_key, value_key as _value_key
@@ -76,7 +77,12 @@ MAX_AUDIT_RATE = 0.05
 # at most that much (0.01); a run whose audits find a wrong decision keeps its whole plan.
 AUDIT_CLEAR_LOSS = 0.01
 DEFAULT_AUDIT_ITEMS = 4 * 10**8  # ... and no more than this many items read by them (each reads all N)
-AUDIT_SLOTS = 8  # audited steps per call of the deferred audit's program (_audit_runner); more take more calls
+# Audited decisions that a certified bound on the control variates' Taylor remainder settles are taken without
+# reading data (tallmh.certify), where the audit plans at least CERTIFY_MIN_AUDITS audited chain-steps (the
+# certificate's one host pass costs about as much as an audited step of 4 chains)
+CERTIFY = True
+CERTIFY_MIN_AUDITS = 8
+AUDIT_SLOTS = 8  # slots of num_chains audited chain-steps per call of the deferred audit's program (_audit_runner)
 _RUNNERS: dict = {}
 # num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
 # plans for (its rate is fixed before sampling)
@@ -557,9 +563,9 @@ def _chain_run(kernel, length, audit_on, defer=False):
 
             def skip(st):
                 if defer:  # (the step's key stands in for the test's: never read, the step is never audited)
+                    one = jnp.ones((), jax.dtypes.canonicalize_dtype(jnp.float64))  # (a uniform's dtype: x64 or not)
                     return st, empty(st.theta.dtype), AuditArgs(jax.random.split(k_step)[1], st.theta, st.theta,
-                                                                jnp.full((), -jnp.inf, st.theta.dtype)), \
-                        jnp.ones((), jax.dtypes.canonicalize_dtype(jnp.float64))  # (uniform's dtype: x64 or not)
+                                                                jnp.full((), -jnp.inf, st.theta.dtype), one), one
                 return st, empty(st.theta.dtype)
 
             st, info, *deferred = jax.lax.cond(i < count, do, skip, st)
@@ -659,7 +665,9 @@ def sample(
         ``result.setup_items``. With the exact test they serve only the Langevin proposal's minibatch
         gradient (exact MH with a nearly exact MALA drift); the test still reads all N items. None: on with the default test, off with a test you chose; False: off
     audit : self-audit rate: the fraction of steps at which the exact test also decides with the same u
-        (each audit reads all N items, counted apart in ``stats["audit_items"]``). Default (approximate
+        (each audit reads all N items, counted apart in ``stats["audit_items"]``; for the built-in logistic
+        regression with control variates, an audited decision that a certified bound on the Taylor remainder
+        settles reads none, :mod:`tallmh.certify`, after one pass of N items counted there). Default (approximate
         tests; none for ``Exact``): enough audited chain-steps, spread over warmup and sampling, to flag a
         true wrong-decision rate of twice the test's target with probability 0.8 (198 at a target of 0.05:
         :func:`tallmh.results.audits_for_power`), at most 5% of the steps and at most
@@ -747,6 +755,9 @@ class _Run:
         self.constrain = getattr(model, "constrain", None)
         self.empty_info = None
         self.audit_design = None  # the default audit's two-stage plan (_audit_rates, _audit_clear)
+        # the deferred audit's certificate (_certificate: None until tried, False when none) and its count
+        self.cert_state, self.cert_counted, self.audit_certified, self.kernel_oracle = None, False, 0, None
+        self.audit_pending = []  # audited chain-steps waiting for their exact pass (_take_audits, _flush_audits)
 
     # ---- options -----------------------------------------------------------------------------------
 
@@ -963,6 +974,11 @@ class _Run:
 
     def result(self):
         self._settle_audits()
+        if self.audit_certified:
+            note = (f"self-audit: {self.audit_certified} audited decision(s) certified without reading the data (a bound "
+                    f"on the control variates' Taylor remainder, tallmh.certify; one extra pass of N = {self.n:,} "
+                    f"items, counted in the audit's items); the others read all N items")
+            self.notes[:] = [m for m in self.notes if not m.startswith("self-audit: ") or "certified" not in m] + [note]
         states = self.states
         host_states = states if self.plan is None or states is None else \
             jax.tree_util.tree_map(distributed.to_host, states)
@@ -1110,6 +1126,7 @@ class _Run:
         design = self.audit_design
         if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
             return
+        self._flush_audits()
         wrong, m_sampling = 0, 0
         for pname in ("warmup", "sampling"):
             for _, info in self.parts(pname):
@@ -1306,7 +1323,8 @@ class _Run:
                 sd = jax.ShapeDtypeStruct
                 args = AuditArgs(sd((AUDIT_SLOTS, c) + tuple(kd.shape[1:]), kd.dtype),
                                  sd((AUDIT_SLOTS, c, d), theta.dtype), sd((AUDIT_SLOTS, c, d), theta.dtype),
-                                 sd((AUDIT_SLOTS, c), theta.dtype))
+                                 sd((AUDIT_SLOTS, c), theta.dtype),
+                                 sd((AUDIT_SLOTS, c), jax.dtypes.canonicalize_dtype(jnp.float64)))
                 m = sd((), jnp.int32)
                 fn = _audit_runner(self.kernel, AUDIT_SLOTS)
                 lowered_args = (args, m, self.data, self.stats)
@@ -1332,6 +1350,7 @@ class _Run:
         if self.store is not None:
             self._settle_audits()
             self._audit_chunk(phase, info, args, ua)
+            self._flush_audits()
             return
         if getattr(self, "audit_queue", None) is None:
             self.audit_queue, self.audit_errors = queue.Queue(), []
@@ -1365,6 +1384,7 @@ class _Run:
         self.audit_queue = None
         if self.audit_errors:
             raise self.audit_errors[0]
+        self._flush_audits()
 
     def _audit_chunk(self, phase, info, args, ua):
         """A chunk's audits, after those of every chunk before it: the first stage checked on those
@@ -1390,6 +1410,7 @@ class _Run:
         info["audit_items"] = np.where(sel, self.n, 0).astype(np.int32)
         self._take_audits(info, args, sel)
         if rest is not None and rest.any():
+            self._flush_audits()
             wrong = info["audited"] & (np.asarray(info["accepted"], bool) != info["audit_exact"])
             if wrong.any():
                 self._take_audits(info, args, rest)
@@ -1397,31 +1418,98 @@ class _Run:
     def _take_audits(self, info, args, mask):
         """The exact decisions of the chunk's audited steps ``mask`` (chains first; ``info`` and ``args`` on the
         host), written into ``info`` as the chain's own audit would have: ``audit_exact``, ``audit_items`` (N,
-        or 0 for a proposal out of the support, which reads nothing) and ``audited``."""
+        or 0 for a proposal out of the support, which reads nothing) and ``audited``.
+
+        Where a certified bound on the control variates' Taylor remainder settles a decision (:mod:`tallmh.certify`,
+        :meth:`_certificate`) it is taken without reading data (``audit_items`` 0; the certificate's one pass, N
+        items, is counted at the first audited step after it); the other audited chain-steps are packed side by
+        side, ``num_chains`` to a slot of the audit's program, whichever chain and step each comes from."""
         mask = np.asarray(mask, bool)
-        steps = np.flatnonzero(mask.any(axis=0))
-        if steps.size == 0:
+        if not mask.any():
             return
-        prog = self._audit_compiled(self.entry, self.states)
         exact = np.array(info["audit_exact"], bool)
-        items = np.array(info["audit_items"], np.int32)
+        items = np.where(mask, 0, np.asarray(info["audit_items"], np.int32))  # (the passes add theirs)
         leaves = [np.asarray(v) for v in args]
-        for k in range(0, steps.size, AUDIT_SLOTS):
-            st = steps[k:k + AUDIT_SLOTS]
+        certified = np.zeros_like(mask)
+        cert = self._certificate()
+        if cert is not None:
+            oracle = self.kernel_oracle
+            sel = np.nonzero(mask)
+            t, size = certify.thresholds(leaves[4][sel], leaves[3][sel], oracle.kind, oracle.temperature)
+            ok, acc = certify.settle(cert, leaves[1][sel], leaves[2][sel], t, size)
+            certified[sel] = ok
+            exact[sel] = ok & acc
+            self.audit_certified += int(ok.sum())
+            if not self.cert_counted:  # the certificate's pass, once
+                items[tuple(int(i[0]) for i in sel)] += np.int32(self.n)
+                self.cert_counted = True
+        waiting = mask & ~certified
+        audited = (np.asarray(info["audited"], bool) & ~mask) | certified | waiting
+        info["audit_exact"], info["audit_items"], info["audited"] = np.where(mask, exact & certified, exact), items, audited
+        pairs = np.argwhere(waiting)  # (chain, step): their exact passes wait in audit_pending
+        if pairs.size:
+            self.audit_pending.append((info, pairs, [v[pairs[:, 0], pairs[:, 1]] for v in leaves]))
+            if sum(len(p[1]) for p in self.audit_pending) >= AUDIT_SLOTS * mask.shape[0]:
+                self._flush_audits()
 
-            def slots(v):  # (chains, steps, ...) -> (AUDIT_SLOTS, chains, ...), the unused slots never read
-                out = np.zeros((AUDIT_SLOTS,) + v.shape[:1] + v.shape[2:], v.dtype)
-                out[:st.size] = np.swapaxes(v[:, st], 0, 1)
-                return out
+    def _flush_audits(self):
+        """The exact passes of the audited chain-steps that :meth:`_take_audits` left waiting, ``num_chains`` to a
+        slot of the audit's program whichever chain, step or chunk each comes from, written into their chunks'
+        ``info``. Called when a program call's worth is waiting, before anything reads the audits' outcomes
+        (the first stage, a chunk's later audits), and when the run settles its audits."""
+        pending, self.audit_pending = self.audit_pending, []
+        if not pending:
+            return
+        owner = np.concatenate([np.full(len(p[1]), k) for k, p in enumerate(pending)])
+        pairs = np.concatenate([p[1] for p in pending])
+        vals = [np.concatenate([p[2][j] for p in pending]) for j in range(len(pending[0][2]))]
+        prog = self._audit_compiled(self.entry, self.states)
+        c = self.num_chains
+        per_call = AUDIT_SLOTS * c
+        ex_all, it_all = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int32)
+        for k in range(0, len(pairs), per_call):
+            j = np.arange(k, min(len(pairs), k + per_call))
+            pad = np.concatenate([j, np.full(per_call - len(j), j[0])])  # (the padding is never read back)
+            args = AuditArgs(*(to_device(v[pad].reshape((AUDIT_SLOTS, c) + v.shape[1:])) for v in vals))
+            ex, it = prog(args, to_device(np.int32(-(-len(j) // c))), self.run_data, self.run_stats)
+            ex_all[j], it_all[j] = np.asarray(ex).reshape(-1)[:len(j)], np.asarray(it).reshape(-1)[:len(j)]
+        for k, (info, pr, _) in enumerate(pending):
+            sel = owner == k
+            ci, si = pr[:, 0], pr[:, 1]
+            info["audit_items"][ci, si] += it_all[sel]
+            info["audited"][ci, si] = it_all[sel] > 0  # (none for a proposal out of the support: never picked)
+            info["audit_exact"][ci, si] = ex_all[sel] & (it_all[sel] > 0)
 
-            ex, it = prog(AuditArgs(*(to_device(slots(v)) for v in leaves)), to_device(np.int32(st.size)),
-                          self.run_data, self.run_stats)
-            ex, it = np.asarray(ex)[:st.size].T, np.asarray(it)[:st.size].T
-            m = mask[:, st]
-            exact[:, st] = np.where(m, ex, exact[:, st])
-            items[:, st] = np.where(m, it, items[:, st])
-        audited = (np.asarray(info["audited"], bool) | mask) & (items > 0)
-        info["audit_exact"], info["audit_items"], info["audited"] = exact & audited, np.where(audited, items, 0), audited
+    def _certificate(self):
+        """The certified Taylor bound of the deferred audit (:mod:`tallmh.certify`), made by one host pass the first
+        time an audit is taken, or None: for the built-in logistic regression with control variates (their centre
+        and Hessian sum give the certificate's centre and whitening) on data in host memory or in a file, with
+        the exact test (Metropolis or Barker) as oracle, when the audit plans at least ``CERTIFY_MIN_AUDITS``
+        audited chain-steps (the pass costs about one audited step of a few chains)."""
+        if self.cert_state is not None:
+            return self.cert_state or None
+        self.cert_state = False
+        cv = getattr(self.states, "cv", None)
+        if not CERTIFY or cv is None or not self.cv_order or self.program is not None or self.plan is not None:
+            return None
+        oracle = self.kernel_oracle = oracle_of(self.test)
+        if not certify.eligible(self.model, oracle):
+            return None
+        planned = AUTO_PLANNED_SAMPLES if self.auto_draws else self.num_samples
+        expected = self.num_chains * (self.rates[0] * self.num_warmup + self.rates[1] * planned)
+        if self.audit_design:
+            expected = min(expected, self.audit_design["planned"])
+        read = ds.host_reader(self.run_data)
+        if expected < CERTIFY_MIN_AUDITS or read is None:
+            return None
+        center = np.asarray(cv.center)[0]
+        hess = np.asarray(cv.hess_sum)[0]
+        if not np.any(hess):  # (first-order control variates keep no Hessian sum)
+            return None
+        prior = getattr(self.model, "log_prior_vgh_host", None)
+        ph = prior(center.astype(np.float64))[2] if callable(prior) else np.zeros_like(hess)
+        self.cert_state = certify.build(read, self.n, center, hess, ph, self.dtype) or False
+        return self.cert_state or None
 
     def _elemental(self) -> bool:
         """Whether the chain compiles with XLA's elemental CPU emitters (``_exec_cache._CPU_OPTIONS``) and LLVM's
