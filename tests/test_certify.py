@@ -184,3 +184,23 @@ def test_thresholds_are_the_exact_tests_comparisons():
         want = np.asarray(exact_accept(kind, u, lb, lam, T))
         far = np.abs(lam - t) > 1e-5
         np.testing.assert_array_equal((lam > t)[far], want[far])
+
+
+def test_the_default_audit_counts_the_items_it_reads(monkeypatch):
+    """Where decisions are certified, the default audit is planned for its full power and stops once it has read
+    its item budget (whole steps: at most one step of all chains beyond it), saying so with the power it had;
+    without certification the plan is cut to the budget at N items per audit, as before."""
+    n = 20000
+    monkeypatch.setattr(sampling, "DEFAULT_AUDIT_ITEMS", 6 * n)
+    data = _data(n, "plain", seed=3)
+    kw = dict(num_warmup=300, num_samples=1500, num_chains=4, seed=5, progress=False)
+    r = tm.sample(tm.models.LogisticRegression(), data, **kw)
+    stop = [m for m in r.notes if m.startswith("self-audit: stopped at its budget of 120,000 items read")]
+    assert len(stop) == 1 and not any("each reads all N" in m for m in r.notes)
+    assert 6 * n <= r.audit["audit_items"] <= 6 * n + 4 * n
+    assert r.audit["audit_steps"] > 6  # (more than the 6 the budget buys at N items each: some were certified)
+    monkeypatch.setattr(sampling, "CERTIFY", False)
+    r = tm.sample(tm.models.LogisticRegression(), data, **kw)
+    assert any(m.startswith("self-audit: about 6 audited chain-step(s)") for m in r.notes)
+    assert not any("stopped at its budget" in m for m in r.notes)
+    assert r.audit["audit_items"] == n * r.audit["audit_steps"]

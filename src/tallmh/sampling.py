@@ -82,6 +82,10 @@ DEFAULT_AUDIT_ITEMS = 4 * 10**8  # ... and no more than this many items read by 
 # certificate's one host pass costs about as much as an audited step of 4 chains)
 CERTIFY = True
 CERTIFY_MIN_AUDITS = 8
+# ... and at most this many rows: the certificate's host pass (float64 NumPy, ~1.3 s per 10^7 rows on 2 cores,
+# beside the chain) costs more than the audits it saves above (at 10^8 the capped default audits ~4 chain-steps,
+# one pass of ~3.6 s); there the audits read all N items as before
+CERTIFY_MAX_ROWS = 2**24
 AUDIT_SLOTS = 8  # slots of num_chains audited chain-steps per call of the deferred audit's program (_audit_runner)
 _RUNNERS: dict = {}
 # num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
@@ -758,6 +762,7 @@ class _Run:
         # the deferred audit's certificate (_certificate: None until tried, False when none) and its count
         self.cert_state, self.cert_counted, self.audit_certified, self.kernel_oracle = None, False, 0, None
         self.audit_pending = []  # audited chain-steps waiting for their exact pass (_take_audits, _flush_audits)
+        self.audit_items_read, self.audit_budget = 0, None  # (the default audit's items, where counted as read)
 
     # ---- options -----------------------------------------------------------------------------------
 
@@ -978,7 +983,8 @@ class _Run:
             note = (f"self-audit: {self.audit_certified} audited decision(s) certified without reading the data (a bound "
                     f"on the control variates' Taylor remainder, tallmh.certify; one extra pass of N = {self.n:,} "
                     f"items, counted in the audit's items); the others read all N items")
-            self.notes[:] = [m for m in self.notes if not m.startswith("self-audit: ") or "certified" not in m] + [note]
+            self.notes[:] = [m for m in self.notes if not (m.startswith("self-audit: ") and "tallmh.certify;" in m)] \
+                + [note]
         states = self.states
         host_states = states if self.plan is None or states is None else \
             jax.tree_util.tree_map(distributed.to_host, states)
@@ -1099,7 +1105,11 @@ class _Run:
         planned = AUTO_PLANNED_SAMPLES if self.auto_draws else self.num_samples  # ("auto": a typical run's draws)
         steps = max(1, self.num_chains * (self.num_warmup + planned))
         passes = test.audit_passes() if callable(getattr(test, "audit_passes", None)) else 1  # (a program's blocks)
-        n_audits = min(wanted, DEFAULT_AUDIT_ITEMS // max(1, n * passes))
+        by_items = DEFAULT_AUDIT_ITEMS // max(1, n * passes)
+        # where audited decisions can be certified without reading the data, the items are counted as they are
+        # read (_audit_chunk stops the audit at the budget) instead of cutting the plan to N items per audit
+        self.audit_budget = DEFAULT_AUDIT_ITEMS if by_items < wanted and self._certifiable() else None
+        n_audits = wanted if self.audit_budget is not None else min(wanted, by_items)
         rate = min(MAX_AUDIT_RATE, n_audits / steps)
         self.rates = (rate, rate)
         self.audit_on = rate > 0
@@ -1118,6 +1128,15 @@ class _Run:
             if msg not in self.notes:  # (a resumed run carries its notes already)
                 self.notes.append(msg)
 
+    def _certifiable(self) -> bool:
+        """Whether the deferred audit will certify decisions (:meth:`_certificate`), as far as is known before the
+        set-up: the built-in logistic regression with second-order control variates on data in host memory or in
+        a file, one device, no inference program."""
+        got = {k: getattr(self, k, None) for k in ("program", "plan", "cv_order", "data", "test")}
+        return bool(CERTIFY and self.n <= CERTIFY_MAX_ROWS and got["program"] is None and got["plan"] is None
+                    and got["cv_order"] == 2 and certify.eligible(self.model, oracle_of(got["test"]))
+                    and ds.host_reader(got["data"]) is not None)
+
     def _audit_clear(self):
         """The audit's first stage (``AUDIT_CLEAR_LOSS``): after a sampling chunk (or, for audits deferred out of
         the chain, before a chunk's audited steps are picked), when at least ``first_stage`` sampling steps have
@@ -1126,17 +1145,14 @@ class _Run:
         design = self.audit_design
         if design is None or design["cleared_after"] is not None or design.get("wrong_seen") or self.rates[1] == 0:
             return
-        self._flush_audits()
-        wrong, m_sampling = 0, 0
-        for pname in ("warmup", "sampling"):
-            for _, info in self.parts(pname):
-                if "audited" not in info or "audit_exact" not in info:
-                    return
-                aud = np.asarray(info["audited"], bool)
-                differs = np.asarray(info["accepted"], bool) != np.asarray(info["audit_exact"], bool)
-                wrong += int(np.sum(aud & differs))
-                if pname == "sampling":
-                    m_sampling += int(aud.sum())
+        wrong, m_sampling = self._audit_counts()
+        if m_sampling >= design["first_stage"] and not wrong and self.audit_pending:
+            # (audits still waiting for their pass count as agreeing until then: the stage would clear, so they
+            # are taken now)
+            self._flush_audits()
+            wrong, m_sampling = self._audit_counts()
+        if wrong is None:
+            return
         if wrong:  # the whole plan stands: no need to look again
             design["wrong_seen"] = True
             return
@@ -1152,6 +1168,21 @@ class _Run:
                f"{(1 - 2 * tgt) ** design['first_stage']:.3f}; audit=rate audits every planned step)")
         if not any(n.startswith("self-audit: no wrong decision in the first") for n in self.notes):
             self.notes.append(msg)
+
+    def _audit_counts(self):
+        """``(wrong decisions, audited sampling steps)`` over the run's chunks so far (``(None, 0)`` while a chunk's
+        audits are not recorded yet); an audited step still waiting for its pass counts as agreeing."""
+        wrong, m_sampling = 0, 0
+        for pname in ("warmup", "sampling"):
+            for _, info in self.parts(pname):
+                if "audited" not in info or "audit_exact" not in info:
+                    return None, 0
+                aud = np.asarray(info["audited"], bool)
+                differs = np.asarray(info["accepted"], bool) != np.asarray(info["audit_exact"], bool)
+                wrong += int(np.sum(aud & differs))
+                if pname == "sampling":
+                    m_sampling += int(aud.sum())
+        return wrong, m_sampling
 
     def _audit_chunk_cap(self, count: int) -> int:
         """While the audit's first stage is open, a sampling chunk of at most the steps expected to bring half
@@ -1415,6 +1446,18 @@ class _Run:
             if wrong.any():
                 self._take_audits(info, args, rest)
 
+    def _audit_stop(self):
+        """The default audit has read its budget of items (``DEFAULT_AUDIT_ITEMS``, counted as read where decisions
+        are certified): the rest of the run audits nothing, and a note gives the power of what was audited."""
+        self.rates = (0.0, 0.0)
+        m = sum(int(np.sum(info["audited"])) for pname in ("warmup", "sampling") for _, info in self.parts(pname)
+                if "audited" in info)
+        tgt = error_target(self.test) or 0.05
+        self.notes.append(f"self-audit: stopped at its budget of {DEFAULT_AUDIT_ITEMS:,} items read, after about {m} "
+                          f"audited chain-step(s), {self.audit_certified} of them certified without reading the data; "
+                          f"they flag a wrong-decision rate of twice the target with probability "
+                          f"{audit_power(m, tgt):.2f} (pass audit=rate for more)")
+
     def _take_audits(self, info, args, mask):
         """The exact decisions of the chunk's audited steps ``mask`` (chains first; ``info`` and ``args`` on the
         host), written into ``info`` as the chain's own audit would have: ``audit_exact``, ``audit_items`` (N,
@@ -1424,33 +1467,44 @@ class _Run:
         :meth:`_certificate`) it is taken without reading data (``audit_items`` 0; the certificate's one pass, N
         items, is counted at the first audited step after it); the other audited chain-steps are packed side by
         side, ``num_chains`` to a slot of the audit's program, whichever chain and step each comes from."""
-        mask = np.asarray(mask, bool)
-        if not mask.any():
+        asked = np.asarray(mask, bool)
+        if not asked.any():
             return
         exact = np.array(info["audit_exact"], bool)
-        items = np.where(mask, 0, np.asarray(info["audit_items"], np.int32))  # (the passes add theirs)
         leaves = [np.asarray(v) for v in args]
-        certified = np.zeros_like(mask)
+        certified = np.zeros_like(asked)
         cert = self._certificate()
         if cert is not None:
             oracle = self.kernel_oracle
-            sel = np.nonzero(mask)
+            sel = np.nonzero(asked)
             t, size = certify.thresholds(leaves[4][sel], leaves[3][sel], oracle.kind, oracle.temperature)
             ok, acc = certify.settle(cert, leaves[1][sel], leaves[2][sel], t, size)
             certified[sel] = ok
             exact[sel] = ok & acc
-            self.audit_certified += int(ok.sum())
-            if not self.cert_counted:  # the certificate's pass, once
-                items[tuple(int(i[0]) for i in sel)] += np.int32(self.n)
-                self.cert_counted = True
+        mask = asked
+        if self.audit_budget is not None:  # whole steps in order, each while the items read before it are within budget
+            per_step = (asked & ~certified).sum(axis=0) * self.n
+            keep = np.cumsum(per_step) - per_step < self.audit_budget - self.audit_items_read
+            mask, certified = asked & keep, certified & keep
         waiting = mask & ~certified
-        audited = (np.asarray(info["audited"], bool) & ~mask) | certified | waiting
-        info["audit_exact"], info["audit_items"], info["audited"] = np.where(mask, exact & certified, exact), items, audited
+        self.audit_certified += int(certified.sum())
+        items = np.where(asked, 0, np.asarray(info["audit_items"], np.int32))  # (the passes add theirs)
+        if cert is not None and not self.cert_counted:  # the certificate's pass, once
+            first = np.argwhere(mask if mask.any() else asked)[0]
+            items[first[0], first[1]] += np.int32(self.n)
+            self.cert_counted = True
+        audited = (np.asarray(info["audited"], bool) & ~asked) | certified | waiting
+        # (a step waiting for its pass agrees with the chain until then: _audit_counts)
+        now = np.where(certified, exact, waiting & np.asarray(info["accepted"], bool))
+        info["audit_exact"], info["audit_items"], info["audited"] = np.where(asked, now, exact), items, audited
         pairs = np.argwhere(waiting)  # (chain, step): their exact passes wait in audit_pending
+        self.audit_items_read += self.n * len(pairs)
         if pairs.size:
             self.audit_pending.append((info, pairs, [v[pairs[:, 0], pairs[:, 1]] for v in leaves]))
-            if sum(len(p[1]) for p in self.audit_pending) >= AUDIT_SLOTS * mask.shape[0]:
+            if sum(len(p[1]) for p in self.audit_pending) >= AUDIT_SLOTS * asked.shape[0]:
                 self._flush_audits()
+        if self.audit_budget is not None and self.audit_items_read >= self.audit_budget and any(self.rates):
+            self._audit_stop()
 
     def _flush_audits(self):
         """The exact passes of the audited chain-steps that :meth:`_take_audits` left waiting, ``num_chains`` to a
@@ -1484,13 +1538,14 @@ class _Run:
         """The certified Taylor bound of the deferred audit (:mod:`tallmh.certify`), made by one host pass the first
         time an audit is taken, or None: for the built-in logistic regression with control variates (their centre
         and Hessian sum give the certificate's centre and whitening) on data in host memory or in a file, with
-        the exact test (Metropolis or Barker) as oracle, when the audit plans at least ``CERTIFY_MIN_AUDITS``
-        audited chain-steps (the pass costs about one audited step of a few chains)."""
+        the exact test (Metropolis or Barker) as oracle, N at most ``CERTIFY_MAX_ROWS``, when the audit plans at
+        least ``CERTIFY_MIN_AUDITS`` audited chain-steps (the pass costs about one audited step of a few chains)."""
         if self.cert_state is not None:
             return self.cert_state or None
         self.cert_state = False
         cv = getattr(self.states, "cv", None)
-        if not CERTIFY or cv is None or not self.cv_order or self.program is not None or self.plan is not None:
+        if not CERTIFY or self.n > CERTIFY_MAX_ROWS or cv is None or not self.cv_order or self.program is not None \
+                or self.plan is not None:
             return None
         oracle = self.kernel_oracle = oracle_of(self.test)
         if not certify.eligible(self.model, oracle):
@@ -1509,6 +1564,7 @@ class _Run:
         prior = getattr(self.model, "log_prior_vgh_host", None)
         ph = prior(center.astype(np.float64))[2] if callable(prior) else np.zeros_like(hess)
         self.cert_state = certify.build(read, self.n, center, hess, ph, self.dtype) or False
+        self.audit_items_read += self.n
         return self.cert_state or None
 
     def _elemental(self) -> bool:
