@@ -1501,24 +1501,34 @@ class _Run:
         self.audit_items_read += self.n * len(pairs)
         if pairs.size:
             self.audit_pending.append((info, pairs, [v[pairs[:, 0], pairs[:, 1]] for v in leaves]))
-            if sum(len(p[1]) for p in self.audit_pending) >= AUDIT_SLOTS * asked.shape[0]:
-                self._flush_audits()
+            if sum(len(p[1]) for p in self.audit_pending) >= self.num_chains:
+                self._flush_audits(whole=True)
         if self.audit_budget is not None and self.audit_items_read >= self.audit_budget and any(self.rates):
             self._audit_stop()
 
-    def _flush_audits(self):
+    def _flush_audits(self, whole=False):
         """The exact passes of the audited chain-steps that :meth:`_take_audits` left waiting, ``num_chains`` to a
         slot of the audit's program whichever chain, step or chunk each comes from, written into their chunks'
-        ``info``. Called when a program call's worth is waiting, before anything reads the audits' outcomes
-        (the first stage, a chunk's later audits), and when the run settles its audits."""
+        ``info``. ``whole``: only as many as fill whole slots (the rest wait for company): called so as soon as
+        a slot's worth waits (while the chain runs on); all of them before anything reads the audits' outcomes
+        (the first stage, a chunk's later audits) and when the run settles its audits."""
         pending, self.audit_pending = self.audit_pending, []
         if not pending:
             return
+        c = self.num_chains
         owner = np.concatenate([np.full(len(p[1]), k) for k, p in enumerate(pending)])
         pairs = np.concatenate([p[1] for p in pending])
         vals = [np.concatenate([p[2][j] for p in pending]) for j in range(len(pending[0][2]))]
+        take = (len(pairs) // c) * c if whole else len(pairs)
+        for k, (info, _, _) in enumerate(pending):  # (those left wait again, in order)
+            left = np.flatnonzero(owner == k)
+            left = left[left >= take]
+            if left.size:
+                self.audit_pending.append((info, pairs[left], [v[left] for v in vals]))
+        if take == 0:
+            return
+        owner, pairs, vals = owner[:take], pairs[:take], [v[:take] for v in vals]
         prog = self._audit_compiled(self.entry, self.states)
-        c = self.num_chains
         per_call = AUDIT_SLOTS * c
         ex_all, it_all = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int32)
         for k in range(0, len(pairs), per_call):
@@ -1527,9 +1537,11 @@ class _Run:
             args = AuditArgs(*(to_device(v[pad].reshape((AUDIT_SLOTS, c) + v.shape[1:])) for v in vals))
             ex, it = prog(args, to_device(np.int32(-(-len(j) // c))), self.run_data, self.run_stats)
             ex_all[j], it_all[j] = np.asarray(ex).reshape(-1)[:len(j)], np.asarray(it).reshape(-1)[:len(j)]
-        for k, (info, pr, _) in enumerate(pending):
+        for k, (info, _, _) in enumerate(pending):
             sel = owner == k
-            ci, si = pr[:, 0], pr[:, 1]
+            if not sel.any():
+                continue
+            ci, si = pairs[sel, 0], pairs[sel, 1]
             info["audit_items"][ci, si] += it_all[sel]
             info["audited"][ci, si] = it_all[sel] > 0  # (none for a proposal out of the support: never picked)
             info["audit_exact"][ci, si] = ex_all[sel] & (it_all[sel] > 0)
