@@ -1,14 +1,14 @@
 """How often a deterministic bound on the Taylor remainders would settle an exact MH decision unread.
 
-The measurement behind ``tallmh.certify`` (which adds a second, Hoelder-type bound and the float rounding
-margins, and uses it in the self-audit; ``benchmarks/certified_audit.py`` measures that): for logistic
-regression the per-item log-likelihood ``l_i(theta) = y_i z_i - softplus(z_i)``, ``z_i = x_i . theta``, has
-``|d^3 l_i / d z^3| <= M3 = 1 / (6 sqrt 3)``, so the second-order Taylor expansion at the centre ``c`` (the
-control variates' proxy) leaves a remainder with ``|R_i(theta)| <= M3 / 6 |x_i . (theta - c)|^3``. With ``A A^T`` the Laplace covariance,
-``|x . v| <= ||A^T x|| ||A^{-1} v||``, so the whole-data remainder of ``Lambda = sum_i l_i(theta') - l_i(theta)``
-is at most ``B = M3 / 6 (||A^{-1}(theta' - c)||^3 + ||A^{-1}(theta - c)||^3) S3`` with ``S3 = sum_i ||A^T x_i||^3``
-(one pass at set-up). Where ``|log u - P| > B`` (``P`` the proxy's difference, exact from the sums), the exact
-decision is known without reading an item; only the rest need the full pass (the self-audit's cost at large N).
+The measurement behind ``tallmh.certify`` (which adds a second, Hoelder-type bound and the float rounding margins,
+and uses it in the self-audit; ``benchmarks/certified_audit.py`` measures that): for logistic regression the
+per-item log-likelihood ``l_i(theta) = y_i z_i - softplus(z_i)``, ``z_i = x_i . theta``, has ``|d^3 l_i / d z^3| <=
+M3 = 1 / (6 sqrt 3)``, so the second-order Taylor expansion at the centre ``c`` (the control variates' proxy) leaves
+a remainder with ``|R_i(theta)| <= M3 / 6 |x_i . (theta - c)|^3``. With ``A A^T`` the Laplace covariance, ``|x . v|
+<= ||A^T x|| ||A^{-1} v||``, so the whole-data remainder of ``Lambda = sum_i l_i(theta') - l_i(theta)`` is at most
+``B = M3 / 6 (||A^{-1}(theta' - c)||^3 + ||A^{-1}(theta - c)||^3) S3`` with ``S3 = sum_i ||A^T x_i||^3`` (one pass
+at set-up). Where ``|log u - P| > B`` (``P`` the proxy's difference, exact from the sums), the exact decision is
+known without reading an item; only the rest need the full pass (the self-audit's cost at large N).
 
 For each N (``time_to_trusted.make_data``: d = 11, feature scales 0.1 to 10; c the float64 MAP) the script
 draws pairs ``theta ~ N(c, A A^T)``, ``theta' = theta + 2.38 / sqrt(d) A z`` and prints: the actual remainder

@@ -46,7 +46,7 @@ N^(-1/2), so beyond about 10^7 items it sets the share settled.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -90,19 +90,20 @@ def eligible(model, oracle) -> bool:
                for m in ("log_lik", "log_lik_ratio", "lik_value_grad_hess_host"))
 
 
-def build(read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 16) -> Optional[Certificate]:
+def build(read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 16):
     """The certificate at ``center`` from one pass over the rows ``read(a, b)`` (NumPy arrays ``X`` and ``y`` as the
     chain sees them: :func:`tallmh.datasource.host_reader`), the logistic regression's gradient and Hessian sums
     in closed form. ``hess_sum + prior_hess`` (any estimate of the log posterior's Hessian, e.g. the control
-    variates') gives the whitening ``L``; it needs only be negative definite. None where it is not, or where
-    the data hold a non-finite value."""
+    variates') gives the whitening ``L``; it needs only be negative definite. Returns ``(certificate, rows
+    read)``: the certificate is None where the Hessian is not definite (nothing read) or where the data hold a
+    non-finite value."""
     c = np.asarray(center, np.float64)
     d = c.shape[0]
     prec = -(np.asarray(hess_sum, np.float64) + np.asarray(prior_hess, np.float64))
     try:
         chol = np.linalg.cholesky(0.5 * (prec + prec.T))
     except np.linalg.LinAlgError:
-        return None
+        return None, 0
     linv_t = np.linalg.inv(chol).T  # x^T L^-T = (L^-1 x)^T
     g, h = np.zeros(d), np.zeros((d, d))
     gram, abs_gram, abs_sum = np.zeros((d, d)), np.zeros((d, d)), np.zeros(d)
@@ -126,9 +127,9 @@ def build(read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 1
         s3 += float(w @ (w * w))
         mx = max(mx, float(w.max(initial=0.0)))
     if not (np.isfinite(s3) and np.all(np.isfinite(abs_gram)) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
-        return None
+        return None, n
     return Certificate(c, g, 0.5 * (h + h.T), chol, s3, mx, gram, abs_sum, abs_gram, int(n),
-                       float(np.finfo(np.dtype(dtype)).eps))
+                       float(np.finfo(np.dtype(dtype)).eps)), n
 
 
 def thresholds(u, log_base, kind: str, temperature: float):

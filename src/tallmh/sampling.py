@@ -761,6 +761,7 @@ class _Run:
         self.audit_design = None  # the default audit's two-stage plan (_audit_rates, _audit_clear)
         # the deferred audit's certificate (_certificate: None until tried, False when none) and its count
         self.cert_state, self.cert_counted, self.audit_certified, self.kernel_oracle = None, False, 0, None
+        self.cert_items = 0  # (the rows the certificate's pass read)
         self.audit_pending = []  # audited chain-steps waiting for their exact pass (_take_audits, _flush_audits)
         self.audit_items_read, self.audit_budget = 0, None  # (the default audit's items, where counted as read)
 
@@ -980,9 +981,9 @@ class _Run:
     def result(self):
         self._settle_audits()
         if self.audit_certified:
-            note = (f"self-audit: {self.audit_certified} audited decision(s) certified without reading the data (a bound "
-                    f"on the control variates' Taylor remainder, tallmh.certify; one extra pass of N = {self.n:,} "
-                    f"items, counted in the audit's items); the others read all N items")
+            note = (f"self-audit: {self.audit_certified} audited decision(s) certified without reading the data (a "
+                    f"bound on the control variates' Taylor remainder, tallmh.certify; one extra pass of N = "
+                    f"{self.n:,} items, counted in the audit's items); the others read all N items")
             self.notes[:] = [m for m in self.notes if not (m.startswith("self-audit: ") and "tallmh.certify;" in m)] \
                 + [note]
         states = self.states
@@ -1489,7 +1490,7 @@ class _Run:
         waiting = mask & ~certified
         self.audit_certified += int(certified.sum())
         items = np.where(asked, 0, np.asarray(info["audit_items"], np.int32))  # (the passes add theirs)
-        if cert is not None and not self.cert_counted:  # the certificate's pass, once
+        if self.cert_items and not self.cert_counted:  # the certificate's pass, once (counted if it failed)
             first = np.argwhere(mask if mask.any() else asked)[0]
             items[first[0], first[1]] += np.int32(self.n)
             self.cert_counted = True
@@ -1575,9 +1576,10 @@ class _Run:
             return None
         prior = getattr(self.model, "log_prior_vgh_host", None)
         ph = prior(center.astype(np.float64))[2] if callable(prior) else np.zeros_like(hess)
-        self.cert_state = certify.build(read, self.n, center, hess, ph, self.dtype) or False
-        self.audit_items_read += self.n
-        return self.cert_state or None
+        cert, self.cert_items = certify.build(read, self.n, center, hess, ph, self.dtype)
+        self.audit_items_read += self.cert_items
+        self.cert_state = cert or False
+        return cert
 
     def _elemental(self) -> bool:
         """Whether the chain compiles with XLA's elemental CPU emitters (``_exec_cache._CPU_OPTIONS``) and LLVM's
