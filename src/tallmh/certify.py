@@ -35,7 +35,7 @@ compensated sum (error below ``8 N u^2`` of their absolute sum). With ``S1 = sum
 ``Mabs = sum_i |x_i| |x_i|^T`` (absolute values elementwise),
 ``R = e1 |delta|^T S1 + (8 eps + 8 N u^2) L1 + gamma_d / 4 |delta|^T Mabs |theta|`` with ``e1 = gamma_d (1 + u) + u``
 and ``L1 = min(|delta|^T S1, sqrt(N delta^T X^T X delta)) + e1 |delta|^T S1 >= sum_i |l~_i|``, plus the
-float64 rounding of ``G, H`` and ``P`` (``(N + 64 + 8 d) eps64`` of the same absolute sums), inflated by 1%;
+float64 rounding of ``G, H``, ``X^T X`` and ``P`` (``(N + 64 + 8 d) eps64`` of the absolute sums), inflated by 1%;
 the comparison's own rounding (8 ulps of ``|log u|``, ``|log_base|`` and ``|Lambda|``) is added to the margin.
 Measured in default runs (d = 11, float32): ``B`` about 0.15 and ``R`` 0.04 at N = 10^6, 0.05 and
 0.13 at 10^7, against thresholds whose median distance from ``P`` is about 1; 0.92 and 0.93 of the audited
@@ -158,23 +158,27 @@ def bounds(cert: Certificate, theta, theta_p):
     a, ap, dl = th - cert.center, thp - cert.center, thp - th
     P = dl @ cert.grad_sum + 0.5 * np.einsum("...i,ij,...j->...", dl, cert.hess_sum, a + ap)
 
-    def cubes(v):  # a bound on sum_i |x_i . v|^3
+    u, n = 0.5 * cert.eps, cert.n  # (the unit roundoff: round to nearest)
+    e64 = (n + 64 + 8 * d) * np.finfo(np.float64).eps  # (float64 sums of N items, relative to their |terms|)
+
+    def squares(v):  # >= sum_i (x_i . v)^2 (v^T X^T X v, with X^T X's float64 rounding)
+        av = np.abs(v)
+        return np.maximum(np.einsum("...i,ij,...j->...", v, cert.gram, v), 0.0) \
+            + e64 * np.einsum("...i,ij,...j->...", av, cert.abs_gram, av)
+
+    def cubes(v):  # >= sum_i |x_i . v|^3
         w = np.linalg.norm(v @ cert.chol, axis=-1)  # ||L^T v||
-        quad = np.einsum("...i,ij,...j->...", v, cert.gram, v)
-        return np.minimum(cert.s3 * w**3, cert.max_norm * w * quad)
+        return np.minimum(cert.s3 * w**3, cert.max_norm * w * squares(v))
 
     B = M3 / 6.0 * (cubes(a) + cubes(ap)) * (1.0 + 1e-9)
-    u, n = 0.5 * cert.eps, cert.n  # (the unit roundoff: round to nearest)
     gam = d * u / (1.0 - d * u)
     adl = np.abs(dl)
     s1 = adl @ cert.abs_sum  # sum_i sum_j |x_ij delta_j| (>= sum_i |d_i|)
     # sum_i |l_i| <= sum_i |d_i| <= sqrt(N sum_i d_i^2) (Cauchy-Schwarz), and with the dot products' rounding
-    l1 = np.minimum(s1, np.sqrt(n * np.maximum(np.einsum("...i,ij,...j->...", dl, cert.gram, dl), 0.0))) \
-        + (gam * (1.0 + u) + u) * s1
+    l1 = np.minimum(s1, np.sqrt(n * squares(dl))) + (gam * (1.0 + u) + u) * s1
     zt = np.einsum("...i,ij,...j->...", adl, cert.abs_gram, np.abs(th))  # >= sum_i |d_i| sum_j |x_ij theta_j|
     R = (gam * (1.0 + u) + u) * s1 + (SP_EPS * cert.eps + 8.0 * n * u * u) * l1 + 0.25 * gam * zt
     # the float64 sums G, H (|g_ij| <= |x_ij|, |H_i,jk| <= |x_ij x_ik| / 4) and P itself
-    e64 = (n + 64 + 8 * d) * np.finfo(np.float64).eps
     R = (R + e64 * (s1 + 0.125 * np.einsum("...i,ij,...j->...", adl, cert.abs_gram, np.abs(a + ap)))) * 1.01
     small = cert.max_norm * np.linalg.norm(dl @ cert.chol, axis=-1) <= MAX_STEP  # max_i |d_i| <= this
     return P, B, R, small
