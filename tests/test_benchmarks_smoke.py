@@ -121,3 +121,19 @@ def test_exact_pass_smoke():
     values = [r["value"] for r in res["rows"]]
     assert max(values) - min(values) <= 1e-4 * max(1.0, abs(values[0]))
     assert all(r["ns_per_item_chain"] > 0 for r in res["rows"])
+
+
+@pytest.mark.parametrize("name", ["certified_bound", "certified_audit"])
+def test_certificate_scripts_smoke(tmp_path, name):
+    """``certified_bound.py``: every exact remainder within its bound; ``certified_audit.py``: the certified runs
+    settle some audited decisions and read fewer items than the runs without, on the same audits."""
+    cmd = [sys.executable, os.path.join(BENCH, f"{name}.py"), "--smoke", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / f"{name}_smoke.json").read_text())["rows"]
+    if name == "certified_bound":
+        assert rows and all(r["all_within"] for r in rows)
+        return
+    on, off = (next(r for r in rows if r["certify"] == c) for c in ("on", "off"))
+    assert on["certified"] > 0 and off["certified"] == 0 and on["audited"] == off["audited"] > 0
+    assert on["audit_items"] < off["audit_items"] and on["B"] > 0 and on["R"] > 0
