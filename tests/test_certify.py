@@ -61,7 +61,7 @@ def test_remainder_and_rounding_within_their_bounds(kind, monkeypatch):
     c64, H = _map(X, y)
     c = c64.astype(np.float32)  # the chain's centre is a float32 value
     prior = -np.eye(d) / 100.0
-    cert, rows = certify.build(host_reader(data), n, c, H - prior, prior, np.float32)
+    cert, rows = certify.build(tm.models.LogisticRegression(), host_reader(data), n, c, H - prior, prior, np.float32)
     assert cert is not None and rows == n
     A = np.linalg.cholesky(np.linalg.inv(-H))
     ratio = jax.jit(jax.vmap(tm.models.LogisticRegression().log_lik_ratio, in_axes=(None, None, 0)))
@@ -165,10 +165,11 @@ def test_what_the_certificate_covers():
     data = _data(2000, "plain")
     c, H = _map(data["X"], data["y"])
     d = c.shape[0]
-    assert certify.build(host_reader(data), 2000, c, -H, np.zeros((d, d)), np.float32) == (None, 0)  # not definite
+    zero = np.zeros((d, d))
+    assert certify.build(model, host_reader(data), 2000, c, -H, zero, np.float32) == (None, 0)  # not definite
     bad = {"X": data["X"].copy(), "y": data["y"]}
     bad["X"][7, 2] = np.nan
-    assert certify.build(host_reader(bad), 2000, c, H, np.zeros((d, d)), np.float32) == (None, 2000)
+    assert certify.build(model, host_reader(bad), 2000, c, H, zero, np.float32) == (None, 2000)
 
 
 def test_thresholds_are_the_exact_tests_comparisons():

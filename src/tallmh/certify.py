@@ -90,13 +90,13 @@ def eligible(model, oracle) -> bool:
                for m in ("log_lik", "log_lik_ratio", "lik_value_grad_hess_host"))
 
 
-def build(read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 16):
+def build(model, read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 16):
     """The certificate at ``center`` from one pass over the rows ``read(a, b)`` (NumPy arrays ``X`` and ``y`` as the
-    chain sees them: :func:`tallmh.datasource.host_reader`), the logistic regression's gradient and Hessian sums
-    in closed form. ``hess_sum + prior_hess`` (any estimate of the log posterior's Hessian, e.g. the control
-    variates') gives the whitening ``L``; it needs only be negative definite. Returns ``(certificate, rows
-    read)``: the certificate is None where the Hessian is not definite (nothing read) or where the data hold a
-    non-finite value."""
+    chain sees them: :func:`tallmh.datasource.host_reader`), the gradient and Hessian sums by the model's own
+    float64 closed form (``lik_value_grad_hess_host``). ``hess_sum + prior_hess`` (any estimate of the log
+    posterior's Hessian, e.g. the control variates') gives the whitening ``L``; it needs only be negative definite.
+    Returns ``(certificate, rows read)``: the certificate is None where the Hessian is not definite (nothing read)
+    or where the data hold a non-finite value."""
     c = np.asarray(center, np.float64)
     d = c.shape[0]
     prec = -(np.asarray(hess_sum, np.float64) + np.asarray(prior_hess, np.float64))
@@ -111,13 +111,9 @@ def build(read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 1
     for a in range(0, n, block):
         rows = read(a, min(n, a + block))
         X = np.asarray(rows["X"], np.float64)
-        # the gradient and Hessian of sum_i log p(y_i | x_i . c): X^T (y - p) and -X^T diag(p (1 - p)) X
-        z = X @ c
-        e = np.exp(-np.abs(z))
-        r = 1.0 / (1.0 + e)
-        g += X.T @ (np.asarray(rows["y"], np.float64) - np.where(z >= 0.0, r, e * r))
-        Xw = X * (np.sqrt(e) * r)[:, None]
-        h -= Xw.T @ Xw
+        _, bg, bh = model.lik_value_grad_hess_host(c, {"X": X, "y": rows["y"]})  # (X already float64: no copy)
+        g += bg
+        h += bh
         gram += X.T @ X
         ax = np.abs(X)
         abs_gram += ax.T @ ax

@@ -1576,7 +1576,7 @@ class _Run:
             return None
         prior = getattr(self.model, "log_prior_vgh_host", None)
         ph = prior(center.astype(np.float64))[2] if callable(prior) else np.zeros_like(hess)
-        cert, self.cert_items = certify.build(read, self.n, center, hess, ph, self.dtype)
+        cert, self.cert_items = certify.build(self.model, read, self.n, center, hess, ph, self.dtype)
         self.audit_items_read += self.cert_items
         self.cert_state = cert or False
         return cert
