@@ -297,6 +297,10 @@ class Austerity:
             return acc, done, confident, rounds + 1, jnp.where(confident, excess, 0.0).astype(dtype)
 
         init = (Moments.zero(dtype), impossible, jnp.bool_(False), jnp.int32(0), jnp.zeros((), dtype))
+        # every carry tied to a per-chain value (the same numbers): under vmap over chains the loop's batching
+        # then needs no search for which carries vary by chain, a search that traced the body (and the reader's
+        # loop inside it) several times over (0.15 s of a fresh process's chain trace)
+        init = jax.tree_util.tree_map(lambda x: jnp.where(impossible, x, x), init)
         acc, _, by_t_test, rounds, excess = jax.lax.while_loop(cond, body, init)
         accept = (acc.mean > mu0) & (acc.nonfinite == 0) & ~impossible
         # the estimated error inflation of the look that decided (tail_excess); 0 when the decision did not
