@@ -1,5 +1,7 @@
 """The runner: reproducibility, chain streams, pytree parameters, interruption, ArviZ output."""
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -203,3 +205,36 @@ def test_run_keys_hashed_on_the_host_are_jax_keys():
     finally:
         jax.config.update("jax_threefry_partitionable", before)
     assert not np.array_equal(got[True, 0, 4], got[False, 0, 4])
+
+
+def test_step_keys_hashed_on_the_host_are_jax_fold_ins():
+    """The chunk's step keys (``sampling._step_keys``: ``fold_in(fold_in(key, phase), step)`` per chain and for the
+    audit key), hashed in NumPy, are ``jax.random.fold_in``'s bit for bit under both settings of
+    ``jax_threefry_partitionable``, and so are those of the compiled fallback (keys that are not raw Threefry keys
+    take it; here forced); the negative control: a step off by one gives other keys."""
+    from tallmh import sampling
+
+    before = jax.config.jax_threefry_partitionable
+    rng = np.random.default_rng(7)
+    try:
+        for part in (True, False):
+            jax.config.update("jax_threefry_partitionable", part)
+            chain_keys = rng.integers(0, 2**32, size=(3, 2), dtype=np.uint64).astype(np.uint32)
+            k_audit = rng.integers(0, 2**32, size=2, dtype=np.uint64).astype(np.uint32)
+            for phase, start, length in ((0, 0, 5), (1, 1234, 7), (1, 2**31 - 3, 2)):
+                want_s = np.array([[np.asarray(jax.random.fold_in(jax.random.fold_in(k, phase), start + i))
+                                    for i in range(length)] for k in chain_keys])
+                want_a = np.array([np.asarray(jax.random.fold_in(jax.random.fold_in(k_audit, phase), start + i))
+                                   for i in range(length)])
+                ks, ka = sampling._step_keys(chain_keys, k_audit, phase, start, length)
+                np.testing.assert_array_equal(ks, want_s)
+                np.testing.assert_array_equal(ka, want_a)
+                if start + length < 2**31:
+                    with mock.patch.object(sampling, "_host_keys", lambda keys: False):
+                        ks2, ka2 = sampling._step_keys(chain_keys, k_audit, phase, start, length)
+                    np.testing.assert_array_equal(np.asarray(ks2), want_s)
+                    np.testing.assert_array_equal(np.asarray(ka2), want_a)
+                off, _ = sampling._step_keys(chain_keys, k_audit, phase, start + 1, length)
+                assert not np.array_equal(off, want_s)
+    finally:
+        jax.config.update("jax_threefry_partitionable", before)
