@@ -243,3 +243,34 @@ def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):
     chain = [i for i, e in enumerate(events) if e == "tallmh-compile"]
     init = [i for i, e in enumerate(events) if e == "MainThread" and i > start]
     assert chain and init and max(chain) < min(init), events
+
+
+_LAPACK_CHILD = r"""
+import sys
+import jax, jax.numpy as jnp, numpy as np
+import tallmh as tm
+from tallmh import _exec_cache
+tm.set_compilation_cache(sys.argv[1])
+a = np.array([[4.0, 2.0], [2.0, 3.0]], np.float32)
+key = _exec_cache.program_key("a program with a Cholesky factor", 1)
+if sys.argv[2] == "store":
+    _exec_cache.compile_and_store(key, lambda: jax.jit(jnp.linalg.cholesky).lower(a))
+else:  # a fresh process whose first linear algebra is the program read back
+    c = _exec_cache.load(key)
+    assert c is not None
+    np.testing.assert_allclose(np.asarray(c(a)), np.linalg.cholesky(a), rtol=1e-6)
+print("done")
+"""
+
+
+def test_a_program_read_back_with_lapack_calls_runs_in_a_fresh_process(tmp_path):
+    """A program calling LAPACK (JAX's CPU Cholesky), read back from the disk by a process that has lowered no
+    linear algebra of its own, runs and gives the factor (it crashed the process with a segmentation fault before
+    ``_exec_cache.load`` readied JAX's LAPACK routines)."""
+    import subprocess
+    import sys
+
+    for step in ("store", "load"):
+        proc = subprocess.run([sys.executable, "-c", _LAPACK_CHILD, str(tmp_path), step], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0 and "done" in proc.stdout, (step, proc.returncode, proc.stderr[-2000:])

@@ -255,12 +255,26 @@ def load(key: Optional[str]):
             fmt, payload, in_tree, out_tree = pickle.load(f)
         if fmt != _FORMAT:
             return None
+        if b"lapack" in payload:
+            _lapack_ready()
         compiled = deserialize_and_load(payload, in_tree, out_tree)
         global LOADED
         LOADED += 1
         return compiled
     except Exception:  # noqa: BLE001 - a damaged or foreign entry: compile as if there were none
         return None
+
+
+def _lapack_ready():
+    """Load the LAPACK routines JAX's CPU linear algebra calls (a Cholesky factor, a triangular solve). JAX does so
+    when it lowers such an operation; a program read back from the disk was never lowered in this process, and
+    called before anything else had lowered one, it crashed the process (a segmentation fault)."""
+    try:
+        from jax._src.lax import linalg
+
+        linalg.initialize_lapack()
+    except Exception:  # noqa: BLE001 - another JAX: it loads them as it needs them, or the program is compiled anew
+        pass
 
 
 def store(key: Optional[str], compiled) -> bool:
