@@ -1601,12 +1601,9 @@ class _Run:
             return self.cert_state or None
         self.cert_state = False
         cv = getattr(self.states, "cv", None)
-        if not CERTIFY or self.n > CERTIFY_MAX_ROWS or cv is None or not self.cv_order or self.program is not None \
-                or self.plan is not None:
+        if cv is None or not self._certifiable():
             return None
-        oracle = self.kernel_oracle = oracle_of(self.test)
-        if not certify.eligible(self.model, oracle):
-            return None
+        self.kernel_oracle = oracle_of(self.test)
         planned = AUTO_PLANNED_SAMPLES if self.auto_draws else self.num_samples
         expected = self.num_chains * (self.rates[0] * self.num_warmup + self.rates[1] * planned)
         if self.audit_design:
