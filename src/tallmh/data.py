@@ -193,23 +193,31 @@ def _scale64(hi, lo, n):
     return h1 + (s < l1).astype(jnp.uint32)
 
 
+@jax.jit
+def _swap_round(x, kr, fr, n):
+    """One swap-or-not round: ``x`` moves to its partner ``(K_r - x) mod n`` iff the keyed bit of the larger
+    of the two is 1. Jitted so that the 32 rounds trace and lower as calls of one function (XLA inlines them:
+    the compiled program is the same as with the rounds written out)."""
+    xp = _partner(kr, x, n)
+    bit = _mix32(jnp.maximum(x, xp) ^ fr) >> 31
+    return jnp.where(bit == 1, xp, x)
+
+
+def _partner(kr, x, n):
+    # (K_r - x) mod n in uint32: where K_r < x, ``K_r - x`` wraps to ``2**32 + K_r - x`` and adding n gives
+    # ``K_r + n - x`` (< 2**32) exactly. (Written so, not as ``(K_r + n) - x``: that form has a term free
+    # of x, which XLA hoists out of the reader's loop as one tiny kernel per round.)
+    d = kr - x
+    return jnp.where(kr >= x, d, d + n)
+
+
 def _encrypt(perm: Permutation, x, n):
     """The swap-or-not shuffle of ``x`` (uint32 in ``range(n)``; ``n`` uint32, ``1 <= n < 2**31``)."""
     k = _scale64(perm.round_keys[0], perm.round_keys[1], n)
     fkey = perm.round_keys[2]
-
-    def partner(kr, x):
-        # (K_r - x) mod n in uint32: where K_r < x, ``K_r - x`` wraps to ``2**32 + K_r - x`` and adding n gives
-        # ``K_r + n - x`` (< 2**32) exactly. (Written so, not as ``(K_r + n) - x``: that form has a term free
-        # of x, which XLA hoists out of the reader's loop as one tiny kernel per round.)
-        d = kr - x
-        return jnp.where(kr >= x, d, d + n)
-
-    x = partner(k[0], x)  # round 0: always swap, so every position's item is exactly uniform
+    x = _partner(k[0], x, n)  # round 0: always swap, so every position's item is exactly uniform
     for r in range(1, _SWAP_ROUNDS + 1):
-        xp = partner(k[r], x)
-        bit = _mix32(jnp.maximum(x, xp) ^ fkey[r]) >> 31
-        x = jnp.where(bit == 1, xp, x)
+        x = _swap_round(x, k[r], fkey[r], n)
     # x < n already. Reduced mod n once more (a no-op) by a divisor XLA cannot see is a constant (n, as the
     # larger of n and K_0 + 1 <= n): a remainder by a variable is an "expensive" operation to XLA's fusion,
     # which then computes the rounds once into a buffer instead of fusing them into every gather that reads
