@@ -10,7 +10,7 @@ from scipy import stats
 
 import tallmh as tm
 from tallmh import control_variates as cvm
-from tallmh.data import make_permutation, permute
+from tallmh.proposals.langevin import minibatch
 from tallmh.kernel import build_kernel
 
 from .stats_helpers import posterior_check
@@ -30,11 +30,12 @@ def _direct_grad(model, data, theta, idx):
     return -theta / model.prior_scale**2 + n / len(idx) * X.T @ (y - X @ theta) / model.noise_sd**2
 
 
-def test_proposal_ratio_matches_direct_density(linreg):
+@pytest.mark.parametrize("b", [50, 500])  # 64 b <= N = 10^4: with replacement; 64 b > N: without
+def test_proposal_ratio_matches_direct_density(linreg, b):
     with enable_x64(True):
         model, data, mean, cov = linreg
         n = data["y"].shape[0]
-        prop = tm.proposals.Langevin(step_size=1e-4, batch_size=50)
+        prop = tm.proposals.Langevin(step_size=1e-4, batch_size=b)
         theta = jnp.asarray(mean) + 0.01
         _, unravel = ravel_pytree(theta)
         jdata = jax.tree_util.tree_map(jnp.asarray, data)
@@ -44,14 +45,32 @@ def test_proposal_ratio_matches_direct_density(linreg):
             key = jax.random.PRNGKey(s)
             theta_p, log_q = prop.propose_with_data(key, theta, prop.init(theta, n), grad_fn, n)
             k_b, _ = jax.random.split(key)
-            idx = np.asarray(permute(make_permutation(k_b), jnp.arange(50), n))
-            assert len(set(idx)) == 50
+            idx = np.asarray(minibatch(k_b, b, n))
+            assert idx.shape == (b,) and (b == 50 or len(set(idx)) == b)
             h = 1e-4
             g = _direct_grad(model, data, np.asarray(theta), idx)
             gp = _direct_grad(model, data, np.asarray(theta_p), idx)
             fwd = stats.multivariate_normal(np.asarray(theta) + h / 2 * g, h * np.eye(2)).logpdf(np.asarray(theta_p))
             bwd = stats.multivariate_normal(np.asarray(theta_p) + h / 2 * gp, h * np.eye(2)).logpdf(np.asarray(theta))
             np.testing.assert_allclose(float(log_q), bwd - fwd, rtol=1e-9, atol=1e-9)
+
+
+def test_minibatch_is_uniform_with_replacement_on_tall_data_and_without_on_small():
+    # b = 100 from N = 6,400 = 64 b: independent uniform draws, so each minibatch repeats C(100, 2) / N = 0.773
+    # pairs on average; from N = 6,399 the keyed permutation's first b positions, which never repeat (a
+    # with-replacement draw there would fail the same count).
+    keys = jax.random.split(jax.random.PRNGKey(0), 2000)
+    for n, pairs in ((6400, 100 * 99 / 2 / 6400), (6399, 0.0)):
+        idx = np.asarray(jax.vmap(lambda k: minibatch(k, 100, n))(keys))
+        assert idx.min() >= 0 and idx.max() < n
+        dup = sum(int(np.sum(np.bincount(r) * (np.bincount(r) - 1) // 2)) for r in idx)
+        mean = pairs * len(keys)
+        assert abs(dup - mean) <= 5 * np.sqrt(mean) if pairs else dup == 0, (n, dup, mean)
+        counts = np.bincount(idx.ravel() * 50 // n, minlength=50)  # 50 equal bins of the items
+        assert stats.chisquare(counts).pvalue > 1e-4, (n, counts)
+    # a draw that is not uniform fails the same bin check: the first half of the items twice as likely
+    bad = np.where(idx.ravel() % 3 == 0, idx.ravel() // 2, idx.ravel())
+    assert stats.chisquare(np.bincount(bad * 50 // 6399, minlength=50)).pvalue < 1e-4
 
 
 def test_control_variate_gradient_is_exact_with_the_full_batch(linreg):
@@ -107,7 +126,7 @@ def test_preconditioned_proposal_ratio_matches_direct_density(linreg):
             key = jax.random.PRNGKey(s)
             theta_p, log_q = prop.propose_with_data(key, theta, state, grad_fn, n)
             k_b, _ = jax.random.split(key)
-            idx = np.asarray(permute(make_permutation(k_b), jnp.arange(50), n))
+            idx = np.asarray(minibatch(k_b, 50, n))
             g = _direct_grad(model, data, np.asarray(theta), idx)
             gp = _direct_grad(model, data, np.asarray(theta_p), idx)
             fwd = stats.multivariate_normal(np.asarray(theta) + h / 2 * M @ g, h * M).logpdf(np.asarray(theta_p))

@@ -32,7 +32,8 @@ import numpy as np
 
 from .errors import DataError
 
-__all__ = ["validate_data", "num_items", "take", "from_npy", "Permutation", "make_permutation", "permute"]
+__all__ = ["validate_data", "num_items", "take", "from_npy", "Permutation", "make_permutation", "permute",
+           "uniform_items"]
 
 _SWAP_ROUNDS = 32
 
@@ -223,6 +224,13 @@ def _encrypt(perm: Permutation, x, n):
     # which then computes the rounds once into a buffer instead of fusing them into every gather that reads
     # the items (one per data leaf), compiling them and running them once per leaf.
     return x % jnp.maximum(n, k[0] + 1)
+
+
+def uniform_items(key, size: int, n: int):
+    """``size`` independent uniform draws from ``range(n)`` (with replacement; ``1 <= n < 2**31``): two 32-bit
+    words of one Threefry call per draw, scaled exactly (:func:`_scale64`: uniform up to ``n / 2**64``)."""
+    w = jax.random.bits(key, (2, size), dtype=jnp.uint32)
+    return _scale64(w[0], w[1], jnp.uint32(n)).astype(jnp.int32)
 
 
 def permute(perm: Permutation, positions, n: int):

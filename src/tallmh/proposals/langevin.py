@@ -8,10 +8,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import make_permutation, permute
+from ..data import make_permutation, permute, uniform_items
 from ..errors import ConfigError
 
-__all__ = ["Langevin"]
+__all__ = ["Langevin", "minibatch"]
+
+# with replacement from N >= _WITH_REPLACEMENT * b items (the estimate's variance is then within 1.6% of a
+# sample's without replacement, (N - 1) / (N - b))
+_WITH_REPLACEMENT = 64
+
+
+def minibatch(key, b: int, n):
+    """``b`` item indices in ``range(n)`` for a minibatch gradient, independent of theta.
+
+    Where ``n`` is a Python int with ``n >= 64 b`` (tall data), ``b`` independent uniform draws (with
+    replacement; :func:`~tallmh.data.uniform_items`). The variance of a with-replacement mean is
+    ``(N - 1) / (N - b)`` times the without-replacement one, at most 1.016 here, and the draw is far cheaper to
+    compile than the 32 rounds of the keyed permutation. Otherwise (small N, where a minibatch that is a
+    sizeable part of the data should not repeat items, or a traced n), the first ``b`` positions of the
+    keyed permutation (:func:`~tallmh.data.permute`): without replacement, exact when ``b = n``.
+    """
+    if isinstance(n, (int, np.integer)) and int(n) >= _WITH_REPLACEMENT * b:
+        return uniform_items(key, b, int(n))
+    return permute(make_permutation(key), jnp.arange(b), n)
 
 
 class LangevinState(NamedTuple):
@@ -26,7 +45,8 @@ class Langevin:
     """``theta' = theta + (h/2) M g_B(theta) + sqrt(h) L z``, ``M = L L^T``, with a minibatch gradient ``g_B``.
 
     ``g_B(theta) = grad log p0(theta) + (N/b) sum_{i in B} grad log p(x_i|theta)`` over a minibatch B of
-    ``batch_size`` items drawn without replacement (O(b) through the keyed permutation); with control
+    ``batch_size`` items (:func:`minibatch`: uniform with replacement where ``b <= N / 64``, otherwise without
+    replacement through the keyed permutation; O(b) either way); with control
     variates on, the estimate is ``grad log p0 + G + H (theta - theta_hat) + (N/b) sum_B (grad ell_i(theta) -
     grad ell_i(theta_hat) - H_i (theta - theta_hat))``. Each minibatch defines its own proposal kernel
     ``q_B``, and the MH test uses ``log q_B(theta|theta') - log q_B(theta'|theta)`` with the *same* B
@@ -102,7 +122,7 @@ class Langevin:
     def propose_with_data(self, key, theta, state: LangevinState, grad_fn, n: int):
         """``grad_fn(theta, idx)`` returns the minibatch gradient estimate on items ``idx``."""
         k_b, k_z = jax.random.split(key)
-        idx = permute(make_permutation(k_b), jnp.arange(self.batch_size), n)
+        idx = minibatch(k_b, self.batch_size, n)
         h = state.step_size
         L = state.chol
 
