@@ -93,6 +93,50 @@ def test_control_variate_gradient_is_exact_with_the_full_batch(linreg):
         assert np.all(np.abs(est - want) < 4 * sd)
 
 
+class _WeightedLogistic(tm.models.LogisticRegression):
+    """A subclass with its own likelihood (each item counted twice): it must not get the parent's closed form."""
+
+    def log_lik(self, theta, batch):
+        return 2.0 * super().log_lik(theta, batch)
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_logistic_closed_form_drift_equals_autodiff(order):
+    # the logistic model's closed-form minibatch sums (lik_grad_remainder) against autodiff of its log_lik, at
+    # steps from the centre both small (the expm1 form) and large (|x . (theta - c)| > 1: the plain difference)
+    with enable_x64(True):
+        data, _ = tm.models.LogisticRegression.simulate(500, d=4, seed=2, dtype=np.float64)
+        batch = jax.tree_util.tree_map(jnp.asarray, data)
+        model = tm.models.LogisticRegression()
+        rng = np.random.default_rng(0)
+        for scale in (1e-3, 0.3, 3.0):
+            c = jnp.asarray(rng.normal(size=5))
+            theta = c + scale * jnp.asarray(rng.normal(size=5))
+
+            def gsum(t):
+                return jax.grad(lambda u: jnp.sum(model.log_lik(u, batch)))(t)
+
+            want = gsum(theta)
+            if order >= 1:
+                want = want - gsum(c)
+            if order == 2:
+                want = want - jax.jvp(gsum, (c,), (theta - c,))[1]
+            got = model.lik_grad_remainder(theta, None if order == 0 else c, batch, order)
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * float(jnp.max(jnp.abs(gsum(theta)))))
+        # the kernel's drift uses it for this model (with control variates: on the whole data, the exact gradient)
+        # and autodiff for a subclass with its own likelihood (twice the parent's gradient)
+        n = 500
+        flat0, unravel = ravel_pytree(jnp.zeros(5))
+        exact = jax.grad(lambda u: model.log_prior(u) + jnp.sum(model.log_lik(u, batch)))(theta)
+        cv, _, _ = cvm.prepare(tm.ControlVariates(order=max(order, 1)), model, batch, n, unravel, flat0)
+        for m, k, state in ((model, 1.0, cv if order else None), (_WeightedLogistic(), 2.0, None)):
+            kernel = build_kernel(m, tm.proposals.Langevin(1e-4, 10), tm.acceptance.Austerity(), n, unravel,
+                                  cv_order=order if state is not None else None)
+            got = kernel.grad_estimate(batch, state)(theta, jnp.arange(n))
+            want = exact + (k - 1.0) * (exact + theta / model.prior_scale**2)
+            np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-8)
+
+
 @pytest.mark.slow
 def test_mh_corrected_langevin_matches_posterior_and_sgld_does_not(linreg):
     model, data, mean, cov = linreg

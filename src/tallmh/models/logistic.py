@@ -119,6 +119,31 @@ class LogisticRegression(Model):
         h = -(X * (m * p * (1.0 - p))[:, None]).T @ X
         return v, g, h
 
+    def lik_grad_remainder(self, theta, center, batch, order):
+        """The minibatch sums of the Langevin drift, in closed form: ``sum_i grad l_i(theta)`` (``order`` 0,
+        ``center`` None), ``sum_i (grad l_i(theta) - grad l_i(c))`` (1), or ``sum_i (grad l_i(theta) -
+        grad l_i(c) - hess l_i(c) (theta - c))`` (2), over every row of ``batch``.
+
+        With ``p(z) = sigmoid(z)``, ``grad l_i(theta) = x_i (y_i - p(z_i))`` and ``hess l_i = -p'(z_i) x_i x_i^T``,
+        so each is ``X^T w`` for a weight per item: ``w = y - p(z)``, ``-(p(z) - p(zc))``, and ``-(p(z) - p(zc))
+        + p'(zc) d`` with ``zc = x . c`` and the step ``d = x . (theta - c)`` from one product with two columns
+        (``z = zc + d``). The difference ``p(z) - p(zc) = -p(z) p(-zc) expm1(-d)`` is formed without
+        cancellation for ``|d| < 1``. Two matrix products where autodiff's gradient and its Jacobian-vector
+        product make six (the chain's compile); ``tests/test_langevin.py`` checks it against autodiff."""
+        X = batch["X"]
+        y = (batch["y"] > 0.5).astype(X.dtype)
+        if order == 0:
+            return X.T @ (y - jax.nn.sigmoid(X @ theta))
+        zd = X @ jnp.stack([center, theta - center], axis=-1)
+        zc, d = zd[..., 0], zd[..., 1]
+        z = zc + d
+        pc, qc = jax.nn.sigmoid(zc), jax.nn.sigmoid(-zc)
+        p = jax.nn.sigmoid(z)
+        small = jnp.abs(d) < 1.0
+        diff = jnp.where(small, -p * qc * jnp.expm1(-jnp.where(small, d, 0.0)), p - pc)
+        w = -diff if order == 1 else pc * qc * d - diff
+        return X.T @ w
+
     def lik_value_grad_hess_host(self, theta, batch):
         """:meth:`lik_value_grad_hess` over every row of a batch of NumPy arrays, in float64 on the host
         (``theta`` a float64 vector): the set-up passes' form where the data lies in host memory or in a file
