@@ -258,6 +258,10 @@ class RowView:
     def log_lik(self, theta, batch):
         return self._gather(batch, lambda b: self._model.log_lik(theta, b))
 
+    def viewed_model(self):
+        """The wrapped model: its class's closed forms are this view's (:func:`tallmh.model.own_method`)."""
+        return self._model
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)

@@ -29,6 +29,7 @@ import numpy as np
 
 from .acceptance.base import Problem, draw_u
 from .data import take
+from .model import own_method
 
 __all__ = ["KernelState", "StepInfo", "Kernel", "AuditArgs", "build_kernel", "make_problem", "oracle_of"]
 
@@ -110,7 +111,8 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
 
     th = unravel(theta)
     thp = unravel(theta_p)
-    own_ratio = getattr(model, "log_lik_ratio", None)
+    own_ratio = own_method(model, "log_lik_ratio")
+    own_bound, own_cv_bound = own_method(model, "lik_ratio_bound"), own_method(model, "cv_remainder_bound")
 
     def ratio(batch):
         if callable(own_ratio):  # computed without cancellation by the model
@@ -137,15 +139,15 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
         return model.log_lik(thp, reader(data, idx))
 
     bound = None
-    if cv is None and callable(getattr(model, "lik_ratio_bound", None)):
+    if cv is None and own_bound is not None:
 
         def bound():
-            return model.lik_ratio_bound(th, thp, stats)
+            return own_bound(th, thp, stats)
 
-    elif cv is not None and callable(getattr(model, "cv_remainder_bound", None)):
+    elif cv is not None and own_cv_bound is not None:
 
         def bound():
-            return model.cv_remainder_bound(theta, theta_p, cv.center, stats, cv_order)
+            return own_cv_bound(theta, theta_p, cv.center, stats, cv_order)
 
     rows = None
     if cv is None and reader is take and _plain_rows(data):
@@ -171,7 +173,7 @@ def _plain_rows(data) -> bool:
 def tracks_log_lik(test, model) -> bool:
     """Whether the kernel keeps the full log-likelihood for ``test``: the exact test does, unless the model
     computes per-item ratios without cancellation (``log_lik_ratio``), which the test then sums instead."""
-    return bool(getattr(test, "tracks_log_lik", False)) and not callable(getattr(model, "log_lik_ratio", None))
+    return bool(getattr(test, "tracks_log_lik", False)) and own_method(model, "log_lik_ratio") is None
 
 
 def _initial_log_lik(test, n, fn, dtype):

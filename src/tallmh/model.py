@@ -112,9 +112,27 @@ def check_model(model: Model, data, theta, n: int):
         raise ModelError("log_lik returns non-finite values at the initial point")
 
 
+def own_method(model, name: str, partner: str = "log_lik"):
+    """``model.name`` where the class that defines ``partner`` also defines it (:func:`owns_closed_form`), else
+    None: a per-item ratio or a bound written for one likelihood is not used with a subclass's own
+    ``log_lik`` (it would silently describe the parent's model). A view of a model (a class with a
+    ``viewed_model()`` method, such as the row-sharded :class:`tallmh.distributed.RowView`) answers for the
+    model it views."""
+    fn = getattr(model, name, None)
+    if not callable(fn):
+        return None
+    target = model.viewed_model() if callable(getattr(type(model), "viewed_model", None)) else model
+    own = getattr(target, "__dict__", {})
+    if name in own:  # given to this model itself (``Model(log_lik=..., lik_ratio_bound=...)``)
+        return fn
+    if partner in own:  # the instance's own likelihood, the class's closed form
+        return None
+    return fn if owns_closed_form(target, name, partner) else None
+
+
 def owns_closed_form(model, name, partner) -> bool:
     """Whether ``model.name`` is defined by the class that defines ``partner`` (a subclass with its own
-    likelihood or prior does not inherit another's closed forms)."""
+    likelihood or prior does not inherit another's closed forms). Classes only: see :func:`own_method`."""
     mro = type(model).__mro__
     owner = next((c for c in mro if name in vars(c)), None)
     return owner is not None and owner is next((c for c in mro if partner in vars(c)), None)
