@@ -123,6 +123,12 @@ def test_logistic_closed_form_drift_equals_autodiff(order):
                 want = want - jax.jvp(gsum, (c,), (theta - c,))[1]
             got = model.lik_grad_remainder(theta, None if order == 0 else c, batch, order)
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * float(jnp.max(jnp.abs(gsum(theta)))))
+        # over the rows of a mask only (how a row-sharded view sums each device's rows)
+        mask = jnp.asarray(rng.random(500) < 0.3)
+        part = jax.tree_util.tree_map(lambda a: a[np.asarray(mask)], batch)
+        sub = model.lik_grad_remainder(theta, None if order == 0 else c, part, order)
+        np.testing.assert_allclose(model.lik_grad_remainder(theta, None if order == 0 else c, batch, order, mask=mask),
+                                   sub, rtol=1e-9, atol=1e-12)
         # the kernel's drift uses it for this model (with control variates: on the whole data, the exact gradient)
         # and autodiff for a subclass with its own likelihood (twice the parent's gradient)
         n = 500

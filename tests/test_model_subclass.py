@@ -46,6 +46,12 @@ def test_views_and_instances_answer_for_their_own_likelihood():
     assert own_method(RowView(Tempered(), {}, 1), "log_lik_ratio") is None
     given = tm.Model(lambda t: 0.0, lambda t, b: b["x"] * t, lik_ratio_bound=lambda t, tp, s: 1.0)
     assert own_method(given, "lik_ratio_bound") is not None  # given with the model's own log_lik
+    class OwnBound(tm.models.LogisticRegression):  # the parent's likelihood, a bound of its own: used
+        def lik_ratio_bound(self, theta, theta_prop, stats):
+            return 2.0 * super().lik_ratio_bound(theta, theta_prop, stats)
+
+    assert own_method(OwnBound(), "lik_ratio_bound") is not None
+    assert own_method(OwnBound(), "log_lik_ratio") is not None
     patched = tm.models.LogisticRegression()
     patched.log_lik = Tempered().log_lik  # a likelihood set on the instance: the class's closed forms go
     assert own_method(patched, "log_lik_ratio") is None

@@ -239,8 +239,9 @@ class RowView:
     The kernel is given ``arange(N)`` as its data, so a "batch" is a vector of global item indices.
     ``log_lik`` (and ``log_lik_ratio``, when the model has one) evaluates the model on the rows this
     device owns, puts zero in the other lanes and sums over the ``"rows"`` axis (one ``psum`` of ``m``
-    values per chunk): every device gets the same per-item values as the single-device kernel. Every
-    other attribute is the wrapped model's.
+    values per chunk): every device gets the same per-item values as the single-device kernel. A model's
+    closed-form drift sums (``lik_grad_remainder``) are taken over the rows each device owns and summed
+    over the axis. Every other attribute is the wrapped model's.
     """
 
     def __init__(self, model, local_data, n_local: int, axis: str = ROWS):
@@ -262,12 +263,22 @@ class RowView:
         """The wrapped model: its class's closed forms are this view's (:func:`tallmh.model.own_method`)."""
         return self._model
 
+    def _gather_sum(self, idx, fn):
+        """``fn(rows, own)`` (a sum over the rows where ``own``) on this device's rows of ``idx``, summed over
+        the devices."""
+        rows = idx - jax.lax.axis_index(self._axis) * self._n_local
+        own = (rows >= 0) & (rows < self._n_local)
+        return jax.lax.psum(fn(take(self._local, jnp.clip(rows, 0, self._n_local - 1)), own), self._axis)
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
         value = getattr(self._model, name)
         if name == "log_lik_ratio" and callable(value):
             return lambda theta, theta_prop, batch: self._gather(batch, lambda b: value(theta, theta_prop, b))
+        if name == "lik_grad_remainder" and callable(value):
+            return lambda theta, center, batch, order: self._gather_sum(
+                batch, lambda b, own: value(theta, center, b, order, mask=own))
         return value
 
 

@@ -131,11 +131,14 @@ def own_method(model, name: str, partner: str = "log_lik"):
 
 
 def owns_closed_form(model, name, partner) -> bool:
-    """Whether ``model.name`` is defined by the class that defines ``partner`` (a subclass with its own
-    likelihood or prior does not inherit another's closed forms). Classes only: see :func:`own_method`."""
+    """Whether ``model.name`` is defined by the class that defines ``partner`` or by a subclass of it: a
+    subclass with its own likelihood or prior does not inherit another's closed forms, while one that keeps
+    the likelihood and gives its own closed form (a bound, say) has it used. Classes only: see
+    :func:`own_method`."""
     mro = type(model).__mro__
     owner = next((c for c in mro if name in vars(c)), None)
-    return owner is not None and owner is next((c for c in mro if partner in vars(c)), None)
+    partner_owner = next((c for c in mro if partner in vars(c)), None)
+    return owner is not None and partner_owner is not None and issubclass(owner, partner_owner)
 
 
 def _passes_host(model, theta, data, b) -> bool:

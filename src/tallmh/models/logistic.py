@@ -119,10 +119,10 @@ class LogisticRegression(Model):
         h = -(X * (m * p * (1.0 - p))[:, None]).T @ X
         return v, g, h
 
-    def lik_grad_remainder(self, theta, center, batch, order):
+    def lik_grad_remainder(self, theta, center, batch, order, mask=None):
         """The minibatch sums of the Langevin drift, in closed form: ``sum_i grad l_i(theta)`` (``order`` 0,
         ``center`` None), ``sum_i (grad l_i(theta) - grad l_i(c))`` (1), or ``sum_i (grad l_i(theta) -
-        grad l_i(c) - hess l_i(c) (theta - c))`` (2), over every row of ``batch``.
+        grad l_i(c) - hess l_i(c) (theta - c))`` (2), over the rows of ``batch`` (where ``mask``, if given).
 
         With ``p(z) = sigmoid(z)``, ``grad l_i(theta) = x_i (y_i - p(z_i))`` and ``hess l_i = -p'(z_i) x_i x_i^T``,
         so each is ``X^T w`` for a weight per item: ``w = y - p(z)``, ``-(p(z) - p(zc))``, and ``-(p(z) - p(zc))
@@ -132,8 +132,9 @@ class LogisticRegression(Model):
         product make six (the chain's compile); ``tests/test_langevin.py`` checks it against autodiff."""
         X = batch["X"]
         y = (batch["y"] > 0.5).astype(X.dtype)
+        keep = (lambda w: w) if mask is None else (lambda w: jnp.where(mask, w, 0.0))
         if order == 0:
-            return X.T @ (y - jax.nn.sigmoid(X @ theta))
+            return X.T @ keep(y - jax.nn.sigmoid(X @ theta))
         zd = X @ jnp.stack([center, theta - center], axis=-1)
         zc, d = zd[..., 0], zd[..., 1]
         z = zc + d
@@ -142,7 +143,7 @@ class LogisticRegression(Model):
         small = jnp.abs(d) < 1.0
         diff = jnp.where(small, -p * qc * jnp.expm1(-jnp.where(small, d, 0.0)), p - pc)
         w = -diff if order == 1 else pc * qc * d - diff
-        return X.T @ w
+        return X.T @ keep(w)
 
     def lik_value_grad_hess_host(self, theta, batch):
         """:meth:`lik_value_grad_hess` over every row of a batch of NumPy arrays, in float64 on the host
