@@ -113,9 +113,10 @@ def check_model(model: Model, data, theta, n: int):
 
 
 def own_method(model, name: str, partner: str = "log_lik"):
-    """``model.name`` where the class that defines ``partner`` also defines it (:func:`owns_closed_form`), else
-    None: a per-item ratio or a bound written for one likelihood is not used with a subclass's own
-    ``log_lik`` (it would silently describe the parent's model). A view of a model (a class with a
+    """``model.name`` where it is defined by the class that defines ``partner`` or by a subclass of it
+    (:func:`owns_closed_form`), or given to the instance itself; else None: a per-item ratio or a bound
+    written for one likelihood is not used with a subclass's own ``log_lik`` (it would silently describe the
+    parent's model). A view of a model (a class with a
     ``viewed_model()`` method, such as the row-sharded :class:`tallmh.distributed.RowView`) answers for the
     model it views."""
     fn = getattr(model, name, None)
