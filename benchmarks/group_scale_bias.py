@@ -12,6 +12,7 @@ Usage::
 
     python benchmarks/group_scale_bias.py --seeds 0,1 --tests default,exact
     python benchmarks/group_scale_bias.py --seeds 0 --tests austerity-0.01
+    python benchmarks/group_scale_bias.py --groups 3000,3000,3000,3000,3000,3000,200   # without the small groups
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main(argv=None):
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--tests", default="default,exact")
     ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--groups", default="3000,3000,3000,3000,3000,3000,200,50,10,3", help="rows per group")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     a = ap.parse_args(argv)
     sys.path.insert(0, REPO)
@@ -51,7 +53,7 @@ def main(argv=None):
 
     meta = _common.machine_info(sys.argv)
     _common.header("group_scale_bias", meta)
-    m, g, y, n_j = bambi_style_groups()
+    m, g, y, n_j = bambi_style_groups(n_j=tuple(_common.numbers(a.groups, int)))
     mean, sd = _group_reference(g, y, n_j)
     cols = [("test", ">15s", "test"), ("seed", ">4d", "seed"), ("sigma bias/sd", ">13.3f", "sigma bias/sd"),
             ("sigma z", ">7.2f", "sigma z"), ("others max |z|", ">14.2f", "others max |z|"),
@@ -76,7 +78,8 @@ def main(argv=None):
                    "verdict": "trusted" if r.trusted else "NOT trusted"}
             rows.append(row)
             print(_common.table_row(row, cols), flush=True)
-    _common.write_json(a.out, "group_scale_bias.json", {"meta": meta, "rows": rows})
+    name = "group_scale_bias.json" if a.groups == ap.get_default("groups") else "group_scale_bias_groups.json"
+    _common.write_json(a.out, name, {"meta": meta, "groups": a.groups, "rows": rows})
 
 
 if __name__ == "__main__":
