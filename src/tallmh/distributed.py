@@ -251,10 +251,14 @@ class RowView:
         self._axis = axis
 
     def _gather(self, idx, fn):
-        rows = idx - jax.lax.axis_index(self._axis) * self._n_local
-        own = (rows >= 0) & (rows < self._n_local)
-        v = fn(take(self._local, jnp.clip(rows, 0, self._n_local - 1)))
-        return jax.lax.psum(jnp.where(own, v, jnp.zeros_like(v)), self._axis)
+        """``fn(rows)`` (one value per item) on this device's rows of ``idx``, zero in the other lanes, summed
+        over the devices."""
+
+        def masked(rows, own):
+            v = fn(rows)
+            return jnp.where(own, v, jnp.zeros_like(v))
+
+        return self._gather_sum(idx, masked)
 
     def log_lik(self, theta, batch):
         return self._gather(batch, lambda b: self._model.log_lik(theta, b))

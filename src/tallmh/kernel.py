@@ -30,6 +30,7 @@ import numpy as np
 from .acceptance.base import Problem, draw_u
 from .data import take
 from .model import own_method
+from .setup_passes import closed_form
 
 __all__ = ["KernelState", "StepInfo", "Kernel", "AuditArgs", "build_kernel", "make_problem", "oracle_of"]
 
@@ -191,12 +192,11 @@ def _initial_log_lik(test, n, fn, dtype):
 def _grad_estimator(model, unravel, n, cv_order, reader):
     """``grad_estimate(data, cv) -> grad_fn(theta, idx)``: a minibatch estimate of grad log posterior, with the
     control variates' exact gradient sum and Taylor correction when they are on (the Langevin proposal's drift).
-    A model with a closed form ``lik_grad_remainder(theta, center, batch, order)`` of the minibatch sums (its own:
-    :func:`tallmh.model.own_method`; for a flat parameter) gives them instead of autodiff."""
+    A model with a closed form ``lik_grad_remainder(theta, center, batch, order)`` of the minibatch sums (its own,
+    for a flat parameter: :func:`tallmh.setup_passes.closed_form`) gives them instead of autodiff."""
 
     def grad_estimate(data, cv):
         def grad_fn(theta, idx):
-            flat = np.shape(jax.eval_shape(unravel, theta)) == np.shape(theta)  # (a closed form's parameter)
             batch = reader(data, idx)
             scale = n / idx.shape[0]
 
@@ -204,7 +204,7 @@ def _grad_estimator(model, unravel, n, cv_order, reader):
                 return jnp.sum(model.log_lik(unravel(t), batch))
 
             gp = jax.grad(lambda t: jnp.asarray(model.log_prior(unravel(t)), theta.dtype))(theta)
-            own = own_method(model, "lik_grad_remainder") if flat else None
+            own = closed_form(model, "lik_grad_remainder", "log_lik", unravel, theta)
             if own is not None:  # the model's closed form of the sums below (e.g. the logistic regression)
                 if cv is None:
                     return gp + scale * own(unravel(theta), None, batch, 0)

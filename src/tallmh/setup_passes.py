@@ -25,7 +25,7 @@ import numpy as np
 from .cache_keys import shape_key, value_key
 from .data import take, to_device
 from .errors import ModelError
-from .model import owns_closed_form
+from .model import own_method
 
 __all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
            "warm_rows", "warm_sizes"]
@@ -108,11 +108,11 @@ def closed_form_vgh(model, unravel, th):
 
 
 def closed_form(model, name, partner, unravel, th):
-    """``model.name`` where it is callable, the class that defines it also defines ``partner`` (a subclass
-    with its own likelihood or prior does not inherit another's closed forms), and the parameter is a flat
-    vector (shapes by ``eval_shape``: no program for the unravelling); else None."""
-    fn = getattr(model, name, None)
-    if not callable(fn) or not owns_closed_form(model, name, partner):
+    """``model.name`` where the model owns it as a closed form of ``partner`` (:func:`tallmh.model.own_method`: a
+    subclass with its own likelihood or prior does not inherit another's closed forms) and the parameter is a
+    flat vector (shapes by ``eval_shape``: no program for the unravelling); else None."""
+    fn = own_method(model, name, partner)
+    if fn is None:
         return None
     flat = jax.eval_shape(unravel, th)
     if not (hasattr(flat, "shape") and tuple(flat.shape) == tuple(np.shape(th))):
