@@ -273,3 +273,71 @@ def test_full_passes_read_bounded_chunks_at_a_billion_rows():
     assert StreamReader(10**9, 4096, None, permuted=False).sizes == [4096, 2**16, 2**20]
     assert max(StreamReader(10**9, 100, None).sizes) <= MAX_CHUNK == 2**20
     assert StreamReader(10**6, 4096, None).sizes == [4096, 2**16]  # smaller N: the ladder as before
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Files above the host passes' limit, in several blocks of the compiled passes (the last one partial):
+    the set-up's passes read the files in threads and make the model's statistics from the same blocks."""
+    monkeypatch.setattr(setup_passes, "HOST_MAX_ROWS", 1000)
+    monkeypatch.setattr(setup_passes, "_CHUNK", 256)
+    monkeypatch.setattr(setup_passes, "_BLOCK_CHUNKS", 4)  # 1024 rows a block: 4 full, one of 904
+    setup_passes._PASS_FNS.clear()
+    setup_passes._NEWTON_FNS.clear()
+    yield
+    setup_passes._PASS_FNS.clear()
+    setup_passes._NEWTON_FNS.clear()
+
+
+def test_passes_over_files_read_in_threads_give_the_in_memory_draws(files, small_blocks):
+    data, paths, _ = files
+    test, cv = tm.acceptance.Austerity(error=0.05, batch_size=100), tm.ControlVariates()
+    ref = _run(data, test, cv)
+    disk = tm.data.from_npy(paths)
+    tap = ds.stats_tap(tm.models.LogisticRegression(), disk, N, setup_passes.HOST_MAX_ROWS)
+    assert tap is not None and ds.stats_tap(tm.models.LogisticRegression(), data, N, 1000) is None  # files only
+    got = _run(disk, test, cv)
+    np.testing.assert_array_equal(got.flat_samples, ref.flat_samples)
+    np.testing.assert_array_equal(got.stats["n_data"], ref.stats["n_data"])
+    # the model's statistics came from the first Newton pass's blocks: one pass over the files fewer
+    assert got.setup_items == ref.setup_items - N
+    # without a full pass to feed them (a given start, no control variates) they cost their own pass
+    start = np.zeros(4)
+    ref_e = _run(data, tm.acceptance.Austerity(error=0.05, batch_size=100), None, init=start)
+    got_e = _run(disk, tm.acceptance.Austerity(error=0.05, batch_size=100), None, init=start)
+    np.testing.assert_array_equal(got_e.flat_samples, ref_e.flat_samples)
+    assert got_e.setup_items == ref_e.setup_items == N
+
+
+def test_statistics_tapped_from_a_pass_equal_the_streamed_ones(files, small_blocks):
+    data, paths, _ = files
+    disk = tm.data.from_npy(paths)
+    model = tm.models.LogisticRegression()
+    tap = ds.stats_tap(model, disk, N, 1000)
+    fn = setup_passes._newton_chunk_fns(model, lambda t: t, np.zeros(4, np.float32))[0]
+    th = jax.numpy.asarray(np.array([0.1, -0.2, 0.3, 0.05], np.float32))
+    with ds.tapping(disk, tap):
+        on_disk = [np.asarray(r[1]) for r in setup_passes.full_pass(fn, disk, N, (th,))]
+    assert tap.fed_rows == N
+    in_memory = [np.asarray(r[1]) for r in setup_passes.full_pass(fn, validate_data(data), N, (th,))]
+    np.testing.assert_array_equal(np.stack(on_disk), np.stack(in_memory))  # the same chunks, bit for bit
+    assert float(tap.result()["max_norm"]) == float(model.setup(validate_data(data))["max_norm"])
+    # a tap fed only the first blocks streams the rest
+    tap2 = ds.stats_tap(model, disk, N, 1000)
+    tap2.feed(0, 1024, ds.read_rows(disk, 0, 1024))
+    tap2.feed(2048, 3072, ds.read_rows(disk, 2048, 3072))  # not the next rows: ignored
+    assert tap2.fed_rows == 1024
+    assert float(tap2.result()["max_norm"]) == float(model.setup(validate_data(data))["max_norm"])
+
+
+def test_invalid_rows_found_by_the_tapped_pass_give_the_models_error(files, tmp_path, small_blocks):
+    data, paths, _ = files
+    y = data["y"].copy()
+    y[3000] = 2.0  # the third block of the first full pass
+    np.save(tmp_path / "y_bad.npy", y)
+    disk = tm.data.from_npy({"X": paths["X"], "y": str(tmp_path / "y_bad.npy")})
+    with pytest.raises(tm.DataError, match="binary target"):
+        _run(disk, tm.acceptance.Austerity(error=0.05, batch_size=100), tm.ControlVariates())
+    # the same error as for the same arrays in memory (checked by the model's own set-up pass there)
+    with pytest.raises(tm.DataError, match="binary target"):
+        _run({"X": data["X"], "y": y}, tm.acceptance.Austerity(error=0.05, batch_size=100), tm.ControlVariates())

@@ -178,3 +178,41 @@ def test_model_check_by_the_host_closed_forms(monkeypatch):
 
     mm.check_model(Own(), data, th, 100)
     assert probed == [1, 1]
+
+
+def test_first_full_step_takes_the_warm_starts_hessian_and_the_exact_passes_decide(monkeypatch):
+    """Compiled passes with a warm start large enough (m >= WARM_TARGET sqrt(d N)): the first full pass makes
+    the value and gradient only, its step uses the sub-sample's Hessian scaled to N, and the search still ends
+    where an exact pass finds the decrement within the centre's tolerance, with that pass's sums handed back.
+    A badly wrong hint (three times the Hessian) costs passes but not the answer: the passes after the first
+    decide, not the hint."""
+    monkeypatch.setattr(setup, "HOST_MAX_ROWS", 1000)
+    model = tm.models.LogisticRegression()
+    data = _data(n=300_000, seed=7)
+    n = data["y"].shape[0]
+    flat0, unravel = ravel_pytree(model.init(data))
+    d = flat0.shape[0]
+    assert setup.warm_sizes(n, d) == [setup.WARM_ROWS] and setup.WARM_ROWS**2 >= setup.WARM_TARGET**2 * d * n
+    calls = []
+    vg = setup._newton_vg_fn
+    monkeypatch.setattr(setup, "_newton_vg_fn", lambda *a: calls.append(1) or vg(*a))
+    found = setup.mode_search(model, data, n, unravel, flat0, tol=setup.centre_tol(d))
+    assert len(calls) == 1 and found.grad_sum is not None
+    ref = setup.HostPasses(model, data, n, ds.host_reader(data))
+
+    def decrement(th):
+        _, g, h = ref.sums(th)
+        _, pg, ph = model.log_prior_vgh_host(np.asarray(th, np.float64))
+        return float((g + pg) @ np.linalg.solve(-(h + ph), g + pg)), g
+
+    dec, g = decrement(found.center)
+    assert dec <= setup.centre_tol(d), dec
+    np.testing.assert_allclose(np.asarray(found.grad_sum), g, rtol=1e-5, atol=1e-2)
+    assert found.passes == 2, found.passes  # value and gradient, then one exact pass that stops
+    # the wrong hint: from the same warm start, the exact passes take over
+    sub = setup._gather_rows(data, setup.warm_rows(n, setup.WARM_ROWS))
+    th_w, _, last_w = setup._newton(model, sub, setup.WARM_ROWS, unravel, jnp.asarray(flat0), 30,
+                                    setup.centre_tol(d), scale=n / setup.WARM_ROWS)
+    bad = 3.0 * np.asarray(last_w[2], np.float64) * (n / setup.WARM_ROWS)
+    th_bad, passes_bad, _ = setup._newton(model, data, n, unravel, th_w, 30, setup.centre_tol(d), h_hint=bad)
+    assert decrement(th_bad)[0] <= setup.centre_tol(d) and passes_bad > found.passes

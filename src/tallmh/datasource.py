@@ -635,6 +635,123 @@ def setup_stats(model, data, n: int):
     return _setup_streamed(setup, combine if callable(combine) else _combine_default, data, n)
 
 
+class StatsTap:
+    """The model's ``setup`` statistics over data in files, made from the blocks the set-up's first full pass
+    reads anyway (:func:`tallmh.setup_passes.full_pass` feeds them while the tap is registered for the data:
+    :func:`tapping`), so that the statistics cost no pass of their own over the files.
+
+    ``probe``: ``setup`` on the first rows (their structure, shapes and dtypes: what the chain is compiled for
+    before the statistics are known; it also checks those rows). :meth:`result` returns the statistics over all
+    rows, streaming those no pass fed (all of them where the set-up made no full pass, e.g. a given start
+    without control variates), and raises the error ``setup`` raised on a block (:class:`StatsFailed` stops
+    the pass that fed it, so invalid data ends the set-up at that block)."""
+
+    def __init__(self, model, data, n: int):
+        setup = model.setup
+        combine = getattr(model, "combine_setup", None)
+        self.setup, self.combine = setup, (combine if callable(combine) else _combine_default)
+        self.data, self.n = data, int(n)
+        self.next = 0  # rows [0, next) are in self.stats
+        self.stats = None
+        self.error: Optional[BaseException] = None
+        self.fed_rows = 0  # rows fed by a pass (the rest, streamed by result(), cost a pass of their own)
+        self.probe = setup(read_rows(data, 0, min(self.n, 16)))
+
+    def part(self, rows):
+        """``setup`` of one block's rows (host arrays), or the exception it raised: made in any thread (a
+        pass's reader threads), taken in row order by :meth:`add`."""
+        try:
+            return jax.block_until_ready(self.setup(rows))
+        except Exception as e:  # noqa: BLE001 - raised by add(), in row order
+            return _Failed(e)
+
+    def add(self, a: int, b: int, part) -> None:
+        """Take the statistics ``part`` of rows ``[a, b)`` if they continue the rows taken so far (else ignore
+        them); a block whose ``setup`` raised ends the pass (:class:`StatsFailed`)."""
+        if self.error is not None or a != self.next or b <= a:
+            return
+        try:
+            if isinstance(part, _Failed):
+                raise part.error
+            self.stats = part if self.stats is None else self.combine(self.stats, part)
+            jax.block_until_ready(self.stats)
+        except Exception as e:  # noqa: BLE001 - re-raised by result(), after the pass has stopped
+            self.error = e
+            raise StatsFailed(str(e)) from e
+        self.next = b
+        self.fed_rows += b - a
+
+    def feed(self, a: int, b: int, rows) -> None:
+        """:meth:`add` of :meth:`part` of rows ``[a, b)``."""
+        self.add(a, b, self.part(rows))
+
+    def result(self):
+        """The statistics over all N rows (see the class docstring)."""
+        if self.error is not None:
+            raise self.error
+        if self.next < self.n:
+            bar = progress_bar(self.n - self.next, "tallmh: model set-up pass")
+            try:
+                for a, b in block_bounds(self.n - self.next):
+                    a, b = a + self.next, b + self.next
+                    s = self.setup(read_rows(self.data, a, b))
+                    self.stats = s if self.stats is None else self.combine(self.stats, s)
+                    jax.block_until_ready(self.stats)
+                    if bar is not None:
+                        bar.update(b - a)
+            finally:
+                if bar is not None:
+                    bar.close()
+            self.next = self.n
+        return self.stats
+
+
+class _Failed:
+    def __init__(self, error):
+        self.error = error
+
+
+class StatsFailed(BaseException):
+    """The model's ``setup`` raised on a block a set-up pass fed to a :class:`StatsTap`: stops the pass (a
+    BaseException, so that the mode search's fallbacks do not take it for a failed search); the tap's
+    :meth:`~StatsTap.result` raises the model's error."""
+
+
+_TAPS: dict = {}  # id(data) -> StatsTap, while a set-up runs on that data (tapping)
+
+
+def stats_tap(model, data, n: int, min_rows: int) -> Optional[StatsTap]:
+    """A :class:`StatsTap` for a model with ``setup`` on data in files of more than ``min_rows`` rows (where a
+    pass over the files costs more than the statistics), else None."""
+    if not callable(getattr(model, "setup", None)) or n <= min_rows or not in_files(data) \
+            or host_reader(data) is None:
+        return None
+    return StatsTap(model, data, n)
+
+
+class tapping:
+    """``with tapping(data, tap):`` full passes over ``data`` feed ``tap`` (None: nothing)."""
+
+    def __init__(self, data, tap):
+        self.key, self.tap = id(data), tap
+
+    def __enter__(self):
+        if self.tap is not None:
+            _TAPS[self.key] = self.tap
+        return self.tap
+
+    def __exit__(self, *exc):
+        if self.tap is not None:
+            _TAPS.pop(self.key, None)
+        return False
+
+
+def tap_of(data) -> Optional[StatsTap]:
+    """The :class:`StatsTap` registered for ``data``, or None."""
+    tap = _TAPS.get(id(data))
+    return tap if tap is not None and tap.data is data else None
+
+
 def _setup_streamed(setup, combine, data, n):
     stats = None
     bar = progress_bar(n, "tallmh: model set-up pass")

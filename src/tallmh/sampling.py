@@ -216,7 +216,11 @@ def _avals(tree):
     return treedef, [(tuple(np.shape(a)), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in leaves]
 
 
-def _prepare(model, data, test, init, check_finite=True, cv_center=None):
+def _prepare(model, data, test, init, check_finite=True, cv_center=None, tap_stats=False):
+    """Validated data, N, the start, the model's set-up statistics and the items they read, and (with
+    ``tap_stats``, for data in files of more than ``setup_passes.HOST_MAX_ROWS`` rows) a
+    :class:`~tallmh.datasource.StatsTap`: then the statistics returned are its ``probe`` (their shapes) and the
+    set-up's first full pass makes them (:meth:`_Sampler._resolve_stats`)."""
     data = validate_data(data, check_finite=check_finite, in_place=True)  # no copy of in-memory data
     n = num_items(data)
     test.check(n)
@@ -244,9 +248,12 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None):
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
     # on-disk data (tallmh.datasource): the model is checked on its first rows, set-up streams in blocks
     check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
+    tap = ds.stats_tap(model, data, n, setup.HOST_MAX_ROWS) if tap_stats else None
+    if tap is not None:
+        return data, n, init, tap.probe, 0, tap
     stats = ds.setup_stats(model, data, n)
     setup_items = n if stats is not None else 0
-    return data, n, init, stats, setup_items
+    return data, n, init, stats, setup_items, None
 
 
 def _wait(x):
@@ -802,6 +809,7 @@ class _Run:
         self.store = None
         self.plan = None
         self.stats = None
+        self.stats_tap = None
         self.constrain = getattr(model, "constrain", None)
         self.empty_info = None
         self.audit_design = None  # the default audit's two-stage plan (_audit_rates, _audit_clear)
@@ -871,8 +879,8 @@ class _Run:
         model, notes = self.model, self.notes
         self.init_given = init
         test = self.test
-        self.data, n, init, self.stats, self.setup_items = _prepare(model, data, Exact() if self.auto_test else test,
-                                                                    init)
+        self.data, n, init, self.stats, self.setup_items, self.stats_tap = _prepare(
+            model, data, Exact() if self.auto_test else test, init, tap_stats=True)
         control_variates = self.control_variates
         for msg in getattr(model, "notes", None) or ():  # what the front end did to the model (e.g. recentred)
             if isinstance(msg, str) and msg not in notes:
@@ -990,7 +998,8 @@ class _Run:
         self.collected = {
             "warmup": [(resume.flat_warmup, resume.warmup_stats)] if resume.flat_warmup.shape[1] else [],
             "sampling": [(resume.flat_samples, resume.stats)] if resume.flat_samples.shape[1] else []}
-        self.setup_items = resume.setup_items + (self.n if self.stats is not None else 0)  # model.setup ran again
+        # model.setup ran again (or will, from a StatsTap: counted when it resolves)
+        self.setup_items = resume.setup_items + (self.n if self.stats is not None and self.stats_tap is None else 0)
         self.timings = {k: float(v) for k, v in resume.timings.items() if k != "total_s"}
         self.timings["_before_s"] = float(resume.timings.get("total_s", 0.0))  # wall time of the earlier run(s)
         self.notes[:] = list(resume.notes)
@@ -1067,8 +1076,10 @@ class _Run:
                 early = self._compile_early()
                 ts = time.perf_counter()
                 self.states = _wait(self._set_up(init_jitter, early))
+                self._resolve_stats()
                 self.timings["setup_s"] = time.perf_counter() - ts
                 self._warmup_of_start()
+            self._resolve_stats()
             self._audit_rates()
             self._compile(early)
             if progress is None:
@@ -1106,9 +1117,14 @@ class _Run:
         if self.program is not None:
             return self.init_states(jax.random.split(self.k_jit, self.num_chains))
         model, data, n, test, proposal = self.model, self.data, self.n, self.test, self.proposal
-        st = _in_thread(lambda: _start_points(model, data, n, self.unravel, self.flat0, self.control_variates,
-                                              self.num_chains, self.init_given, init_jitter, self.k_jit, self.dtype,
-                                              self.notes))
+        try:
+            with ds.tapping(data, self.stats_tap):  # the model's statistics from the first full pass's blocks
+                st = _in_thread(lambda: _start_points(model, data, n, self.unravel, self.flat0,
+                                                      self.control_variates, self.num_chains, self.init_given,
+                                                      init_jitter, self.k_jit, self.dtype, self.notes))
+        except ds.StatsFailed:
+            self._resolve_stats()  # raises the model's own error on the block it could not take
+            raise
         self.setup_items += st["passes"] * n + st["extra_items"]
         cv0 = st["cv"]
         if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
@@ -1127,6 +1143,16 @@ class _Run:
         if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
             self.setup_items += test.setup_items_of(states, n)
         return states
+
+    def _resolve_stats(self):
+        """The model's set-up statistics over all rows where a :class:`~tallmh.datasource.StatsTap` gathers
+        them (rows no set-up pass fed are streamed now, and counted in ``setup_items``)."""
+        tap = getattr(self, "stats_tap", None)
+        if tap is None:
+            return
+        self.stats = tap.result()
+        self.stats_tap = None
+        self.setup_items += tap.n - tap.fed_rows
 
     def _warmup_of_start(self):
         """``num_warmup="auto"``: a short warmup where only a step size is left to tune (see AUTO_WARMUP_LAPLACE)."""
