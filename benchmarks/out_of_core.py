@@ -156,7 +156,7 @@ def run_one(mode, folder, args):
     paths = {"X": os.path.join(folder, "X.npy"), "y": os.path.join(folder, "y.npy")}
     t0 = time.perf_counter()
     if mode == "disk":
-        data = tm.data.from_npy(paths, gather=args.gather, check_finite=not args.no_check)
+        data = tm.data.from_npy(paths, gather=args.gather, check_finite=False if args.no_check else "auto")
         kinds = datasource.describe(data)
     else:
         data = {k: np.load(p) for k, p in paths.items()}

@@ -341,3 +341,31 @@ def test_invalid_rows_found_by_the_tapped_pass_give_the_models_error(files, tmp_
     # the same error as for the same arrays in memory (checked by the model's own set-up pass there)
     with pytest.raises(tm.DataError, match="binary target"):
         _run({"X": data["X"], "y": y}, tm.acceptance.Austerity(error=0.05, batch_size=100), tm.ControlVariates())
+
+
+def test_a_deferred_finiteness_check_is_made_by_the_first_pass(files, tmp_path, small_blocks, monkeypatch):
+    data, paths, _ = files
+    X = data["X"].copy()
+    X[3500, 1] = np.inf  # in the fourth block of the first full pass
+    np.save(tmp_path / "Xinf.npy", X)
+    bad = {"X": str(tmp_path / "Xinf.npy"), "y": paths["y"]}
+    with pytest.raises(tm.DataError, match="1 NaN or infinite"):
+        tm.data.from_npy(bad)  # "auto": a small file is checked when opened
+    monkeypatch.setattr(ds, "CHECK_NOW_MAX_ROWS", 1000)
+    disk = tm.data.from_npy(bad)  # "auto" above CHECK_NOW_MAX_ROWS: deferred, so opening reads nothing
+    assert not ds.finite_checked(disk["X"])
+    cv = (tm.acceptance.Austerity(error=0.05, batch_size=100), tm.ControlVariates())
+    with pytest.raises(tm.DataError, match="1 NaN or infinite value\\(s\\) in rows 3,072 to 4,095"):
+        _run(disk, *cv)
+    # no full pass to make it (a given start, no control variates): streamed after the set-up, before any draw
+    with pytest.raises(tm.DataError, match="NaN or infinite"):
+        _run(tm.data.from_npy(bad, check_finite="deferred"), cv[0], None, init=np.zeros(4))
+    # any other use streams it first
+    with pytest.raises(tm.DataError, match="NaN or infinite"):
+        validate_data(tm.data.from_npy(bad, check_finite="deferred"))
+    # clean files: the same draws as in memory, and the leaves are marked checked by the pass
+    clean = tm.data.from_npy(paths, check_finite="deferred")
+    np.testing.assert_array_equal(_run(clean, *cv).flat_samples, _run(data, *cv).flat_samples)
+    assert ds.finite_checked(clean["X"]) and ds.finite_checked(clean["y"])
+    with pytest.raises(tm.ConfigError, match="check_finite"):
+        tm.data.from_npy(paths, check_finite="later")

@@ -57,7 +57,7 @@ def num_items(data) -> int:
     return int(np.shape(leaves[0])[0])
 
 
-def validate_data(data, check_finite: bool = True, in_place: bool = False):
+def validate_data(data, check_finite: bool = True, in_place: bool = False, defer_files: bool = False):
     """Check a data pytree and return it with its leaves as JAX arrays.
 
     Raises :class:`DataError` naming the problem when the pytree has no leaves, a leaf is a scalar, the
@@ -76,6 +76,9 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False):
     impossible (another backend, several devices, a dtype JAX converts, a non-contiguous array) the
     leaf is copied, as without it. The finiteness check of an in-memory leaf reads it in blocks too (no
     N-sized boolean temporary).
+
+    ``defer_files=True``: leaves in files whose finiteness is not settled are left unchecked (their check is
+    then the caller's: :func:`tallmh.sample` makes it in its first full pass over the files, or streams it).
     """
     from . import datasource as ds
 
@@ -89,10 +92,10 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False):
         if ds.is_host_leaf(leaf):
             if isinstance(leaf, np.memmap):
                 ds._check_array(leaf, name)
-                if check_finite:
+                if check_finite and not defer_files:
                     ds.check_finite_streamed(leaf, name)
-                leaf = ds.host_leaf(leaf, "auto", name, checked=check_finite)
-            elif check_finite and not ds.finite_checked(leaf):
+                leaf = ds.host_leaf(leaf, "auto", name, checked=check_finite and not defer_files)
+            elif check_finite and not defer_files and not ds.finite_checked(leaf):
                 ds.check_finite_streamed(ds._memmap_of(leaf), name)
                 ds.mark_checked(leaf)
             if len(leaf.shape) == 0:

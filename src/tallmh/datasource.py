@@ -499,21 +499,34 @@ def check_finite_streamed(mm: np.ndarray, name: str):
         raise DataError(f"data leaf {name} holds {bad} NaN or infinite value(s)")
 
 
-def from_npy(paths, gather: str = "auto", check_finite: bool = True):
+# from_npy(check_finite="auto") checks files up to this many rows when it opens them; larger ones are checked by
+# the call that first uses them (tallmh.sample: in its first full pass over the files)
+CHECK_NOW_MAX_ROWS = 2**23
+
+
+def from_npy(paths, gather: str = "auto", check_finite="auto"):
     """Open ``.npy`` files as out-of-core data: a pytree of the same structure as ``paths``.
 
     ``paths``: a path, or a dict / list / tuple of paths (``{"X": "X.npy", "y": "y.npy"}``). Each file is
     opened read-only with ``np.load(path, mmap_mode="r")``; nothing is read but the header. ``gather``:
-    ``"auto"``, ``"zero_copy"`` or ``"callback"`` (module docstring). ``check_finite``: scan every file
-    once now, in blocks, for NaN or inf (a full read of the files, with a progress bar on long ones);
-    ``False`` skips that pass (here and in :func:`tallmh.sample`, which otherwise checks every leaf it has
-    not seen checked), and then a non-finite value surfaces only as a non-finite log-likelihood (the step
-    is rejected and counted in ``stats["nonfinite"]``).
+    ``"auto"``, ``"zero_copy"`` or ``"callback"`` (module docstring). ``check_finite``: ``True`` scans every
+    file once now, in blocks, for NaN or inf (a full read of the files, with a progress bar on long ones);
+    ``"deferred"`` leaves that scan to the call that uses the data, made before any draw: :func:`tallmh.sample`
+    makes it in its first full pass over the files (which it reads anyway; a NaN then stops the set-up with
+    a :class:`DataError` naming the rows), other functions stream it first; ``"auto"`` (the default) is
+    ``True`` for files of up to ``CHECK_NOW_MAX_ROWS`` rows and ``"deferred"`` above (at N = 10^9 the scan
+    alone took ~30 s); ``False`` skips it (here and in :func:`tallmh.sample`), and then a non-finite value
+    surfaces only as a non-finite log-likelihood (the step is rejected and counted in
+    ``stats["nonfinite"]``).
 
     Raises :class:`DataError` for a missing or unreadable file, a non-numeric or scalar array, Fortran
     order, leading lengths that differ, ``gather="zero_copy"`` where aliasing is impossible, or (with
-    ``check_finite``) non-finite values.
+    ``check_finite=True``) non-finite values.
     """
+    from .errors import ConfigError
+
+    if check_finite not in (True, False, "auto", "deferred"):
+        raise ConfigError(f"check_finite must be True, False, 'auto' or 'deferred'; got {check_finite!r}")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(paths, is_leaf=lambda p: isinstance(p, (str, os.PathLike)))
     if not leaves:
         raise DataError("from_npy needs a path or a dict/list of paths to .npy files")
@@ -538,12 +551,15 @@ def from_npy(paths, gather: str = "auto", check_finite: bool = True):
     if len(set(lengths.values())) > 1:
         desc = ", ".join(f"{k}: {v}" for k, v in lengths.items())
         raise DataError(f"from_npy: the files have different numbers of rows ({desc}); all must share N")
+    n = next(iter(lengths.values()))
+    now = check_finite is True or (check_finite == "auto" and n <= CHECK_NOW_MAX_ROWS)
     res = []
     for name, mm in out:
         _check_array(mm, name)
-        if check_finite:
+        if now:
             check_finite_streamed(mm, name)
-        res.append(host_leaf(mm, gather, name, checked=True))  # checked now, or waived by the caller
+        # settled: checked now, or waived by the caller; else left to the call that uses the data
+        res.append(host_leaf(mm, gather, name, checked=now or check_finite is False))
     return jax.tree_util.tree_unflatten(treedef, res)
 
 
@@ -636,8 +652,8 @@ def setup_stats(model, data, n: int):
 
 
 class StatsTap:
-    """The model's ``setup`` statistics over data in files, made from the blocks the set-up's first full pass
-    reads anyway (:func:`tallmh.setup_passes.full_pass` feeds them while the tap is registered for the data:
+    """The model's ``setup`` statistics over data in files (and the finiteness check of leaves ``from_npy``
+    left unchecked), made from the blocks the set-up's first full pass reads anyway (:func:`tallmh.setup_passes.full_pass` feeds them while the tap is registered for the data:
     :func:`tapping`), so that the statistics cost no pass of their own over the files.
 
     ``probe``: ``setup`` on the first rows (their structure, shapes and dtypes: what the chain is compiled for
@@ -646,8 +662,9 @@ class StatsTap:
     without control variates), and raises the error ``setup`` raised on a block (:class:`StatsFailed` stops
     the pass that fed it, so invalid data ends the set-up at that block)."""
 
-    def __init__(self, model, data, n: int):
-        setup = model.setup
+    def __init__(self, model, data, n: int, unchecked=()):
+        setup = getattr(model, "setup", None)
+        setup = setup if callable(setup) else None  # (None: the finiteness check alone)
         combine = getattr(model, "combine_setup", None)
         self.setup, self.combine = setup, (combine if callable(combine) else _combine_default)
         self.data, self.n = data, int(n)
@@ -655,13 +672,33 @@ class StatsTap:
         self.stats = None
         self.error: Optional[BaseException] = None
         self.fed_rows = 0  # rows fed by a pass (the rest, streamed by result(), cost a pass of their own)
-        self.probe = setup(read_rows(data, 0, min(self.n, 16)))
+        # leaves whose finiteness is still to be checked (from_npy's check deferred): (position, name, leaf)
+        paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
+        ids = {id(a) for a in unchecked}
+        self.unchecked = [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths)
+                          if id(a) in ids]
+        self.probe = setup(read_rows(data, 0, min(self.n, 16))) if setup is not None else None
 
-    def part(self, rows):
-        """``setup`` of one block's rows (host arrays), or the exception it raised: made in any thread (a
-        pass's reader threads), taken in row order by :meth:`add`."""
+    def _finite(self, rows, a, b):
+        """Raise :class:`DataError` if an unchecked leaf holds NaN or inf in rows ``[a, b)``."""
+        if not self.unchecked:
+            return
+        leaves = jax.tree_util.tree_leaves(rows, is_leaf=_is_leaf)
+        for i, name, _ in self.unchecked:
+            block = np.asarray(leaves[i])
+            if np.issubdtype(block.dtype, np.inexact):
+                bad = int(block.size - np.count_nonzero(np.isfinite(block)))
+                if bad:
+                    raise DataError(f"data leaf {name} holds {bad} NaN or infinite value(s) in rows {a:,} to "
+                                    f"{b - 1:,} (found by the set-up's first pass over the files; the rows "
+                                    f"after them were not checked)")
+
+    def part(self, rows, a: int = 0, b: int = 0):
+        """The finiteness check of rows ``[a, b)`` (host arrays) and ``setup`` of them, or the exception
+        raised: made in any thread (a pass's reader threads), taken in row order by :meth:`add`."""
         try:
-            return jax.block_until_ready(self.setup(rows))
+            self._finite(rows, a, b)
+            return jax.block_until_ready(self.setup(rows)) if self.setup is not None else None
         except Exception as e:  # noqa: BLE001 - raised by add(), in row order
             return _Failed(e)
 
@@ -673,8 +710,9 @@ class StatsTap:
         try:
             if isinstance(part, _Failed):
                 raise part.error
-            self.stats = part if self.stats is None else self.combine(self.stats, part)
-            jax.block_until_ready(self.stats)
+            if self.setup is not None:
+                self.stats = part if self.stats is None else self.combine(self.stats, part)
+                jax.block_until_ready(self.stats)
         except Exception as e:  # noqa: BLE001 - re-raised by result(), after the pass has stopped
             self.error = e
             raise StatsFailed(str(e)) from e
@@ -683,26 +721,34 @@ class StatsTap:
 
     def feed(self, a: int, b: int, rows) -> None:
         """:meth:`add` of :meth:`part` of rows ``[a, b)``."""
-        self.add(a, b, self.part(rows))
+        self.add(a, b, self.part(rows, a, b))
 
     def result(self):
-        """The statistics over all N rows (see the class docstring)."""
+        """The statistics over all N rows (see the class docstring); the leaves whose finiteness the tap
+        checked are then marked checked."""
         if self.error is not None:
             raise self.error
         if self.next < self.n:
-            bar = progress_bar(self.n - self.next, "tallmh: model set-up pass")
+            bar = progress_bar(self.n - self.next, "tallmh: model set-up pass" if self.setup is not None
+                               else "tallmh: checking the data is finite")
             try:
                 for a, b in block_bounds(self.n - self.next):
                     a, b = a + self.next, b + self.next
-                    s = self.setup(read_rows(self.data, a, b))
-                    self.stats = s if self.stats is None else self.combine(self.stats, s)
-                    jax.block_until_ready(self.stats)
+                    rows = read_rows(self.data, a, b)
+                    self._finite(rows, a, b)
+                    if self.setup is not None:
+                        s = self.setup(rows)
+                        self.stats = s if self.stats is None else self.combine(self.stats, s)
+                        jax.block_until_ready(self.stats)
                     if bar is not None:
                         bar.update(b - a)
             finally:
                 if bar is not None:
                     bar.close()
             self.next = self.n
+        for _, _, leaf in self.unchecked:
+            mark_checked(leaf)
+        self.unchecked = []
         return self.stats
 
 
@@ -720,13 +766,28 @@ class StatsFailed(BaseException):
 _TAPS: dict = {}  # id(data) -> StatsTap, while a set-up runs on that data (tapping)
 
 
-def stats_tap(model, data, n: int, min_rows: int) -> Optional[StatsTap]:
+def unchecked_leaves(data) -> list:
+    """The leaves read from files or in place whose finiteness is not settled (from_npy's check deferred)."""
+    return [a for a in leaves_of(data) if is_host_leaf(a) and not finite_checked(a)]
+
+
+def check_leaves(data, leaves) -> None:
+    """The streamed finiteness check of ``leaves`` (of ``data``), each then marked checked."""
+    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
+    names = {id(a): jax.tree_util.keystr(p) or "data" for p, a in paths}
+    for leaf in leaves:
+        check_finite_streamed(_memmap_of(leaf), names.get(id(leaf), "data"))
+        mark_checked(leaf)
+
+
+def stats_tap(model, data, n: int, min_rows: int, unchecked=()) -> Optional[StatsTap]:
     """A :class:`StatsTap` for a model with ``setup`` on data in files of more than ``min_rows`` rows (where a
-    pass over the files costs more than the statistics), else None."""
-    if not callable(getattr(model, "setup", None)) or n <= min_rows or not in_files(data) \
+    pass over the files costs more than the statistics), else None. ``unchecked``: leaves whose finiteness
+    check the tap makes too."""
+    if not (callable(getattr(model, "setup", None)) or unchecked) or n <= min_rows or not in_files(data) \
             or host_reader(data) is None:
         return None
-    return StatsTap(model, data, n)
+    return StatsTap(model, data, n, unchecked)
 
 
 class tapping:

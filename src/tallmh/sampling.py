@@ -221,7 +221,8 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None, tap_sta
     ``tap_stats``, for data in files of more than ``setup_passes.HOST_MAX_ROWS`` rows) a
     :class:`~tallmh.datasource.StatsTap`: then the statistics returned are its ``probe`` (their shapes) and the
     set-up's first full pass makes them (:meth:`_Sampler._resolve_stats`)."""
-    data = validate_data(data, check_finite=check_finite, in_place=True)  # no copy of in-memory data
+    # no copy of in-memory data; the finiteness of files from_npy left unchecked: checked below
+    data = validate_data(data, check_finite=check_finite, in_place=True, defer_files=bool(check_finite))
     n = num_items(data)
     test.check(n)
     if init is None and cv_center is not None:
@@ -248,9 +249,11 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None, tap_sta
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
     # on-disk data (tallmh.datasource): the model is checked on its first rows, set-up streams in blocks
     check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
-    tap = ds.stats_tap(model, data, n, setup.HOST_MAX_ROWS) if tap_stats else None
+    unchecked = ds.unchecked_leaves(data) if check_finite else []
+    tap = ds.stats_tap(model, data, n, setup.HOST_MAX_ROWS, unchecked) if tap_stats else None
     if tap is not None:
         return data, n, init, tap.probe, 0, tap
+    ds.check_leaves(data, unchecked)
     stats = ds.setup_stats(model, data, n)
     setup_items = n if stats is not None else 0
     return data, n, init, stats, setup_items, None
@@ -1152,7 +1155,8 @@ class _Run:
             return
         self.stats = tap.result()
         self.stats_tap = None
-        self.setup_items += tap.n - tap.fed_rows
+        if tap.setup is not None:
+            self.setup_items += tap.n - tap.fed_rows
 
     def _warmup_of_start(self):
         """``num_warmup="auto"``: a short warmup where only a step size is left to tune (see AUTO_WARMUP_LAPLACE)."""

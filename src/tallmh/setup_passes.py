@@ -130,7 +130,7 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
     def load(s):
         e = min(n, s + rows_per_block)
         rows = read(s, e)
-        part = tap.part(rows) if tap is not None else None
+        part = tap.part(rows, s, e) if tap is not None else None
         if e - s < rows_per_block:
             pad = rows_per_block - (e - s)
             rows = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), rows)
