@@ -363,6 +363,12 @@ def test_a_deferred_finiteness_check_is_made_by_the_first_pass(files, tmp_path, 
     # any other use streams it first
     with pytest.raises(tm.DataError, match="NaN or infinite"):
         validate_data(tm.data.from_npy(bad, check_finite="deferred"))
+    # in the first rows (those the model is first evaluated on): found before the model sees them
+    X0 = data["X"].copy()
+    X0[3, 0] = np.nan
+    np.save(tmp_path / "X0.npy", X0)
+    with pytest.raises(tm.DataError, match="1 NaN or infinite value\\(s\\) in rows 0 to 15"):
+        _run(tm.data.from_npy({"X": str(tmp_path / "X0.npy"), "y": paths["y"]}), *cv)
     # clean files: the same draws as in memory, and the leaves are marked checked by the pass
     clean = tm.data.from_npy(paths, check_finite="deferred")
     np.testing.assert_array_equal(_run(clean, *cv).flat_samples, _run(data, *cv).flat_samples)

@@ -681,17 +681,7 @@ class StatsTap:
 
     def _finite(self, rows, a, b):
         """Raise :class:`DataError` if an unchecked leaf holds NaN or inf in rows ``[a, b)``."""
-        if not self.unchecked:
-            return
-        leaves = jax.tree_util.tree_leaves(rows, is_leaf=_is_leaf)
-        for i, name, _ in self.unchecked:
-            block = np.asarray(leaves[i])
-            if np.issubdtype(block.dtype, np.inexact):
-                bad = int(block.size - np.count_nonzero(np.isfinite(block)))
-                if bad:
-                    raise DataError(f"data leaf {name} holds {bad} NaN or infinite value(s) in rows {a:,} to "
-                                    f"{b - 1:,} (found by the set-up's first pass over the files; the rows "
-                                    f"after them were not checked)")
+        _check_rows(rows, self.unchecked, a, b, "found by the set-up's first pass over the files")
 
     def part(self, rows, a: int = 0, b: int = 0):
         """The finiteness check of rows ``[a, b)`` (host arrays) and ``setup`` of them, or the exception
@@ -764,6 +754,33 @@ class StatsFailed(BaseException):
 
 
 _TAPS: dict = {}  # id(data) -> StatsTap, while a set-up runs on that data (tapping)
+
+
+def _check_rows(rows, unchecked, a, b, how):
+    """Raise :class:`DataError` if a leaf ``(position, name, _)`` of ``unchecked`` holds NaN or inf in ``rows``
+    (rows ``[a, b)`` of the data, host arrays)."""
+    if not unchecked:
+        return
+    leaves = jax.tree_util.tree_leaves(rows, is_leaf=_is_leaf)
+    for i, name, _ in unchecked:
+        block = np.asarray(leaves[i])
+        if np.issubdtype(block.dtype, np.inexact):
+            bad = int(block.size - np.count_nonzero(np.isfinite(block)))
+            if bad:
+                raise DataError(f"data leaf {name} holds {bad} NaN or infinite value(s) in rows {a:,} to {b - 1:,} "
+                                f"({how}; the rows after them were not checked)")
+
+
+def check_head(data, leaves, rows: int = 16) -> None:
+    """The finiteness check of the first ``rows`` rows of ``leaves`` (a deferred check's first rows, checked
+    before the model is first evaluated on them)."""
+    if not leaves:
+        return
+    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
+    ids = {id(a) for a in leaves}
+    unchecked = [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths) if id(a) in ids]
+    n = paths[0][1].shape[0]
+    _check_rows(read_rows(data, 0, min(n, rows)), unchecked, 0, min(n, rows), "found in the first rows")
 
 
 def unchecked_leaves(data) -> list:

@@ -225,6 +225,8 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None, tap_sta
     data = validate_data(data, check_finite=check_finite, in_place=True, defer_files=bool(check_finite))
     n = num_items(data)
     test.check(n)
+    unchecked = ds.unchecked_leaves(data) if check_finite else []
+    ds.check_head(data, unchecked)  # (the rows the model is first evaluated on, below)
     if init is None and cv_center is not None:
         init = cv_center
     default = None
@@ -249,7 +251,6 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None, tap_sta
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
     # on-disk data (tallmh.datasource): the model is checked on its first rows, set-up streams in blocks
     check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
-    unchecked = ds.unchecked_leaves(data) if check_finite else []
     tap = ds.stats_tap(model, data, n, setup.HOST_MAX_ROWS, unchecked) if tap_stats else None
     if tap is not None:
         return data, n, init, tap.probe, 0, tap
