@@ -653,7 +653,8 @@ def setup_stats(model, data, n: int):
 
 class StatsTap:
     """The model's ``setup`` statistics over data in files (and the finiteness check of leaves ``from_npy``
-    left unchecked), made from the blocks the set-up's first full pass reads anyway (:func:`tallmh.setup_passes.full_pass` feeds them while the tap is registered for the data:
+    left unchecked), made from the blocks the set-up's first full pass reads anyway
+    (:func:`tallmh.setup_passes.full_pass` feeds them while the tap is registered for the data:
     :func:`tapping`), so that the statistics cost no pass of their own over the files.
 
     ``probe``: ``setup`` on the first rows (their structure, shapes and dtypes: what the chain is compiled for

@@ -220,7 +220,7 @@ def _prepare(model, data, test, init, check_finite=True, cv_center=None, tap_sta
     """Validated data, N, the start, the model's set-up statistics and the items they read, and (with
     ``tap_stats``, for data in files of more than ``setup_passes.HOST_MAX_ROWS`` rows) a
     :class:`~tallmh.datasource.StatsTap`: then the statistics returned are its ``probe`` (their shapes) and the
-    set-up's first full pass makes them (:meth:`_Sampler._resolve_stats`)."""
+    set-up's first full pass makes them (:meth:`_Run._resolve_stats`)."""
     # no copy of in-memory data; the finiteness of files from_npy left unchecked: checked below
     data = validate_data(data, check_finite=check_finite, in_place=True, defer_files=bool(check_finite))
     n = num_items(data)
