@@ -673,18 +673,14 @@ class StatsTap:
         self.stats = None
         self.error: Optional[BaseException] = None
         self.fed_rows = 0  # rows fed by a pass (the rest, streamed by result(), cost a pass of their own)
-        # leaves whose finiteness is still to be checked (from_npy's check deferred): (position, name, leaf)
-        paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
-        ids = {id(a) for a in unchecked}
-        self.unchecked = [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths)
-                          if id(a) in ids]
+        self.unchecked = _positions(data, unchecked)  # leaves whose finiteness check was deferred
         self.probe = setup(read_rows(data, 0, min(self.n, 16))) if setup is not None else None
 
     def _finite(self, rows, a, b):
         """Raise :class:`DataError` if an unchecked leaf holds NaN or inf in rows ``[a, b)``."""
         _check_rows(rows, self.unchecked, a, b, "found by the set-up's first pass over the files")
 
-    def part(self, rows, a: int = 0, b: int = 0):
+    def part(self, rows, a: int, b: int):
         """The finiteness check of rows ``[a, b)`` (host arrays) and ``setup`` of them, or the exception
         raised: made in any thread (a pass's reader threads), taken in row order by :meth:`add`."""
         try:
@@ -757,6 +753,13 @@ class StatsFailed(BaseException):
 _TAPS: dict = {}  # id(data) -> StatsTap, while a set-up runs on that data (tapping)
 
 
+def _positions(data, leaves) -> list:
+    """``(position among the data's leaves, name, leaf)`` of each of ``leaves``."""
+    ids = {id(a) for a in leaves}
+    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
+    return [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths) if id(a) in ids]
+
+
 def _check_rows(rows, unchecked, a, b, how):
     """Raise :class:`DataError` if a leaf ``(position, name, _)`` of ``unchecked`` holds NaN or inf in ``rows``
     (rows ``[a, b)`` of the data, host arrays)."""
@@ -777,11 +780,8 @@ def check_head(data, leaves, rows: int = 16) -> None:
     before the model is first evaluated on them)."""
     if not leaves:
         return
-    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
-    ids = {id(a) for a in leaves}
-    unchecked = [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths) if id(a) in ids]
-    n = paths[0][1].shape[0]
-    _check_rows(read_rows(data, 0, min(n, rows)), unchecked, 0, min(n, rows), "found in the first rows")
+    m = min(int(leaves[0].shape[0]), rows)
+    _check_rows(read_rows(data, 0, m), _positions(data, leaves), 0, m, "found in the first rows")
 
 
 def unchecked_leaves(data) -> list:
@@ -791,10 +791,8 @@ def unchecked_leaves(data) -> list:
 
 def check_leaves(data, leaves) -> None:
     """The streamed finiteness check of ``leaves`` (of ``data``), each then marked checked."""
-    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
-    names = {id(a): jax.tree_util.keystr(p) or "data" for p, a in paths}
-    for leaf in leaves:
-        check_finite_streamed(_memmap_of(leaf), names.get(id(leaf), "data"))
+    for _, name, leaf in _positions(data, leaves):
+        check_finite_streamed(_memmap_of(leaf), name)
         mark_checked(leaf)
 
 

@@ -1151,7 +1151,7 @@ class _Run:
     def _resolve_stats(self):
         """The model's set-up statistics over all rows where a :class:`~tallmh.datasource.StatsTap` gathers
         them (rows no set-up pass fed are streamed now, and counted in ``setup_items``)."""
-        tap = getattr(self, "stats_tap", None)
+        tap = self.stats_tap
         if tap is None:
             return
         self.stats = tap.result()
