@@ -425,3 +425,57 @@ def test_nonfinite_items_written_mid_run_are_counted_under_control_variates(monk
                       chunk_size=20, callback=callback, progress=False, audit=0.0)
     assert type(r.proposal).__name__ == "Langevin"
     assert r.nonfinite_items > 0 and not r.trusted
+
+
+# ---------------------------------------------------------------------------------------------------
+# a run folder is data, never code
+
+
+def _crafted_folder(tmp_path, small_csv, formula):
+    """A run folder as someone else could send it: run.json naming ``formula``, a checkpoint file."""
+    folder = tmp_path / "received"
+    folder.mkdir()
+    settings = {"data": str(small_csv / "t.csv"), "target": None, "features": None, "model": "linear",
+                "noise_sd": None, "noise_prior_scale": 5.0, "test": "auto", "samples": 10, "warmup": 10,
+                "proposal": "auto", "start": "mode", "no_standardize": False, "no_intercept": False,
+                "epsilon": None, "batch_size": "auto", "delta": 0.05, "bound": None, "initial_batch": 50,
+                "gamma": 2.0, "barker_batch": 100, "barker_delta": 0.01, "chains": 1, "seed": 0,
+                "prior_scale": 10.0, "error": None, "formula": formula, "family": "gaussian", "min_ess": 400,
+                "stream": False}
+    (folder / "run.json").write_text(json.dumps({"settings": settings, "data_sha256": "x", "mode": None}))
+    (folder / CHECKPOINT).write_bytes(b"")
+    return folder
+
+
+def test_resume_refuses_a_formula_that_would_run_code_without_running_it(small_csv, tmp_path, capsys):
+    marker = tmp_path / "ran"
+    formula = f"y ~ a + I(__import__('os').system('touch {marker}'))"
+    folder = _crafted_folder(tmp_path, small_csv, formula)
+    assert main(["run", "--resume", str(folder), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    assert "refused: the formula in run.json" in err and len(err.strip().splitlines()) == 1, err
+    # the same refusal for the other ways a formula could run code
+    from tallmh.safe_formula import check_formula
+    from tallmh.errors import CLIError
+
+    for bad in ["y ~ np.random.seed(1)", "y ~ os.system('x')", "y ~ a.__class__", "y ~ {a + 1}", "y ~ a[0]",
+                "y ~ (lambda: 1)()", "y ~ I(a)(b)", "y ~ I(lambda: 1)", "y ~ I(a if b else c)", "y ~ a + eval('1')",
+                "y ~ I((a := 1))", "y ~ a; import os", "y ~ I(a)(1)", "y ~ C(g, levels=open('f'))"]:
+        with pytest.raises(CLIError, match="refused"):
+            check_formula(bad)
+    for good in ["y ~ a + b", "y ~ a * b - 1", "y ~ 0 + a:b + C(g)", "y ~ np.log(a + 10) + I(b ** 2)",
+                 "y ~ center(a) + scale(b) + C(g, contr.treatment('x'))", "y ~ (a + b) ** 2", "y ~ `my col` + 1e-3"]:
+        assert check_formula(good) == good
+
+
+def test_resume_with_a_formula_typed_again_runs_it(small_csv, tmp_path, capsys):
+    """The user's own run: the formula given again beside --resume is theirs; another one is refused."""
+    folder = _crafted_folder(tmp_path, small_csv, "y ~ a + I(np.arcsin(b / 10))")  # np.arcsin: not listed
+    assert main(["run", "--resume", str(folder), "--quiet"]) == 2
+    assert "refused: the formula" in capsys.readouterr().err
+    assert main(["run", "--resume", str(folder), "--formula", "y ~ a", "--quiet"]) == 2
+    assert "is not the formula of the saved run" in capsys.readouterr().err
+    # typed again: accepted (then refused further on, for the crafted folder's data digest)
+    assert main(["run", "--resume", str(folder), "--formula", "y ~ a + I(np.arcsin(b / 10))", "--quiet"]) == 2
+    assert "is not the data of the saved run" in capsys.readouterr().err

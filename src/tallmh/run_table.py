@@ -74,6 +74,7 @@ def restore_args(args):
     if args.data is not None:
         raise CLIError("--resume takes the data file and every setting from the saved run; give only DIR "
                        "(and --samples for a new total)")
+    typed_formula = getattr(args, "formula", None)  # the user's own, given again beside --resume
     try:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
@@ -86,6 +87,7 @@ def restore_args(args):
             continue
         if k in saved["settings"]:
             setattr(args, k, saved["settings"][k])
+    _check_saved_formula(args, typed_formula)
     # the data path as saved: absolute (relative paths of older runs: from the folder, else as given)
     data = args.data
     if data is not None and not os.path.isabs(data):
@@ -94,6 +96,24 @@ def restore_args(args):
             args.data = beside
     args.out = folder
     return saved, ck
+
+
+def _check_saved_formula(args, typed):
+    """A formula from run.json is data: checked against a safe grammar (:mod:`tallmh.safe_formula`), never
+    evaluated as it stands, unless the user typed the same formula again with ``--formula``."""
+    saved = getattr(args, "formula", None)
+    if typed is not None and typed != saved:
+        raise CLIError(f"--resume: --formula {typed!r} is not the formula of the saved run ({saved!r})")
+    if saved is None:
+        return
+    if typed is None:
+        from .safe_formula import check_formula
+
+        check_formula(saved)
+    from .formula import FAMILIES
+
+    if args.family not in FAMILIES:
+        raise CLIError(f"--resume: refused: run.json's family {args.family!r} is not one of {sorted(FAMILIES)}")
 
 
 def check_data_file(path):
