@@ -479,3 +479,53 @@ def test_resume_with_a_formula_typed_again_runs_it(small_csv, tmp_path, capsys):
     # typed again: accepted (then refused further on, for the crafted folder's data digest)
     assert main(["run", "--resume", str(folder), "--formula", "y ~ a + I(np.arcsin(b / 10))", "--quiet"]) == 2
     assert "is not the data of the saved run" in capsys.readouterr().err
+
+
+def test_no_symbolic_link_in_a_run_folder_is_followed(tmp_path):
+    """A link in ``<checkpoint>.draws`` (to a file or folder elsewhere) is refused when the checkpoint is read,
+    and never written through when the draws are written."""
+    import shutil
+
+    from tallmh.drawstore import DrawStore
+
+    model, data = _logistic()
+    ck = tmp_path / "ck.npz"
+    with pytest.warns(tm.TrustWarning):
+        tm.sample(model, data, num_samples=48, checkpoint=str(ck), stream_draws=True, seed=5, **_QUICK)
+    draws = tmp_path / "ck.npz.draws"
+    victim = tmp_path / "elsewhere.bin"
+    shutil.copy(draws / "sampling.theta.bin", victim)
+    before = victim.read_bytes()
+    (draws / "sampling.theta.bin").unlink()
+    (draws / "sampling.theta.bin").symlink_to(victim)
+    with pytest.raises(tm.ConfigError, match="symbolic link"):
+        tm.load_result(str(ck))
+    # the writing side: a kept file that is a link is refused, a new file replaces the link, not its target
+    store = DrawStore(str(draws), 2, 3, "float64")
+    with pytest.raises(OSError, match="symbolic link"):
+        store.start({"warmup": 0, "sampling": 48}, {}, keep=True)
+    store.close()
+    store = DrawStore(str(draws), 2, 3, "float64")
+    store.start({}, {}, keep=False)
+    store.append("sampling", np.ones((2, 4, 3)), {})
+    store.close()
+    assert victim.read_bytes() == before and not (draws / "sampling.theta.bin").is_symlink()
+    # the whole draws folder a link: refused
+    shutil.rmtree(draws)
+    (tmp_path / "other").mkdir()
+    draws.symlink_to(tmp_path / "other")
+    with pytest.raises(OSError, match="symbolic link"):
+        DrawStore(str(draws), 2, 3, "float64")
+
+
+def test_cli_resume_refuses_a_run_folder_with_links(small_csv, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(small_csv / "t.csv"), "--target", "y", "--model", "linear", "--noise-sd", "1",
+                 "--samples", "20", "--warmup", "20", "--chains", "1", "--quiet", "--out", str(out)]) == 0
+    (tmp_path / "elsewhere").mkdir()
+    os.rename(out / (CHECKPOINT + ".draws"), tmp_path / "elsewhere" / "d")
+    (out / (CHECKPOINT + ".draws")).symlink_to(tmp_path / "elsewhere" / "d")
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--samples", "40", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and len(err.strip().splitlines()) == 1, err

@@ -33,6 +33,9 @@ class DrawStore:
         self.counts = {p: 0 for p in PHASES}
         self.stat_dtypes: Dict[str, np.dtype] = {}
         self._files: Dict[str, object] = {}
+        if os.path.islink(self.folder):
+            raise OSError(f"the draws folder {self.folder} is a symbolic link; tallmh writes only into a real folder "
+                          "there (remove the link)")
         os.makedirs(self.folder, exist_ok=True)
 
     def _path(self, phase, name):
@@ -55,14 +58,15 @@ class DrawStore:
                 path = self._path(phase, name)
                 want = counts.get(phase, 0) * self._row_bytes(name) if keep else 0
                 if keep:
-                    if not os.path.exists(path) or os.path.getsize(path) < want:
+                    f = _open_regular(path, os.O_RDWR)
+                    if os.fstat(f.fileno()).st_size < want:
+                        f.close()
                         raise OSError(f"the draws file {path} holds fewer draws than the checkpoint says")
-                    f = open(path, "r+b")
                     f.seek(want)
                 else:
-                    if os.path.exists(path):
-                        os.remove(path)
-                    f = open(path, "wb")
+                    if os.path.lexists(path):
+                        os.remove(path)  # (a link itself, never what it points to)
+                    f = _open_regular(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
                 self._files[(phase, name)] = f
             self.counts[phase] = counts.get(phase, 0) if keep else 0
 
@@ -110,6 +114,40 @@ class DrawStore:
         self._files = {}
 
 
+def _open_regular(path, flags):
+    """``path`` opened for binary reading and writing without following a symbolic link (a link there, or
+    anything but a regular file, is refused with ``OSError``): a run folder may come from anyone, and a
+    link in it must not make tallmh write elsewhere."""
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise OSError(f"the draws file {path} is a symbolic link; tallmh does not write through links in a "
+                          "run folder") from None
+        raise
+    import stat
+
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"the draws file {path} is not a regular file")
+    return os.fdopen(fd, "r+b")
+
+
+def _check_regular(path):
+    """``ValueError`` unless ``path`` is a regular file that is not a symbolic link (read side)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise ValueError(f"its draws file {path} is missing") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ValueError(f"its draws file {path} is a symbolic link, which a run folder may not hold")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"its draws file {path} is not a regular file")
+    return st
+
+
 def _map(path, dtype, k, row_shape):
     if k == 0:
         return np.zeros((row_shape[0], 0) + tuple(row_shape[1:]), dtype)
@@ -151,8 +189,11 @@ def open_ref(ref: dict, base: str):
     k = int(ref["draws"])
     row_shape = tuple(int(s) for s in ref["row_shape"])
     need = k * int(np.prod(row_shape)) * dtype.itemsize
-    if not os.path.exists(path):
-        raise ValueError(f"its draws file {path} is missing")
-    if os.path.getsize(path) < need:
+    folder = os.path.dirname(path)
+    while os.path.abspath(folder) != os.path.abspath(base):  # the folders between base and the file too
+        if os.path.islink(folder):
+            raise ValueError(f"its draws folder {folder} is a symbolic link, which a run folder may not hold")
+        folder = os.path.dirname(folder)
+    if _check_regular(path).st_size < need:
         raise ValueError(f"its draws file {path} holds fewer draws than it says (truncated?)")
     return _map(path, dtype, k, row_shape)

@@ -71,6 +71,10 @@ def restore_args(args):
             raise CLIError(f"--resume: {folder} holds a checkpoint of an earlier tallmh ({OLD_CHECKPOINT}, a pickle), "
                            "which this version does not read (loading a pickle can run code); start the run again")
         raise CLIError(f"--resume: {folder} holds no run to continue (no {' and no '.join(missing)})")
+    links = [f for f in (RUN_SETTINGS, CHECKPOINT, CHECKPOINT + ".draws") if os.path.islink(os.path.join(folder, f))]
+    if links:
+        raise CLIError(f"--resume: refused: {', '.join(links)} in {folder} is a symbolic link; a run folder is read "
+                       "and written only through its own files")
     if args.data is not None:
         raise CLIError("--resume takes the data file and every setting from the saved run; give only DIR "
                        "(and --samples for a new total)")

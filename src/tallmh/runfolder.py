@@ -83,7 +83,7 @@ class OutFolder:
         path = os.path.join(self.path, LOCK_FILE)
         for _ in range(10):
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)  # never a link's target
             except OSError as e:
                 raise CLIError(f"cannot write to output folder {self.path}: {e.strerror or e}") from None
             try:
