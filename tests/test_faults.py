@@ -529,3 +529,23 @@ def test_cli_resume_refuses_a_run_folder_with_links(small_csv, tmp_path, capsys)
     assert main(["run", "--resume", str(out), "--samples", "40", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "symbolic link" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_resume_refuses_a_checkpoint_of_another_method(small_csv, tmp_path, capsys):
+    """A checkpoint of a --test exact run copied into a folder whose run used the default test is refused."""
+    import shutil
+
+    base = ["run", str(small_csv / "t.csv"), "--target", "y", "--model", "linear", "--noise-sd", "1", "--samples",
+            "20", "--warmup", "20", "--chains", "1", "--quiet"]
+    assert main(base + ["--test", "exact", "--out", str(tmp_path / "exact")]) == 0
+    assert main(base + ["--out", str(tmp_path / "auto")]) == 0
+    (tmp_path / "auto" / CHECKPOINT).unlink()
+    shutil.rmtree(tmp_path / "auto" / (CHECKPOINT + ".draws"))
+    shutil.copy(tmp_path / "exact" / CHECKPOINT, tmp_path / "auto" / CHECKPOINT)
+    shutil.copytree(tmp_path / "exact" / (CHECKPOINT + ".draws"), tmp_path / "auto" / (CHECKPOINT + ".draws"))
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "auto"), "--samples", "40", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "--test auto" in err and len(err.strip().splitlines()) == 1, err
+    # its own checkpoint still continues
+    assert main(["run", "--resume", str(tmp_path / "exact"), "--samples", "40", "--quiet"]) == 0

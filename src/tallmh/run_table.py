@@ -262,7 +262,29 @@ def _resumed(args, saved, ck_path, test, tell):
         raise CLIError(f"--resume: refused: the checkpoint {ck_path} is from another run (seed "
                        f"{info.get('seed')}, {resume.num_chains} chain(s); {RUN_SETTINGS} says seed {args.seed}, "
                        f"{args.chains} chain(s))")
+    _check_method(args, test, resume, ck_path)
     return dict(resume=resume, test=test), mode
+
+
+# --proposal -> the class of the proposal it makes
+_PROPOSAL_CLASS = {"laplace": "RandomWalk", "adaptive": "AdaptiveMetropolis", "langevin": "Langevin"}
+
+
+def _check_method(args, test, resume, ck_path):
+    """The checkpoint's test and proposal are those run.json names (a checkpoint of another run's method is
+    refused, not adopted). An explicit test is compared by :func:`tallmh.sample` itself (its fingerprint)."""
+    chosen = resume.resume_info.get("chosen")
+    kept_test = str(getattr(resume.test, "name", type(resume.test).__name__))
+    kept_prop = type(resume.proposal).__name__
+    why = None
+    if test is None and ((chosen is not None and not chosen.get("test")) or kept_test == "exact"):
+        why = f"its test ({kept_test}) was not chosen by --test auto, which {RUN_SETTINGS} says"
+    elif args.proposal == "auto" and chosen is not None and not chosen.get("proposal"):
+        why = f"its proposal ({kept_prop}) was not chosen by --proposal auto, which {RUN_SETTINGS} says"
+    elif args.proposal in _PROPOSAL_CLASS and kept_prop != _PROPOSAL_CLASS[args.proposal]:
+        why = f"its proposal is {kept_prop}; {RUN_SETTINGS} says --proposal {args.proposal}"
+    if why:
+        raise CLIError(f"--resume: refused: the checkpoint {ck_path} is from another run: {why}")
 
 
 def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):

@@ -842,6 +842,10 @@ class _Run:
             self.seed = resume.resume_info["seed"]
             control_variates = resume.resume_info.get("control_variates") if control_variates is None \
                 else control_variates
+        # whether the test and the proposal are tallmh.sample's own choice (a resumed run keeps its run's): a
+        # front end that saved "auto" checks a checkpoint against it
+        self.chosen = dict(resume.resume_info.get("chosen") or {}) if resume is not None else \
+            {"test": test is None and program is None, "proposal": proposal is None and program is None}
         self.program = program
         if program is not None and (test is not None or proposal is not None or control_variates):
             raise ConfigError("with program=..., the blocks carry their own tests and proposals: pass no test, "
@@ -1051,7 +1055,7 @@ class _Run:
         info = dict(seed=self.seed, warmup_done=self.done["warmup"], sampling_done=self.done["sampling"],
                     num_warmup=self.num_warmup, num_samples=self.num_samples,
                     control_variates=self.control_variates, start_info=self.start_info,
-                    fingerprint=self.fingerprint, program=self.program is not None,
+                    fingerprint=self.fingerprint, program=self.program is not None, chosen=self.chosen,
                     audit_design=self._audit_design_as_run())
         return _assemble({p: self.parts(p) for p in ("warmup", "sampling")}, self.num_chains, self.d, self.dtype,
                          self.unravel, self.n, self.test, self.proposal, self.timings, self.setup_items,
