@@ -549,3 +549,131 @@ def test_cli_resume_refuses_a_checkpoint_of_another_method(small_csv, tmp_path, 
     assert "refused" in err and "--test auto" in err and len(err.strip().splitlines()) == 1, err
     # its own checkpoint still continues
     assert main(["run", "--resume", str(tmp_path / "exact"), "--samples", "40", "--quiet"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# a closed terminal: SIGHUP, then every write to it fails (EIO)
+
+
+def _run_on_a_terminal_closed(csv, out, extra, close_after, delay):
+    """``tallmh run`` on a pseudo-terminal whose master side is closed (the SSH session gone: SIGHUP, then EIO
+    on every write) ``delay`` seconds after ``close_after(output, out)`` holds; ``(status, output)``."""
+    import pty
+    import select
+
+    argv = [sys.executable, "-m", "tallmh", "run", str(csv), "--target", "y", "--model", "linear", "--noise-sd",
+            "1", "--chains", "1", "--out", str(out), *extra]
+    env = _env()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own with the terminal as its controlling terminal
+        try:
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    seen, t_seen, deadline = b"", None, time.time() + 120
+    try:
+        while time.time() < deadline:
+            if t_seen is not None and time.time() >= t_seen + delay:
+                break
+            r, _, _ = select.select([fd], [], [], 0.05)
+            if r:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                seen += chunk
+            if t_seen is None and close_after(seen, out):
+                t_seen = time.time()
+        assert t_seen is not None, seen.decode(errors="replace")[-2000:]
+    finally:
+        os.close(fd)  # the terminal goes away
+    deadline = time.time() + 180
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the run did not end within 180 s of the hang-up")
+        time.sleep(0.1)
+    code = os.waitstatus_to_exitcode(status)
+    return code, seen.decode(errors="replace")
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # (the child only calls execve)
+@pytest.mark.parametrize("phase", ["setup", "warmup", "sampling"])
+def test_closed_terminal_keeps_the_run(small_csv, tmp_path, capsys, phase):
+    """SIGHUP and EIO never fail the stop: exit status 129, the folder and the draws kept (a checkpoint even
+    when none was due yet), and --resume continues bit for bit."""
+    out = tmp_path / "run"
+    def drawn(name):  # the first draws of the phase streamed to disk
+        return lambda seen, out: os.path.exists(out / (CHECKPOINT + ".draws") / f"{name}.theta.bin") and \
+            os.path.getsize(out / (CHECKPOINT + ".draws") / f"{name}.theta.bin") > 0
+
+    extra, close_after, delay = {  # (no checkpoint is due before the hang-up: the default is every 300 s)
+        "setup": (["--samples", "200", "--warmup", "100"], lambda seen, out: b"rows, d =" in seen, 1.0),
+        "warmup": (["--samples", "10", "--warmup", "100000000"], drawn("warmup"), 0.5),
+        "sampling": (["--samples", "100000000", "--warmup", "0"], drawn("sampling"), 0.5),
+    }[phase]
+    code, seen = _run_on_a_terminal_closed(small_csv / "t.csv", out, extra, close_after, delay)
+    assert code == 129 or (phase == "setup" and code == 0), (code, seen[-2000:])
+    assert (out / "run.json").exists(), (code, seen[-2000:], os.listdir(out) if out.exists() else None)
+    assert not (out / ".tallmh.lock").exists()
+    if phase == "setup" and not (out / CHECKPOINT).exists():
+        # stopped before sampling began: the settings kept, and --resume starts the run again (the same draws)
+        assert main(["run", "--resume", str(out), "--quiet"]) == 0, capsys.readouterr().err
+        assert _draws(out).shape == (1, 200, 3)
+        return
+    saved = tm.load_result(str(out / CHECKPOINT))
+    if phase == "warmup":
+        assert saved.partial and saved.flat_warmup.shape[1] > 0 and (out / "posterior.nc").exists()
+        return
+    k = saved.flat_samples.shape[1]
+    total = k + 10 if phase == "sampling" else 200
+    rc = main(["run", "--resume", str(out), "--samples", str(total), "--quiet"])
+    if code == 0:  # (the run ended before the hang-up reached it: a complete run)
+        assert rc == 2
+        return
+    assert rc == 0, capsys.readouterr().err
+    theta = _draws(out)
+    assert theta.shape == (1, total, 3)
+    np.testing.assert_array_equal(theta[:, :k], saved.flat_samples)
+
+
+def test_stop_while_the_outputs_are_written_is_not_swallowed(small_csv, tmp_path, capsys, monkeypatch):
+    """A stop signal landing in a weakref callback while a finished run writes its outputs: the outputs are
+    finished and the command ends with the stop's status (before: the exception was swallowed in the callback,
+    a traceback printed and the status 0)."""
+    import weakref
+
+    from tallmh import interrupts, run_table
+
+    real = run_table._write_files
+
+    def write_files(v, out):
+        class Obj:
+            pass
+
+        o = Obj()
+        weakref.finalize(o, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        del o  # the signal is delivered inside the finaliser
+        return real(v, out)
+
+    monkeypatch.setattr(run_table, "_write_files", write_files)
+    before = {s: signal.getsignal(s) for s in interrupts.STOP_SIGNALS}
+    try:
+        interrupts.install_interrupt_counter()
+        rc = main(["run", str(small_csv / "t.csv"), "--target", "y", "--model", "linear", "--noise-sd", "1",
+                   "--samples", "20", "--warmup", "20", "--chains", "1", "--quiet", "--out", str(tmp_path / "o")])
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+        interrupts._STOPPED_BY.clear()
+    err = capsys.readouterr().err
+    assert rc == 143 and "Traceback" not in err, err
+    assert "SIGTERM: finishing the outputs" in err
+    for f in ("posterior.nc", "results.json", "report.html"):
+        assert (tmp_path / "o" / f).exists()

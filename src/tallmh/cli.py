@@ -24,7 +24,7 @@ import os
 import sys
 import warnings
 
-from .console import PROG, one_line as _one_line
+from .console import PROG, guard_streams, one_line as _one_line
 from .arg_types import batch_size, fraction, int_at_least, positive_float, samples
 from .arg_types import warmup as warmup_steps
 from .errors import CLIError
@@ -302,6 +302,7 @@ def main(argv=None) -> int:
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     if real:
         install_interrupt_counter()
+        guard_streams()  # a closed terminal (EIO) or pipe never fails the command: its output is dropped
     rc = _main(argv)
     if real and rc in (128 + int(sig) for sig in STOP_SIGNALS):
         for stream in (sys.stdout, sys.stderr):

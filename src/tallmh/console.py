@@ -15,21 +15,83 @@ import warnings
 
 PROG = "tallmh"
 
-__all__ = ["PROG", "print_line", "say", "now", "plural", "one_line", "first_line", "quiet_libraries", "use_compile_cache"]
+__all__ = ["PROG", "print_line", "say", "now", "plural", "one_line", "first_line", "quiet_libraries", "use_compile_cache",
+           "SafeStream", "guard_streams"]
+
+
+class SafeStream:
+    """A terminal stream whose writes never raise: once the terminal is gone (a closed SSH session: the writes
+    fail with EIO after the hang-up; a closed pipe: EPIPE), what is written later is dropped, so that a stop
+    is handled to its end (outputs and checkpoint written) instead of failing on its own message."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.dead = False
+
+    def _die(self):
+        self.dead = True
+
+    def write(self, text):
+        if not self.dead:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError):  # EIO, EPIPE, a closed file
+                self._die()
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        if not self.dead:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._die()
+
+    def isatty(self):
+        if self.dead:
+            return False
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def guard_streams():
+    """Put :class:`SafeStream` around ``sys.stdout`` and ``sys.stderr`` (the real command line); returns a
+    function that puts the original streams back."""
+    before = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, SafeStream):
+        sys.stdout = SafeStream(sys.stdout)
+    if not isinstance(sys.stderr, SafeStream):
+        sys.stderr = SafeStream(sys.stderr)
+
+    def restore():
+        sys.stdout, sys.stderr = before
+
+    return restore
 
 
 def print_line(*parts):
     """print() to stdout that survives a closed pipe (``tallmh ... | head``): the run goes on silently."""
     try:
         print(*parts, flush=True)
-    except BrokenPipeError:
+    except OSError:  # EPIPE; EIO once the terminal is gone
         sys.stdout = open(os.devnull, "w")
 
 
 def say(args, msg, end="\n"):
     """A progress line on stderr, unless ``args.quiet``."""
     if not getattr(args, "quiet", False):
-        print(msg, file=sys.stderr, end=end, flush=True)
+        try:
+            print(msg, file=sys.stderr, end=end, flush=True)
+        except OSError:  # the terminal is gone (EIO after a hang-up): the run goes on
+            pass
 
 
 def now() -> str:

@@ -10,7 +10,8 @@ import sys
 from .console import PROG
 from .errors import Stopped
 
-__all__ = ["STOP_SIGNALS", "status_of_stop", "arm_second_interrupt", "install_interrupt_counter", "disarm"]
+__all__ = ["STOP_SIGNALS", "status_of_stop", "arm_second_interrupt", "arm_deferred_stop", "stopped",
+           "install_interrupt_counter", "disarm"]
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 _STOPPED_BY: list = []  # the first stop signal this process received (Ctrl-C, SIGTERM, SIGHUP)
@@ -21,12 +22,44 @@ def status_of_stop() -> int:
     return 128 + (_STOPPED_BY[0] if _STOPPED_BY else int(signal.SIGINT))
 
 
+def stopped() -> bool:
+    """Whether a stop signal reached the command line's handlers."""
+    return bool(_STOPPED_BY)
+
+
+def arm_deferred_stop():
+    """While a finished run writes its outputs: the first stop signal is recorded (the outputs are finished,
+    then the command ends with the stop's status), never raised where it lands (a weakref callback, a
+    finaliser, ...); a second one ends the process at once. Returns the previous handlers."""
+    def handler(signum, frame):
+        if _STOPPED_BY:
+            _stop_now(signum)
+        _STOPPED_BY.append(int(signum))
+        try:
+            sys.stderr.write(f"\n{PROG}: {signal.Signals(signum).name}: finishing the outputs, then stopping\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    previous = {}
+    for sig in STOP_SIGNALS:
+        try:
+            if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
+    return previous
+
+
 def _stop_now(signum):
     try:
         sys.stderr.write(f"\n{PROG}: {signal.Signals(signum).name} again; stopping now (files already written are "
                          "complete)\n" if signum != signal.SIGINT else
                          f"\n{PROG}: interrupted again; stopping now (files already written are complete)\n")
         sys.stderr.flush()
+    except (OSError, ValueError):  # the terminal is gone
+        pass
     finally:
         os._exit(128 + (_STOPPED_BY[0] if _STOPPED_BY else signum))
 

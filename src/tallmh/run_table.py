@@ -22,7 +22,7 @@ import numpy as np
 from .console import PROG, now, plural, print_line, quiet_libraries, say, use_compile_cache
 from .design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
-from .interrupts import arm_second_interrupt, disarm, status_of_stop
+from .interrupts import arm_deferred_stop, arm_second_interrupt, disarm, status_of_stop, stopped
 from .method_options import METHODS, check_test_args, label_of, make_test, method_config
 from .runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
 
@@ -66,7 +66,9 @@ def restore_args(args):
     if not os.path.isdir(folder):
         raise CLIError(f"--resume: {folder} is not a folder")
     missing = [f for f, p in ((RUN_SETTINGS, path), (CHECKPOINT, ck)) if not os.path.exists(p)]
-    if missing:
+    if missing == [CHECKPOINT] and not os.path.exists(os.path.join(folder, OLD_CHECKPOINT)):
+        ck = None  # stopped before its first draw: started again from its settings (the same draws)
+    elif missing:
         if CHECKPOINT in missing and os.path.exists(os.path.join(folder, OLD_CHECKPOINT)):
             raise CLIError(f"--resume: {folder} holds a checkpoint of an earlier tallmh ({OLD_CHECKPOINT}, a pickle), "
                            "which this version does not read (loading a pickle can run code); start the run again")
@@ -172,6 +174,18 @@ def run_command(args, argv):
     test = make_test(args.test, args)
     try:
         return _run(args, argv, test, out, saved, ck_path, tell, t_all)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP before sampling began: its settings are kept
+        if not os.path.exists(os.path.join(out.path, RUN_SETTINGS)):
+            out.clean_up()
+            raise
+        stop = status_of_stop()
+        what = "interrupted" if stop == 130 else f"stopped by {signal.Signals(stop - 128).name}"
+        try:
+            print(f"{PROG}: {what} before sampling began: no draws yet; 'tallmh run --resume {out.path}' starts the "
+                  "run again with its saved settings", file=sys.stderr, flush=True)
+        except OSError:  # the terminal is gone
+            pass
+        return stop
     except BaseException:
         # a fresh run that failed before its first checkpoint leaves nothing behind (not even run.json)
         if saved is None and out.made and not os.path.exists(os.path.join(out.path, CHECKPOINT)):
@@ -334,20 +348,24 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
     extra = extra_parameter_of(model)
     param_names = list(names) + ([extra[0]] if extra else [])
     tell(f"{args.data}: N = {n:,} rows, d = {d} ({', '.join(names)})")
-    if saved is not None:
+    if saved is not None and ck_path is not None:
         kw, mode = _resumed(args, saved, ck_path, test, tell)
-    else:
+    else:  # (a saved run stopped before its first checkpoint starts again with its settings)
+        if saved is not None:
+            tell(f"{args.out} holds the settings of a run stopped before its first draw: starting it again")
         kw, mode = _fresh(args, argv, model, data, on_disk, test, digest, out, tell)
     ck = out.file(CHECKPOINT)
     result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
                        progress=False if args.quiet else None, checkpoint=ck,
                        checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
-    prev = arm_second_interrupt() if result.partial else None
+    # the outputs: a stop signal now is recorded, never raised where it lands (the outputs are finished)
+    prev = arm_second_interrupt() if result.partial else arm_deferred_stop()
     try:
         view = types.SimpleNamespace(args=args, argv=argv, result=result, model=model, names=names,
                                      param_names=param_names, scaling=scaling, mode=mode, n=n,
                                      prior_text=prior_text, digest=digest, t_all=t_all)
-        return _outputs(view, out)
+        rc = _outputs(view, out)
+        return status_of_stop() if rc == 0 and stopped() else rc
     except OSError as e:  # a full disk, an I/O error: say what was kept, in one line
         from .safe_io import WriteError
 

@@ -1110,12 +1110,18 @@ class _Run:
         except KeyboardInterrupt as e:
             self.partial = True
             what = f"stopped by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) else "interrupted"
-            print(f"\ntallmh: {what}; returning the draws made so far (result.partial = True)", file=sys.stderr)
+            try:  # (never raises: after a hang-up the terminal's writes fail, and the draws matter more)
+                print(f"\ntallmh: {what}; returning the draws made so far (result.partial = True)", file=sys.stderr)
+            except OSError:
+                pass
         finally:
             signals.__exit__(None, None, None)
             ds.advise(self.data, "normal")  # the files' default read-ahead again, for whatever reads them next
             if self.bar is not None:
-                self.bar.close()
+                try:
+                    self.bar.close()
+                except OSError:  # the terminal is gone
+                    pass
 
     def _set_up(self, init_jitter, early=None):
         """The chains' start states: for a program, its blocks' init from the model's; else the mode, the
