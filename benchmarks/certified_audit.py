@@ -3,7 +3,7 @@
 For each N (``time_to_trusted.make_data``: logistic regression, d = 11, feature scales 0.1 to 10) the script
 runs the default call ``tm.sample(model, data, num_samples="auto", min_ess=1000)`` in one process: once to
 compile (discarded), then alternately with certification on (the default) and off
-(``tallmh.sampling.CERTIFY = False``: every audited decision takes a full pass, and the default audit's plan is
+(``tallmh.run.sampling.CERTIFY = False``: every audited decision takes a full pass, and the default audit's plan is
 cut to its item budget at N items per audit, as before certification). It prints per configuration the
 audited chain-steps, how many were certified, the items the audits read, the audit's power to flag twice the
 target, the call's sampling and total seconds (medians over ``--repeats``), and for the certified runs the
@@ -33,7 +33,8 @@ def main():
     if args.smoke:
         args.sizes, args.repeats = [2e4], 1
     import tallmh as tm
-    from tallmh import certify, sampling
+    from tallmh import certify
+    from tallmh.run import sampling
 
     seen = []
     settle = certify.settle

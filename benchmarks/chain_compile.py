@@ -46,7 +46,7 @@ def _child(a):
     import jax
 
     import tallmh as tm
-    from tallmh import _exec_cache, sampling
+    from tallmh.run import _exec_cache, sampling
 
     data, _ = tm.models.LogisticRegression.simulate(a.N, d=a.d)
     model = tm.models.LogisticRegression(prior_scale=10.0)

@@ -44,7 +44,7 @@ def child(args):
 
     import tallmh as tm
     from tallmh import distributed as dist
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     warnings.simplefilter("ignore")
     n = int(float(args.n))

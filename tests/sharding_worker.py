@@ -45,7 +45,7 @@ def main():
     import jax.numpy as jnp
     import numpy as np
 
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "tallmh-test-jax-cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

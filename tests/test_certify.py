@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import certify, sampling
-from tallmh.datasource import host_reader
+from tallmh import certify
+from tallmh.run import sampling
+from tallmh.storage.datasource import host_reader
 
 
 def _data(n, kind, seed=0):

@@ -1,4 +1,4 @@
-"""Out-of-core data (tallmh.datasource): .npy files and memmaps read in place."""
+"""Out-of-core data (tallmh.storage.datasource): .npy files and memmaps read in place."""
 
 import warnings
 
@@ -8,8 +8,8 @@ import pytest
 
 import tallmh as tm
 from tallmh import setup_passes
-from tallmh import datasource as ds
-from tallmh.data import take, validate_data
+from tallmh.storage import datasource as ds
+from tallmh.storage.data import take, validate_data
 
 N = 5000
 
@@ -109,7 +109,7 @@ class _Counting:
 
 
 def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypatch):
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     data, paths, _ = files
     # small blocks, so that "never whole" is visible at N = 5000: set-up reads at most 1024 rows at a time
@@ -142,7 +142,7 @@ def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypa
     assert max(X.reads) <= 1024 < N
     # set-up reads = the counted set-up passes (model setup, Newton, sums) + the 16-row model check + the
     # rows the run's fingerprint reads (for checkpoints)
-    from tallmh.checkpoint import fingerprint_rows
+    from tallmh.storage.checkpoint import fingerprint_rows
 
     fp_rows = len(fingerprint_rows(N, res.resume_info["fingerprint"]["data"]["salt"]))
     assert sum(setup) == res.setup_items + 16 + fp_rows

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import _exec_cache, sampling
+from tallmh.run import _exec_cache, sampling
 
 
 def _run(monkeypatch, defer=True, other_key=False):

@@ -1,4 +1,4 @@
-"""Compiled chains kept on disk by tallmh's own key (tallmh._exec_cache): a later call loads the executable
+"""Compiled chains kept on disk by tallmh's own key (tallmh.run._exec_cache): a later call loads the executable
 without tracing and gives the same draws; objects tallmh cannot name are never keyed."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 import tallmh as tm
-from tallmh import _exec_cache, sampling
+from tallmh.run import _exec_cache, sampling
 
 
 def _run(**kw):

@@ -156,7 +156,7 @@ def test_default_audit_reads_at_most_its_item_budget(problem, monkeypatch):
     """The default self-audit reads at most DEFAULT_AUDIT_ITEMS items (each audit reads all N) and at most 5%
     of the steps, says so in the notes with the power left when that cuts it below the count that flags
     twice the target with probability 0.8, and an explicit rate is not cut."""
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     model, data = problem
     n = 3000

@@ -175,7 +175,7 @@ def test_a_program_audits_its_approximate_blocks():
 def test_the_default_audit_budget_counts_each_repeat_of_an_approximate_block():
     """An audited program step reads the data once per approximate block and per repeat: the default audit count
     divides the item cap by that, so a repeated block gets proportionally fewer audited steps."""
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     aust = tm.acceptance.Austerity(epsilon=0.05, batch_size=4)
     one = tm.Cycle([tm.blocks.Gibbs("z", items_per_step=len(X)),

@@ -173,7 +173,7 @@ def test_auto_warmup_is_short_only_where_only_a_step_size_is_tuned(tmp_path):
 def test_a_chain_on_an_accelerator_says_so(problem, monkeypatch):
     """On a GPU the chain's small sequential reads are latency-bound (measured slower than the host's CPU):
     the run's notes say where it ran and how to run on the CPU; a CPU run says nothing of the kind."""
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     model, data = problem
     cpu = _run(model, data, num_samples=20, num_warmup=20, num_chains=2)
@@ -187,7 +187,7 @@ def test_run_keys_hashed_on_the_host_are_jax_keys():
     """The run's keys, hashed in NumPy (``sampling._threefry2x32``), are ``jax.random``'s bit for bit under both
     settings of ``jax_threefry_partitionable``; the negative control: the two settings' keys differ, so the
     comparison can tell one hashing from another."""
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     before = jax.config.jax_threefry_partitionable
     got = {}
@@ -212,7 +212,7 @@ def test_step_keys_hashed_on_the_host_are_jax_fold_ins():
     audit key), hashed in NumPy, are ``jax.random.fold_in``'s bit for bit under both settings of
     ``jax_threefry_partitionable``, and so are those of the compiled fallback (keys that are not raw Threefry keys
     take it; here forced); the negative control: a step off by one gives other keys."""
-    from tallmh import sampling
+    from tallmh.run import sampling
 
     before = jax.config.jax_threefry_partitionable
     rng = np.random.default_rng(7)

@@ -75,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import take
+from .storage.data import take
 from .acceptance.none import AlwaysAccept
 from .errors import ConfigError, ModelError
 from .kernel import Kernel, KernelState, StepInfo, build_kernel

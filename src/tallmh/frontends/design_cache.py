@@ -3,7 +3,7 @@ need not fit in memory.
 
 One streamed pass over the table (in blocks of about 32 MB) checks the columns and accumulates their
 means and sds; a second writes the standardised design (float32, intercept first) and the target as
-``.npy`` files in the cache folder, which are then opened with :func:`tallmh.data.from_npy`, so the chains
+``.npy`` files in the cache folder, which are then opened with :func:`tallmh.storage.data.from_npy`, so the chains
 read only the rows they use. The cache is keyed by the file (path, size, modification time) and the
 settings, so a second run on the same table skips both passes. A 2-D ``.npy`` table is read from its own
 memory map in both passes.
@@ -19,9 +19,9 @@ import types
 import numpy as np
 
 from .design import scaling_of, split_features
-from .console import first_line
-from .errors import DataError
-from .method_options import batch_of
+from ..console import first_line
+from ..errors import DataError
+from ..method_options import batch_of
 
 __all__ = ["BLOCK_BYTES", "MEMORY_SHARE", "is_npy_table", "npy_design", "should_stream", "table_blocks",
            "streamed_design"]
@@ -43,7 +43,7 @@ def is_npy_table(args) -> bool:
 
 
 def _cache_folder(settings: dict) -> str:
-    from .compare import default_cache_dir
+    from ..reporting.compare import default_cache_dir
 
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:24]
     root = os.path.join(os.path.abspath(os.path.expanduser(default_cache_dir())), "tables")
@@ -160,7 +160,7 @@ def _open_cached(folder, meta, fcols, intercept, standardise):
 
 def _npy_columns(args, path, mm):
     """The target and feature columns of a 2-D ``.npy`` table (named ``"0"``, ``"1"``, ...), checked."""
-    from .datasets import choose_columns
+    from ..datasets import choose_columns
 
     n, p = mm.shape
     if n == 0 or p == 0:
@@ -180,7 +180,7 @@ def npy_design(args, say):
     run`` options: data, target, features, model, test, no_intercept, no_standardize).
 
     Returns ``(data, on_disk, names, scaling, digest)``: the from_npy pytree, the same files as NumPy memory
-    maps, the names, the standardisation (as :func:`tallmh.design.load_design`) and a SHA-256 of the file
+    maps, the names, the standardisation (as :func:`tallmh.frontends.design.load_design`) and a SHA-256 of the file
     and settings.
     """
     path = os.path.abspath(args.data)
@@ -365,14 +365,14 @@ class _Named:
 
 def _plan(args, path, rows, tell):
     """What to stream: ``(target, features, formula has an intercept, blocks of [target, features...] as
-    float64, target must be 0/1)``; a formula's design is built block by block by :mod:`tallmh.formula`."""
+    float64, target must be 0/1)``; a formula's design is built block by block by :mod:`tallmh.frontends.formula`."""
     progress = _progress(tell, os.path.basename(path))
     if getattr(args, "formula", None):
         from .formula import design_blocks
 
         target, names, has_intercept, blocks = design_blocks(path, args.formula, args.family, rows, progress)
         return target, names, has_intercept, _Named(blocks, [target] + names), False
-    from .datasets import choose_columns
+    from ..datasets import choose_columns
 
     frame = types.SimpleNamespace(columns=_header(path))
     tcol, fcols = choose_columns(frame, args.target, split_features(args.features), path)

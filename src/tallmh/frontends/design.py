@@ -4,14 +4,14 @@ Features are standardised (``x_std = (x - center) / scale``) and a column of one
 run says otherwise; the coefficients sampled on that scale map back linearly: ``beta_j = b_j / scale_j``
 and ``intercept = b_0 - sum_j b_j center_j / scale_j``. A table small enough for memory is read whole
 (:func:`load_design`); a larger one, or any 2-D ``.npy``, is streamed into an on-disk cache
-(:mod:`tallmh.design_cache`).
+(:mod:`tallmh.frontends.design_cache`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .method_options import batch_of
+from ..method_options import batch_of
 
 __all__ = ["split_features", "scaling_of", "load_design", "extra_parameter_of", "original_scale",
            "original_scale_run", "original_scale_laplace"]
@@ -43,7 +43,7 @@ def load_design(args):
     "intercept": bool}`` over the feature columns (the intercept excluded). Without an intercept the
     features are only scaled, so the model keeps no intercept on the original scale.
     """
-    from .datasets import load_table
+    from ..datasets import load_table
 
     test_batch = batch_of(args.test, args)
     if getattr(args, "formula", None):

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import digamma, gammaln, polygamma
 
-from .console import first_line
-from .errors import ConfigError, DataError
-from .model import Model
+from ..console import first_line
+from ..errors import ConfigError, DataError
+from ..model import Model
 
 __all__ = ["FAMILIES", "FormulaDesign", "load_design", "design_blocks", "PoissonRegression",
            "NegativeBinomialRegression"]

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["FORMAT", "VERSION", "write", "read", "run_fingerprint", "mismatch", "new_salt"]
 
@@ -161,7 +161,7 @@ def _decode(node, arrays, base=None):
 
 
 def write(path: str, payload: dict) -> str:
-    """Write ``payload`` (a dict of the run's parts) to ``path`` atomically (:mod:`tallmh.safe_io`)."""
+    """Write ``payload`` (a dict of the run's parts) to ``path`` atomically (:mod:`tallmh.storage.safe_io`)."""
     from .safe_io import atomic_write
 
     arrays: dict = {}
@@ -299,7 +299,7 @@ def data_fingerprint(data, n: int, salt: int) -> dict:
 def run_fingerprint(model, data, n, test, proposal, control_variates, num_chains, seed, d, dtype,
                     salt: Optional[int] = None) -> dict:
     """What a run is made of (module docstring); ``salt`` keys the rows sampled (new when None)."""
-    from .results import method_label
+    from ..reporting.results import method_label
 
     salt = new_salt() if salt is None else int(salt)
     return {
