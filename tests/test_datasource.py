@@ -109,7 +109,7 @@ class _Counting:
 
 
 def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypatch):
-    from tallmh.run import sampling
+    from tallmh.run import programs
 
     data, paths, _ = files
     # small blocks, so that "never whole" is visible at N = 5000: set-up reads at most 1024 rows at a time
@@ -124,14 +124,14 @@ def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypa
         counters[k] = ds._HOST[tok] = _Counting(ds._HOST[tok])
     X = counters["X"]
     phase = {"setup_end": None}
-    compile_chunk = sampling._Run._compile
+    compile_chunk = programs.compile_chunk
 
     def compile_after_setup(self, *a, **k):  # the chunk is taken once set-up (mode, sums, model setup) is done
         if phase["setup_end"] is None:
             phase["setup_end"] = len(X.reads)
         return compile_chunk(self, *a, **k)
 
-    monkeypatch.setattr(sampling._Run, "_compile", compile_after_setup)
+    monkeypatch.setattr(programs, "compile_chunk", compile_after_setup)
     marks = []
     res = _run(disk, tm.acceptance.Austerity(error=0.05, batch_size=50), tm.ControlVariates(), audit=0.0,
                num_chains=1, num_samples=100, num_warmup=100, chunk_size=20,

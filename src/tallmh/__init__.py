@@ -26,13 +26,13 @@ _SUBMODULES = {
 _NAMES = {
     "Cycle": "blocks", "sample_program": "blocks", "ControlVariates": "control_variates",
     "ConfigError": "errors", "DataError": "errors", "ModelError": "errors", "TallmhError": "errors",
-    "TrustWarning": "errors", "build_kernel": "kernel", "Model": "model", "from_numpyro": "numpyro_model",
+    "TrustWarning": "errors", "build_kernel": "kernel_choice", "Model": "model", "from_numpyro": "numpyro_model",
     "Result": "results", "Summary": "results", "load_result": "results", "decide": "sampling",
     "decision_fn": "sampling", "sample": "sampling", "from_pymc": "pymc_model", "from_bambi": "pymc_model",
     "set_compilation_cache": "_cache", "compilation_cache_dir": "_cache",
 }
 # modules that compile programs: loading one through the package sets up JAX's compilation cache first
-_COMPILES = ("sampling", "kernel", "blocks", "control_variates", "setup_passes", "informed", "numpyro_model",
+_COMPILES = ("sampling", "kernel", "kernel_choice", "blocks", "control_variates", "setup_passes", "informed", "numpyro_model",
              "pymc_model", "distributed")
 
 
