@@ -249,7 +249,7 @@ _LAPACK_CHILD = r"""
 import sys
 import jax, jax.numpy as jnp, numpy as np
 import tallmh as tm
-from tallmh import _exec_cache
+from tallmh.run import _exec_cache
 tm.set_compilation_cache(sys.argv[1])
 a = np.array([[4.0, 2.0], [2.0, 3.0]], np.float32)
 key = _exec_cache.program_key("a program with a Cholesky factor", 1)
