@@ -5,7 +5,7 @@ the design read (in memory, or streamed into an on-disk cache) -> the model -> a
 saved (or a saved run restored with ``--resume``) -> :func:`tallmh.sample` with checkpoints -> the outputs:
 the summary on the terminal, ``results.json``, ``posterior.nc`` and ``report.html`` in ``--out``.
 Coefficients are sampled on standardised features and reported on the data's own scale
-(:mod:`tallmh.design`).
+(:mod:`tallmh.frontends.design`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import types
 import numpy as np
 
 from .console import PROG, now, plural, print_line, quiet_libraries, say, use_compile_cache
-from .design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
+from .frontends.design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
 from .interrupts import arm_deferred_stop, arm_second_interrupt, disarm, status_of_stop, stopped
 from .method_options import METHODS, check_test_args, label_of, make_test, method_config
-from .runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
+from .storage.runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
 
 __all__ = ["RUN_KEYS", "run_command", "run_settings", "restore_args", "check_data_file", "coef_table"]
 
@@ -43,7 +43,7 @@ def run_settings(args) -> dict:
 
 def _formula_args(args):
     """--formula replaces --target, --features and --model; --family sets the model."""
-    from .formula import FAMILIES
+    from .frontends.formula import FAMILIES
 
     if args.target is not None or args.features is not None:
         raise CLIError("--formula names the response and the predictors: drop --target and --features")
@@ -113,10 +113,10 @@ def _check_saved_formula(args, typed):
     if saved is None:
         return
     if typed is None:
-        from .safe_formula import check_formula
+        from .frontends.safe_formula import check_formula
 
         check_formula(saved)
-    from .formula import FAMILIES
+    from .frontends.formula import FAMILIES
 
     if args.family not in FAMILIES:
         raise CLIError(f"--resume: refused: run.json's family {args.family!r} is not one of {sorted(FAMILIES)}")
@@ -206,8 +206,8 @@ def _design(args, tell):
     """``(data, on_disk, names, scaling, digest)``: the design from disk (a ``.npy`` table, or a CSV/Parquet
     table streamed into the on-disk cache) or memory. The choice to stream is kept in ``args.stream`` (saved
     with the run, so that ``--resume`` reads the table the same way)."""
-    from . import compare as cmp
-    from .design_cache import is_npy_table, npy_design, should_stream, streamed_design
+    from .reporting import compare as cmp
+    from .frontends.design_cache import is_npy_table, npy_design, should_stream, streamed_design
 
     if is_npy_table(args):
         return npy_design(args, tell)
@@ -227,12 +227,12 @@ def _model_of(args, scaling):
         model = tm.models.LogisticRegression(prior_scale=args.prior_scale)
         prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
     elif args.model == "poisson":
-        from .formula import PoissonRegression
+        from .frontends.formula import PoissonRegression
 
         model = PoissonRegression(prior_scale=args.prior_scale)
         prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
     elif args.model == "negativebinomial":
-        from .formula import NegativeBinomialRegression
+        from .frontends.formula import NegativeBinomialRegression
 
         model = NegativeBinomialRegression(prior_scale=args.prior_scale,
                                            dispersion_prior_scale=args.noise_prior_scale)
@@ -249,7 +249,7 @@ def _model_of(args, scaling):
 def _resumed(args, saved, ck_path, test, tell):
     """``--resume``: the sampler's arguments that continue the saved run, and its posterior mode (or None)."""
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
 
     try:
         resume = tm.load_result(ck_path)
@@ -305,8 +305,8 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
     """A new run: the sampler's arguments and the posterior mode (``--proposal laplace`` only), with the
     run's settings saved in ``run.json`` for ``--resume``."""
     import tallmh as tm
-    from . import compare as cmp
-    from .report import write_json
+    from .reporting import compare as cmp
+    from .reporting.report import write_json
 
     n = data["X"].shape[0]
     mode = None
@@ -336,7 +336,7 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
 
 def _run(args, argv, test, out, saved, ck_path, tell, t_all):
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
 
     quiet_libraries()
     use_compile_cache(os.path.abspath(os.path.expanduser(cmp.default_cache_dir())))
@@ -367,7 +367,7 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
         rc = _outputs(view, out)
         return status_of_stop() if rc == 0 and stopped() else rc
     except OSError as e:  # a full disk, an I/O error: say what was kept, in one line
-        from .safe_io import WriteError
+        from .storage.safe_io import WriteError
 
         what = e.strerror if isinstance(e, WriteError) else f"cannot write the outputs: {e.strerror or e}" + \
             (f" ({e.filename})" if getattr(e, "filename", None) else "")
@@ -384,7 +384,7 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
 
 def coef_table(draws, names):
     """mean, sd, 5% and 95% quantiles, bulk ESS and R-hat of draws ``(chain, draw, k)``."""
-    from .report import param_table
+    from .reporting.report import param_table
 
     tab = param_table(draws, names)
     flat = np.asarray(draws, np.float64).reshape(-1, draws.shape[-1])
@@ -403,8 +403,8 @@ def coef_table(draws, names):
 
 def _method_row(v):
     """The run as one method of a comparison: its MethodRun, table row, text table and verdict."""
-    from . import report as rp
-    from .compare import verdict_of
+    from .reporting import report as rp
+    from .reporting.compare import verdict_of
 
     args, result = v.args, v.result
     t = result.timings
@@ -463,7 +463,7 @@ def _coefficients(v):
 
 def _print_summary(v):
     """The run's summary on stdout: what ran, the verdict, the audit, the table and the coefficients."""
-    from .results import audit_line
+    from .reporting.results import audit_line
 
     args = v.args
     print_line(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, "
@@ -485,7 +485,7 @@ def _print_summary(v):
 def _results_json(v) -> dict:
     """Every number of the run, as results.json holds them."""
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
 
     args, result, scaling, mode = v.args, v.result, v.scaling, v.mode
     overall = {}
@@ -520,7 +520,7 @@ def _results_json(v) -> dict:
 
 def _write_report(v, folder):
     """report.html: the run's description, tables and plots."""
-    from . import report as rp
+    from .reporting import report as rp
 
     e = html.escape
     args, audit_text = v.args, v.audit_text
@@ -562,7 +562,7 @@ def _write_report(v, folder):
 
 def _write_files(v, out):
     """The files in ``--out``: the plots, posterior.nc, results.json and report.html."""
-    from . import report as rp
+    from .reporting import report as rp
 
     result = v.result
     folder = out.make()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import keyword
 import re
 
-from .errors import CLIError
+from ..errors import CLIError
 
 __all__ = ["TRANSFORMS", "check_formula"]
 
