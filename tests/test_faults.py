@@ -677,3 +677,127 @@ def test_stop_while_the_outputs_are_written_is_not_swallowed(small_csv, tmp_path
     assert "SIGTERM: finishing the outputs" in err
     for f in ("posterior.nc", "results.json", "report.html"):
         assert (tmp_path / "o" / f).exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# degenerate data, named before sampling in one line
+
+
+def test_api_names_degenerate_data_in_one_line():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 2))
+    for model, y in ((tm.models.LogisticRegression(), np.ones(300)), (tm.models.LinearRegression(), np.full(300, 3.0))):
+        with pytest.raises(tm.DataError, match="target 'y' is constant") as e:
+            tm.sample(model, {"X": X, "y": y}, num_samples=10, progress=False)
+        assert "\n" not in str(e.value)
+    with pytest.raises(tm.DataError, match=r"not numeric \(dtype <U") as e:  # (before: JAX's raw TypeError)
+        tm.sample(tm.models.LogisticRegression(), {"X": X, "y": np.array(["a", "b"] * 150)}, num_samples=10,
+                  progress=False)
+    with pytest.raises(tm.ConfigError, match=r"reads data\['y'\], which this data does not have \(it has 'X', 'z'\)"):
+        tm.sample(tm.models.LogisticRegression(), {"X": X, "z": np.ones(300)}, num_samples=10, progress=False)
+    from tallmh.reporting.results import estimated_rate
+
+    assert estimated_rate(0.05, 0.5) == "0.075" and estimated_rate(0.05, 93.4).startswith("1 (")
+
+
+def _csv(tmp_path, name, **cols):
+    pd.DataFrame(cols).to_csv(tmp_path / name, index=False)
+    return str(tmp_path / name)
+
+
+def test_cli_refuses_a_constant_target(tmp_path, capsys):
+    path = _csv(tmp_path, "c.csv", x=np.arange(100.0), y=np.ones(100))
+    assert main(["run", path, "--target", "y", "--model", "logistic", "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "target 'y' is constant" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_names_separating_columns(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=400)
+    g = (rng.random(400) < 0.1).astype(float)
+    y = ((rng.random(400) < 0.5) | (g == 1)).astype(float)  # every row with g = 1 has y = 1
+    path = _csv(tmp_path, "s.csv", x=x, g=g, z=np.where(y == 1, 1.0, -1.0) + 0.1 * rng.random(400), y=y)
+    assert main(["run", path, "--target", "y", "--model", "logistic", "--samples", "20", "--warmup", "20",
+                 "--chains", "1", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if line.startswith("tallmh: note:")]
+    assert len(notes) == 2, captured.err
+    assert "column 'g' separates the target: every row with g = 1 has y = 1" in notes[0]
+    assert "column 'z' separates the target" in notes[1]
+    assert "data note: column 'x'" not in captured.out and "data note: column 'g'" in captured.out
+    res = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert len(res["data_notes"]) == 2
+
+
+def test_cli_collinear_one_hot_columns_are_named_and_their_contrasts_match_least_squares(tmp_path, capsys):
+    """One-hot columns of every level beside the intercept: named in a note, kept; the identified contrasts
+    (differences of levels, the slope) agree with least squares within Monte Carlo error."""
+    rng = np.random.default_rng(2)
+    n = 3000
+    level = rng.integers(0, 3, n)
+    hot = np.eye(3)[level]
+    x = rng.normal(size=n)
+    y = np.array([0.0, 1.0, -0.5])[level] + 0.7 * x + rng.normal(size=n)
+    path = _csv(tmp_path, "h.csv", x=x, g_a=hot[:, 0], g_b=hot[:, 1], g_c=hot[:, 2], y=y)
+    out = tmp_path / "o"
+    assert main(["run", path, "--target", "y", "--model", "linear", "--noise-sd", "1", "--samples", "2000",
+                 "--chains", "2", "--test", "exact", "--out", str(out), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "columns intercept, g_a, g_b, g_c are exactly collinear" in captured.err, captured.err
+    import arviz as az
+
+    beta = az.from_netcdf(str(out / "posterior.nc")).posterior["beta"].values.reshape(-1, 5)  # intercept, x, g_a..c
+    D = np.column_stack([np.ones(n), x, hot[:, 1], hot[:, 2]])  # level a as the baseline: identified
+    ols = np.linalg.lstsq(D, y, rcond=None)[0]
+    contrasts = np.column_stack([beta[:, 1], beta[:, 3] - beta[:, 2], beta[:, 4] - beta[:, 2]])
+    want = ols[1:]
+    ess = np.array([float(az.ess(c.reshape(2, -1))) for c in contrasts.T])
+    mcse = contrasts.std(axis=0) / np.sqrt(ess)
+    # posterior mean - least squares: within 4 MCSE plus the prior's pull (N(0, 10^2): under 0.01 sd here)
+    np.testing.assert_array_less(np.abs(contrasts.mean(axis=0) - want), 4 * mcse + 0.01 * contrasts.std(axis=0))
+    # negative control: the same check fails for a contrast read from the wrong columns
+    wrong = beta[:, 3] - beta[:, 4]
+    assert abs(wrong.mean() - want[1]) > 4 * mcse[1] + 0.01 * contrasts.std(axis=0)[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# damaged caches
+
+
+def test_a_damaged_compiled_program_is_removed_and_compiled_again(tmp_path, monkeypatch):
+    """A flipped bit in an entry of the compiled-program cache: the entry fails its checksum and is removed,
+    never loaded (a damaged executable crashed later runs: SIGABRT, SIGILL, LLVM errors); the next run
+    compiles it again, with the same draws."""
+    import jax
+
+    from tallmh.run import _exec_cache, programs
+
+    previous = jax.config.jax_compilation_cache_dir
+    tm.set_compilation_cache(str(tmp_path))
+    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
+
+    def run():
+        return tm.sample(tm.models.LogisticRegression(), data, test=tm.acceptance.Exact(), num_samples=60,
+                         num_warmup=40, num_chains=2, seed=5, chunk_size=20, progress=False)
+
+    loaded = []
+    real_load = _exec_cache.load
+    monkeypatch.setattr(_exec_cache, "load", lambda key: loaded.append(real_load(key)) or loaded[-1])
+    try:
+        programs.RUNNERS.clear()
+        first = run()
+        (entry,) = list((tmp_path / "tallmh-executables").glob("*.pkl"))
+        raw = bytearray(entry.read_bytes())
+        for at in (len(raw) // 3, len(raw) // 2, (3 * len(raw)) // 4):  # three bits in the executable
+            raw[at] ^= 1 << (at % 8)
+        entry.write_bytes(bytes(raw))
+        programs.RUNNERS.clear()  # as in a new process
+        second = run()
+        assert loaded[-1] is None  # the damaged entry was not loaded but removed (the program compiled anew:
+        assert not entry.exists()  # here JAX's own cache answers, and such a copy is not stored again)
+        np.testing.assert_array_equal(first.flat_samples, second.flat_samples)
+    finally:
+        programs.RUNNERS.clear()
+        tm.set_compilation_cache(previous)

@@ -12,6 +12,8 @@ that change what a program computes. Objects that are not tallmh's own (a user's
 stable key: their programs are traced every time, as before. Entries live in the folder of JAX's
 persistent cache (``<cache>/tallmh-executables``), so turning that cache off or moving it does the same
 here; reading an entry unpickles it, so the folder must be trusted like JAX's (docs/compilation-cache.md).
+Each entry starts with a SHA-256 checksum of the rest: a damaged entry (a flipped bit, a write cut short) is
+removed and the program compiled anew, never loaded (a damaged executable can crash the process).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import numpy as np
 __all__ = ["stable_key", "program_key", "load", "store"]
 
 _SUBDIR = "tallmh-executables"
-_FORMAT = 1
+_FORMAT = 2
+_MAGIC = b"tallmh-executable\x00"  # then the SHA-256 of the rest, then the pickled entry
 _SOURCE_HASH: list = []
 # JAX settings that change a traced program (or its random numbers) without showing in its argument shapes
 _CONFIG = ("jax_enable_x64", "jax_threefry_partitionable", "jax_default_matmul_precision", "jax_default_prng_impl",
@@ -252,7 +255,12 @@ def load(key: Optional[str]):
         from jax.experimental.serialize_executable import deserialize_and_load
 
         with open(path, "rb") as f:
-            fmt, payload, in_tree, out_tree = pickle.load(f)
+            raw = f.read()
+        body = raw[len(_MAGIC) + 32:]
+        if not raw.startswith(_MAGIC) or hashlib.sha256(body).digest() != raw[len(_MAGIC):len(_MAGIC) + 32]:
+            _discard(path)  # damaged (a flipped bit, a truncated write) or of an older format: rebuilt
+            return None
+        fmt, payload, in_tree, out_tree = pickle.loads(body)
         if fmt != _FORMAT:
             return None
         if b"lapack" in payload:
@@ -263,6 +271,14 @@ def load(key: Optional[str]):
         return compiled
     except Exception:  # noqa: BLE001 - a damaged or foreign entry: compile as if there were none
         return None
+
+
+def _discard(path):
+    """Remove a damaged entry (the program is compiled anew and stored again)."""
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _lapack_ready():
@@ -290,8 +306,8 @@ def store(key: Optional[str], compiled) -> bool:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
+            with os.fdopen(fd, "wb") as f:  # (a checksum first: a damaged entry is never loaded)
+                f.write(_MAGIC + hashlib.sha256(blob).digest() + blob)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
