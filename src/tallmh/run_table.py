@@ -348,6 +348,11 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
     extra = extra_parameter_of(model)
     param_names = list(names) + ([extra[0]] if extra else [])
     tell(f"{args.data}: N = {n:,} rows, d = {d} ({', '.join(names)})")
+    for note in scaling.get("data_notes") or ():  # degenerate data, named before sampling (even with --quiet)
+        try:
+            print(f"{PROG}: note: {note}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
     if saved is not None and ck_path is not None:
         kw, mode = _resumed(args, saved, ck_path, test, tell)
     else:  # (a saved run stopped before its first checkpoint starts again with its settings)
@@ -470,6 +475,8 @@ def _print_summary(v):
                f"N = {v.n:,}; method {v.label}; {plural(v.c, 'chain')} x {plural(v.k, 'draw')} "
                f"({plural(v.kw, 'warmup step')})" + (" [PARTIAL]" if v.result.partial else ""))
     print_line(f"verdict: {v.verdict}")
+    for note in v.scaling.get("data_notes") or ():
+        print_line(f"data note: {note}")
     for note in getattr(v.result, "notes", None) or []:  # --samples auto: which goal was reached
         if str(note).startswith("num_samples='auto'"):
             print_line("--samples auto" + str(note)[len("num_samples='auto'"):])
@@ -508,6 +515,7 @@ def _results_json(v) -> dict:
                      "proposal_used": str(getattr(result.proposal, "name", type(result.proposal).__name__)),
                      "checkpoint_every_s": args.checkpoint_every},
         "partial": bool(result.partial), "trusted": v.trusted, "verdict": v.verdict, "warnings": v.warns,
+        "data_notes": list(scaling.get("data_notes") or []),
         "mode": None if mode is None else {"theta": mode.theta, "passes": mode.passes, "laplace_sd": mode.sd},
         "timings": v.t, "methods": [v.row], "summary": overall,
         "parameters": v.param_names, "per_parameter": {v.name: cmp.per_param(v.run, v.param_names)},

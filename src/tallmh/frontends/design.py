@@ -38,10 +38,15 @@ def load_design(args):
                        binary_target=(args.model == "logistic"), min_rows=test_batch, standardise=False,
                        intercept=False)
         Z, names, yv, has_intercept = t.X.astype(np.float64), list(t.feature_names), t.y, True
+    from .degenerate import check_target, design_notes
+
+    target = t.target if getattr(args, "formula", None) else args.target
+    check_target(yv, target)
+    intercept = not args.no_intercept and has_intercept
+    notes = design_notes(Z, yv, names, target, binary=args.model == "logistic", intercept=intercept)
     features = list(names)
     mean = Z.mean(axis=0)
     sd = Z.std(axis=0)
-    intercept = not args.no_intercept and has_intercept
     if args.no_standardize:
         center, scale = np.zeros_like(mean), np.ones_like(sd)
     else:
@@ -51,6 +56,7 @@ def load_design(args):
         Z = np.column_stack([np.ones(len(Z)), Z])
         names = ["intercept"] + names
     scaling = scaling_of(not args.no_standardize, intercept, features, center, scale)
+    scaling["data_notes"] = notes  # (said before sampling, in the summary and in results.json)
     return Z.astype(np.float32), yv.astype(np.float32), names, scaling
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Optional
 
 import jax.numpy as jnp
+import jax
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ._target import check_target
 from ..model import Model
 from ._rounding import rounding_headroom
 
@@ -121,6 +123,8 @@ class LinearRegression(Model):
         if np.ndim(data["X"]) != 2:
             raise DataError(f"LinearRegression needs data['X'] of shape (N, d); got {np.shape(data['X'])}")
         d = np.shape(data["X"])[1]
+        if isinstance(data.get("y"), (np.ndarray, jax.Array)):  # (in memory or memory-mapped: N values read)
+            check_target(data["y"])
         if not self.samples_noise:
             return jnp.zeros(d)
         sd_y = float(np.std(np.asarray(data["y"], np.float64)))  # a start on the scale of the target

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ._target import check_target
 from ..model import Model
 from ._rounding import rounding_headroom
 
@@ -182,6 +183,8 @@ class LogisticRegression(Model):
         X = data["X"]
         if np.ndim(X) != 2:
             raise DataError(f"LogisticRegression needs data['X'] of shape (N, d); got shape {np.shape(X)}")
+        if isinstance(data.get("y"), (np.ndarray, jax.Array)):  # (in memory or memory-mapped: N values read)
+            check_target(data["y"])
         # (a transfer, not jnp.zeros: that compiles two small programs in a fresh process)
         return jax.device_put(np.zeros(np.shape(X)[1], jax.dtypes.canonicalize_dtype(np.float64)))
 

@@ -45,8 +45,15 @@ def audit_line(o) -> str:
         s += " (this test makes no per-step promise)"
     est = o.get("excess_error", 0.0)
     if tgt and est > 0:
-        s += f"; rate estimated from the items read {tgt * (1 + est):.3f} at most"
+        s += f"; rate estimated from the items read {estimated_rate(tgt, est)} at most"
     return s + "\n"
+
+
+def estimated_rate(target: float, excess: float) -> str:
+    """The wrong-decision rate ``target * (1 + excess)`` as text, never above 1: where the estimate passes 1,
+    the normal approximation it comes from does not hold, and the text says so."""
+    rate = target * (1 + excess)
+    return f"{rate:.3f}" if rate < 1 else "1 (the estimate passes 1: its normal approximation fails here)"
 
 
 def audit_power(m: int, target: float, factor: float = 2.0) -> float:
@@ -440,7 +447,7 @@ class Result:
                 w.append(f"audited acceptance bias {o['audit_bias']:+.3f} (95% CI {o['audit_bias_ci'][0]:+.3f} to "
                          f"{o['audit_bias_ci'][1]:+.3f}) beyond the test's bound {tgt:g}: {raise_batch}{cv_hint}")
         if o["excess_error"] > EXCESS_MAX:
-            est = f" (estimated rate {tgt * (1 + o['excess_error']):.3f} against {tgt:g})" if tgt else ""
+            est = f" (estimated rate {estimated_rate(tgt, o['excess_error'])} against {tgt:g})" if tgt else ""
             form = ("; the error form (Austerity(error=...)) corrects for it"
                     if getattr(self.test, "name", "") == "austerity" and not getattr(self.test, "skew_correction", True)
                     else "")

@@ -178,7 +178,12 @@ def prepare(model, data, test, init, check_finite=True, cv_center=None, tap_stat
             raise ConfigError(f"init has shape {show(got)}; this model's parameter has shape {show(want)}")
     init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
     # on-disk data (tallmh.storage.datasource): the model is checked on its first rows, set-up streams in blocks
-    check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
+    try:
+        check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
+    except ModelError as e:  # a key the data does not have: the keys it has, in one line
+        if isinstance(e.__cause__, KeyError) and isinstance(data, dict):
+            raise ConfigError(data_mistake(data, e.__cause__)) from None
+        raise
     tap = ds.stats_tap(model, data, n, setup.HOST_MAX_ROWS, unchecked) if tap_stats else None
     if tap is not None:
         return data, n, init, tap.probe, 0, tap

@@ -106,8 +106,9 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False, defer
         arr = np.asarray(leaf)
         if arr.ndim == 0:
             raise DataError(f"data leaf {name} is a scalar; every leaf needs a leading axis of length N")
-        if arr.dtype == object:
-            raise DataError(f"data leaf {name} is not numeric (dtype object)")
+        if arr.dtype.kind not in "biuf":  # text, objects, dates, complex: never handed to JAX as they are
+            raise DataError(f"data leaf {name} is not numeric (dtype {arr.dtype}): convert it to numbers first "
+                            "(e.g. the codes of a categorical column)")
         lengths[name] = arr.shape[0]
         if check_finite:
             ds.check_finite_streamed(arr, name)
