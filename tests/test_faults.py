@@ -801,3 +801,80 @@ def test_a_damaged_compiled_program_is_removed_and_compiled_again(tmp_path, monk
     finally:
         programs.RUNNERS.clear()
         tm.set_compilation_cache(previous)
+
+
+def _npy_table(tmp_path, name="t.npy", seed=4):
+    rng = np.random.default_rng(seed)
+    n = 400
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    y = 1.0 + 0.5 * a - 0.3 * b + rng.normal(size=n)
+    path = tmp_path / name
+    np.save(path, np.column_stack([a, b, y]))
+    return path
+
+
+def test_deleted_or_damaged_table_cache_is_rebuilt_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    """The table cache of a .npy run deleted (the docs say caches may be deleted at any time) or truncated
+    between an interrupt and --resume: rebuilt, and the run continues bit for bit."""
+    monkeypatch.setenv("TALLMH_CACHE", str(tmp_path / "cache"))
+    path = _npy_table(tmp_path)
+    out = tmp_path / "run"
+    base = ["--target", "2", "--model", "linear", "--noise-sd", "1", "--warmup", "20", "--chains", "1", "--quiet"]
+    assert main(["run", str(path), *base, "--samples", "30", "--out", str(out)]) == 0
+    first = _draws(out)
+    import shutil
+
+    (table,) = list((tmp_path / "cache" / "tables").iterdir())
+    shutil.rmtree(table)  # deleted
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--samples", "40", "--quiet"]) == 0, capsys.readouterr().err
+    second = _draws(out)
+    np.testing.assert_array_equal(second[:, :30], first)
+    (table,) = list((tmp_path / "cache" / "tables").iterdir())
+    x = table / "X.npy"
+    os.truncate(x, os.path.getsize(x) // 2)  # truncated
+    assert main(["run", "--resume", str(out), "--samples", "50", "--quiet"]) == 0, capsys.readouterr().err
+    np.testing.assert_array_equal(_draws(out)[:, :40], second)
+
+
+def test_a_moved_data_file_is_accepted_beside_resume_when_its_content_matches(small_csv, tmp_path, capsys):
+    import shutil
+
+    src = tmp_path / "t.csv"
+    shutil.copy(small_csv / "t.csv", src)
+    out = tmp_path / "run"
+    assert main(["run", str(src), "--target", "y", "--model", "linear", "--noise-sd", "1", "--samples", "30",
+                 "--warmup", "20", "--chains", "1", "--quiet", "--out", str(out)]) == 0
+    first = _draws(out)
+    moved = tmp_path / "elsewhere.csv"
+    os.rename(src, moved)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--samples", "40", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is not there (moved?)" in err and len(err.strip().splitlines()) == 1, err
+    # other data beside --resume: refused; the moved file: accepted, and run.json follows it
+    assert main(["run", str(small_csv / "t2.csv"), "--resume", str(out), "--samples", "40", "--quiet"]) == 2
+    assert "is not the data of the saved run" in capsys.readouterr().err
+    assert main(["run", str(moved), "--resume", str(out), "--samples", "40", "--quiet"]) == 0, capsys.readouterr().err
+    np.testing.assert_array_equal(_draws(out)[:, :30], first)
+    assert json.loads((out / "run.json").read_text())["settings"]["data"] == str(moved)
+    assert main(["run", "--resume", str(out), "--samples", "50", "--quiet"]) == 0
+
+
+def test_a_full_cache_disk_is_one_line_and_leaves_no_half_made_cache(tmp_path, capsys, monkeypatch):
+    """The table cache's files are reserved before their memory maps are written: a full disk is an error
+    naming the file (before: SIGBUS when the map's pages were written, and a .tmp folder left)."""
+    import errno
+
+    monkeypatch.setenv("TALLMH_CACHE", str(tmp_path / "cache"))
+    path = _npy_table(tmp_path)
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert main(["run", str(path), "--target", "2", "--model", "linear", "--noise-sd", "1", "--samples", "10",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "X.npy" in err and len(err.strip().splitlines()) == 1, err
+    assert not [p for p in (tmp_path / "cache" / "tables").iterdir()]

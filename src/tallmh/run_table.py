@@ -77,9 +77,7 @@ def restore_args(args):
     if links:
         raise CLIError(f"--resume: refused: {', '.join(links)} in {folder} is a symbolic link; a run folder is read "
                        "and written only through its own files")
-    if args.data is not None:
-        raise CLIError("--resume takes the data file and every setting from the saved run; give only DIR "
-                       "(and --samples for a new total)")
+    given_data = args.data  # a data file moved since: given beside --resume, accepted when its content matches
     typed_formula = getattr(args, "formula", None)  # the user's own, given again beside --resume
     try:
         with open(path, encoding="utf-8") as f:
@@ -100,6 +98,12 @@ def restore_args(args):
         beside = os.path.normpath(os.path.join(folder, data))
         if not os.path.exists(data) and os.path.exists(beside):
             args.data = beside
+    if given_data is not None:  # (its content is compared with the run's, data_sha256, before any sampling)
+        check_data_file(given_data)
+        args.data = os.path.abspath(os.path.expanduser(given_data))
+    elif args.data is not None and not os.path.exists(args.data):
+        raise CLIError(f"--resume: the run's data file {args.data} is not there (moved?); give it beside --resume: "
+                       f"tallmh run DATA --resume {folder} (its content must be the run's)")
     args.out = folder
     return saved, ck
 
@@ -344,6 +348,12 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
     n, d = data["X"].shape
     if saved is not None and saved.get("data_sha256") != digest:
         raise CLIError(f"--resume: {args.data} is not the data of the saved run (it changed since); cannot continue")
+    if saved is not None and saved["settings"].get("data") != args.data:  # the same table, moved: noted
+        from .reporting.report import write_json
+
+        tell(f"{args.data}: the run's data (moved from {saved['settings'].get('data')}; the same content)")
+        saved["settings"]["data"] = args.data
+        write_json(out.file(RUN_SETTINGS), saved)
     model, prior_text = _model_of(args, scaling)
     extra = extra_parameter_of(model)
     param_names = list(names) + ([extra[0]] if extra else [])

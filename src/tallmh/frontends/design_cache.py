@@ -11,6 +11,7 @@ memory map in both passes.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -118,6 +119,8 @@ def _write_design(blocks, folder, n, ti, fi, center, scale, intercept):
     d = len(fi) + int(intercept)
     X = np.lib.format.open_memmap(os.path.join(folder, "X.npy"), mode="w+", dtype=np.float32, shape=(n, d))
     y = np.lib.format.open_memmap(os.path.join(folder, "y.npy"), mode="w+", dtype=np.float32, shape=(n,))
+    for name in ("X.npy", "y.npy"):  # the disk space taken now: a full disk is an OSError here, never a SIGBUS
+        _allocate(os.path.join(folder, name))  # when the memory map's pages are written later
     a = 0
     for z in blocks:
         z = np.asarray(z, np.float64)
@@ -131,6 +134,22 @@ def _write_design(blocks, folder, n, ti, fi, center, scale, intercept):
     y.flush()
 
 
+def _allocate(path):
+    """Reserve the blocks of the (sparse) file at ``path``; ``OSError`` (ENOSPC, naming the file) when the disk
+    cannot hold it."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return  # a file system without it: as before
+        raise OSError(e.errno, f"cannot write the table cache {path}: {e.strerror}", path) from None
+    finally:
+        os.close(fd)
+
+
 def _publish(tmp, folder, meta):
     """Write ``design.json`` and move the finished cache into place (another run's copy wins a race)."""
     with open(os.path.join(tmp, "design.json"), "w", encoding="utf-8") as f:
@@ -141,6 +160,25 @@ def _publish(tmp, folder, meta):
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _usable(folder, meta, d: int) -> bool:
+    """Whether the cache in ``folder`` is whole: its design files there, readable and of the rows and columns
+    ``design.json`` says. A cache that is not (a file deleted, truncated or damaged) is removed, and made
+    again by the caller; caches may be deleted at any time."""
+    import shutil
+
+    try:
+        X = np.load(os.path.join(folder, "X.npy"), mmap_mode="r", allow_pickle=False)
+        y = np.load(os.path.join(folder, "y.npy"), mmap_mode="r", allow_pickle=False)
+        rows = meta.get("rows")
+        ok = X.ndim == 2 and X.shape[1] == d and y.shape == (X.shape[0],) and (rows is None or X.shape[0] == rows)
+        del X, y
+    except (OSError, ValueError, TypeError):
+        ok = False
+    if not ok:
+        shutil.rmtree(folder, ignore_errors=True)
+    return ok
 
 
 def _open_cached(folder, meta, fcols, intercept, standardise):
@@ -194,7 +232,7 @@ def npy_design(args, say):
                 "intercept": intercept, "standardise": standardise, "binary": binary, "version": 1}
     folder = _cache_folder(settings)
     meta = _read_meta(folder)
-    if meta is not None:
+    if meta is not None and _usable(folder, meta, len(fi) + int(intercept)):
         say(f"{os.path.basename(path)}: the design cached in {folder}")
         return _open_cached(folder, meta, fcols, intercept, standardise)
     block = max(1, BLOCK_BYTES // (8 * p))
@@ -210,8 +248,15 @@ def npy_design(args, say):
     tmp = f"{folder}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
     say(f"pass 2 of 2: writing the standardised design ({n * (d + 1) * 4 / 1e6:,.1f} MB) to {folder}")
-    _write_design((mm[a:a + block] for a in range(0, n, block)), tmp, n, ti, fi, center, scale, intercept)
-    meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist()}
+    try:
+        _write_design((mm[a:a + block] for a in range(0, n, block)), tmp, n, ti, fi, center, scale, intercept)
+    except BaseException:  # (a full disk: no half-made cache left behind)
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist(),
+            "rows": int(n)}
     _publish(tmp, folder, meta)
     return _open_cached(folder, meta, fcols, intercept, standardise)
 
@@ -342,7 +387,7 @@ def streamed_design(args, say):
     settings = _stream_settings(args, path)
     folder = _cache_folder(settings)
     meta = _read_meta(folder)
-    if meta is not None:
+    if meta is not None and _usable(folder, meta, len(meta.get("features", ())) + int(bool(meta.get("intercept")))):
         say(f"{os.path.basename(path)}: the design cached in {folder}")
         return _open_cached(folder, meta, meta["features"], meta["intercept"], standardise)
     h = hashlib.sha256(json.dumps({k: v for k, v in settings.items() if k not in ("path", "size", "mtime_ns")},
@@ -367,6 +412,6 @@ def streamed_design(args, say):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist(),
-            "target": target, "features": list(fcols), "intercept": intercept}
+            "target": target, "features": list(fcols), "intercept": intercept, "rows": int(n)}
     _publish(tmp, folder, meta)
     return _open_cached(folder, meta, fcols, intercept, standardise)

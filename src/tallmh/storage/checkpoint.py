@@ -12,7 +12,9 @@ Loading imports nothing but tallmh's modules, so a crafted file can at worst be 
 (shape, dtype, and for a file its path, size and modification time), a hash of rows drawn with a key
 kept in the fingerprint, the model (class, name, settings), the test, the proposal, the control
 variates, chains, seed and parameter size. Resuming recomputes it on the data and settings given and
-refuses, in one line, a checkpoint from another run (:func:`mismatch`).
+refuses, in one line, a checkpoint from another run (:func:`mismatch`). A data file of another size is
+refused; one with only another modification time (a cache rebuilt, a file copied or moved) is accepted when
+the rows drawn with the key agree (``tallmh run --resume`` compares a hash of the whole table too).
 """
 
 from __future__ import annotations
@@ -335,12 +337,20 @@ def mismatch(saved: dict, now: dict) -> Optional[str]:
     if [(l["shape"], l["dtype"]) for l in sd.get("leaves", [])] != \
             [(l["shape"], l["dtype"]) for l in nd.get("leaves", [])]:
         return "the data's shape or dtype differs from the checkpoint's run"
+    # a file of the same size with another modification time (a cache rebuilt, a file copied or moved) is the
+    # same data when the rows sampled by the checkpoint's key agree; a changed size never is
+    touched = None
     for a, b in zip(sd.get("leaves", []), nd.get("leaves", [])):
         fa, fb = a.get("file"), b.get("file")
-        if fa and fb and (fa.get("size"), fa.get("mtime_ns")) != (fb.get("size"), fb.get("mtime_ns")):
-            return (f"the data file {fb['path']} changed since the checkpoint was made (size or modification "
-                    "time); the checkpoint is stale")
+        if fa and fb and fa.get("size") != fb.get("size"):
+            return (f"the data file {fb['path']} changed since the checkpoint was made (its size); the checkpoint "
+                    "is stale")
+        if fa and fb and fa.get("mtime_ns") != fb.get("mtime_ns") and touched is None:
+            touched = fb["path"]
     if sd.get("rows_sha256") != nd.get("rows_sha256"):
+        if touched is not None:
+            return (f"the data file {touched} changed since the checkpoint was made (modified, and rows sampled by "
+                    "its key differ); the checkpoint is stale")
         return "the data differs from the checkpoint's run (rows sampled by its key differ): other data of the same shape"
     for key, what in (("model", "model"), ("test", "test"), ("proposal", "proposal"),
                       ("control_variates", "control variates"), ("chains", "number of chains"), ("seed", "seed"),
