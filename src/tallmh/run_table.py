@@ -397,14 +397,42 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
         disarm(prev)
 
 
+# a run of more draws per chain than this writes every t-th draw to posterior.nc and computes its tables and
+# plots from those (bounded time and memory); the verdict reads every draw, which stay in the checkpoint
+MAX_OUTPUT_DRAWS = 1_000_000
+
+
+def thin_run(run, most: int):
+    """``(run, t)``: ``run`` with every t-th draw (warmup and sampling, their statistics and times), t the
+    smallest step that leaves at most ``most`` draws per chain in each phase; ``run`` itself when t = 1."""
+    import dataclasses
+
+    r = run.result
+    k = max(r.flat_samples.shape[1], r.flat_warmup.shape[1])
+    if k <= most:
+        return run, 1
+    t = -(-k // most)
+    res = dataclasses.replace(r, flat_samples=r.flat_samples[:, ::t], flat_warmup=r.flat_warmup[:, ::t],
+                              stats={key: val[:, ::t] for key, val in r.stats.items()},
+                              warmup_stats={key: val[:, ::t] for key, val in r.warmup_stats.items()}, _cache={})
+    return dataclasses.replace(run, result=res, times=run.times[:, ::t], warmup_times=run.warmup_times[:, ::t],
+                               _table=None), t
+
+
+def thin_note(v) -> str:
+    return (f"posterior.nc, the coefficients' table and the plots use every {v.thin}th draw "
+            f"({v.out_result.flat_samples.shape[1]:,} of {v.k:,} per chain; the verdict reads them all); every "
+            f"draw: tallmh.load_result('{os.path.join(v.args.out, CHECKPOINT)}')")
+
+
 def coef_table(draws, names):
     """mean, sd, 5% and 95% quantiles, bulk ESS and R-hat of draws ``(chain, draw, k)``."""
     from .reporting.report import param_table
 
     tab = param_table(draws, names)
-    flat = np.asarray(draws, np.float64).reshape(-1, draws.shape[-1])
-    if flat.shape[0]:
-        q = np.quantile(flat, [0.05, 0.95], axis=0)
+    k = draws.shape[-1]
+    if draws.size:  # (one column at a time: a long run's draws are never copied whole)
+        q = np.array([np.quantile(np.asarray(draws[..., j], np.float64).ravel(), [0.05, 0.95]) for j in range(k)]).T
         tab.insert(2, "q5%", q[0])
         tab.insert(3, "q95%", q[1])
     tab = tab.drop(columns=["ess_tail"])
@@ -437,10 +465,12 @@ def _method_row(v):
                        seconds=warm_s + samp_s, compile_s=float(t.get("compile_s", 0.0)), steps=c * (k + kw),
                        config={**config, "label": label})
     trusted, verdict, warns = verdict_of(result)
+    out_run, thin = thin_run(run, MAX_OUTPUT_DRAWS)  # the draws posterior.nc, the plots and the tables read
     row = rp.method_row(run)
     for key in ("max_mean_err_sd", "max_err_z"):
         row.pop(key, None)
     row.update({"label": label, "config": run.config, "trusted": trusted, "verdict": verdict, "warnings": warns})
+    v.__dict__.update(out_run=out_run, out_result=out_run.result, thin=thin)
     v.__dict__.update(t=t, c=c, k=k, kw=kw, warm_s=warm_s, samp_s=samp_s, name=name, label=label, run=run,
                       trusted=trusted, verdict=verdict, warns=warns, row=row, text=rp.format_table([row]))
 
@@ -448,7 +478,7 @@ def _method_row(v):
 def _coefficients(v):
     """The coefficients on the original scale (and the noise sd), named by column, and the variables of
     posterior.nc."""
-    result, names, scaling, model = v.result, v.names, v.scaling, v.model
+    result, names, scaling, model = v.out_result, v.names, v.scaling, v.model
     d = len(names)
     coef = original_scale(result.flat_samples[..., :d], scaling)
     extra_names, extra = [], {}
@@ -460,7 +490,7 @@ def _coefficients(v):
     else:
         coef_all = coef
     coef_names = list(names) + extra_names
-    sampled_tab = v.run.table().copy()
+    sampled_tab = v.out_run.table().copy()
     sampled_tab.index = list(v.param_names)
     # posterior.nc: theta as sampled and beta on the original scale, on axes with distinct names and labels
     std = bool(scaling["standardised"])
@@ -470,7 +500,7 @@ def _coefficients(v):
         sampled_tab=sampled_tab, std=std, theta_dim="standardised_parameter" if std else "parameter",
         theta_labels=[f"{nm}_std" for nm in names] + list(v.param_names[d:]) if std else list(v.param_names),
         # the plots on the original scale too: the draws (warmup included) transformed like the table's
-        plot_run=original_scale_run(v.run, result, scaling, d, model),
+        plot_run=original_scale_run(v.out_run, result, scaling, d, model),
         laplace=original_scale_laplace(v.mode, scaling, d, len(v.param_names)) if v.mode is not None else None,
         scale_note=("coefficients on the original scale of the data (sampled on standardised features; "
                     "results.json 'standardisation' says how)" if scaling["standardised"] else "coefficients"))
@@ -497,6 +527,8 @@ def _print_summary(v):
     print_line(v.scale_note + ":")
     print_line(v.coef_tab.to_string(float_format=lambda x: f"{x:.4g}"))
     print_line(f"compile {float(v.t.get('compile_s', 0)):.1f} s, warmup {v.warm_s:.1f} s, sampling {v.samp_s:.1f} s")
+    if v.thin > 1:
+        print_line(thin_note(v))
 
 
 def _results_json(v) -> dict:
@@ -526,6 +558,7 @@ def _results_json(v) -> dict:
                      "checkpoint_every_s": args.checkpoint_every},
         "partial": bool(result.partial), "trusted": v.trusted, "verdict": v.verdict, "warnings": v.warns,
         "data_notes": list(scaling.get("data_notes") or []),
+        "posterior_nc_every": v.thin,  # posterior.nc holds every this-th draw (1: all)
         "mode": None if mode is None else {"theta": mode.theta, "passes": mode.passes, "laplace_sd": mode.sd},
         "timings": v.t, "methods": [v.row], "summary": overall,
         "parameters": v.param_names, "per_parameter": {v.name: cmp.per_param(v.run, v.param_names)},
@@ -548,6 +581,7 @@ def _write_report(v, folder):
         f"<b>{e(v.label)}</b>; proposal: {e(args.proposal)}; start: {e(args.start)}; {plural(v.c, 'chain')} x "
         f"{plural(v.k, 'draw')} after {plural(v.kw, 'warmup step')}.",
         *([e(audit_text[0].upper() + audit_text[1:]) + "."] if audit_text else []),
+        *([e(thin_note(v)[0].upper() + thin_note(v)[1:]) + "."] if v.thin > 1 else []),
         f"Timings: compile {float(v.t.get('compile_s', 0)):.1f} s, warmup {v.warm_s:.1f} s, sampling "
         f"{v.samp_s:.1f} s." + (" <b>The run was interrupted: these are the draws made so far</b> (continue it with "
                                 f"<code>tallmh run --resume {e(folder)}</code>)." if v.result.partial else ""),
@@ -593,8 +627,8 @@ def _write_files(v, out):
     files.append(rp.plot_traces([v.plot_run], v.coef_names, os.path.join(folder, "traces.png")))
     files.append(rp.plot_marginals([v.plot_run], v.coef_names, os.path.join(folder, "marginals.png"),
                                    laplace=v.laplace))
-    files.append(rp.plot_data_use([v.run], v.n, os.path.join(folder, "data_per_step.png")))
-    files.append(rp.write_netcdf(os.path.join(folder, "posterior.nc"), result, v.theta_labels, extra=v.extra,
+    files.append(rp.plot_data_use([v.out_run], v.n, os.path.join(folder, "data_per_step.png")))
+    files.append(rp.write_netcdf(os.path.join(folder, "posterior.nc"), v.out_result, v.theta_labels, extra=v.extra,
                                  dim=v.theta_dim))
     files.append(rp.write_json(os.path.join(folder, "results.json"), _results_json(v)))
     files.append(_write_report(v, folder))

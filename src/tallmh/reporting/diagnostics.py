@@ -24,7 +24,7 @@ def _arviz():
         own.setLevel(logging.ERROR)
     return az
 
-__all__ = ["ess", "rhat", "ess_all", "rhat_all", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",
+__all__ = ["thinned", "MAX_DIAG_DRAWS", "ess", "rhat", "ess_all", "rhat_all", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",
            "ess_kwargs", "read_netcdf"]
 
 
@@ -110,9 +110,26 @@ def _as_chain_draw(x):
 # ~0.7 s of a 7 s call at N = 10^6. tests/test_diagnostics.py checks them against ArviZ.
 
 
+# ESS and R-hat of a chain longer than this are computed from every t-th draw (t = ceil(draws / this)), so
+# that ending a run of millions of draws takes bounded time and memory (the full draws stay on disk)
+MAX_DIAG_DRAWS = 100_000
+
+
+def thinned(x, most: int = MAX_DIAG_DRAWS):
+    """``x`` (chain, draw, ...) thinned evenly along the draws to at most ``most`` per chain (a view; nothing
+    copied). Thinning a positively autocorrelated chain can only lower its ESS estimate: an ESS computed
+    from the thinned draws is a conservative estimate of the whole chain's."""
+    n = np.shape(x)[1] if np.ndim(x) >= 2 else np.shape(x)[0]
+    if n <= most:
+        return x
+    step = -(-n // most)
+    return x[:, ::step] if np.ndim(x) >= 2 else x[::step]
+
+
 def _as_chain_draw_k(x):
-    """Draws as a float array shaped ``(chain, draw, k)`` (``(chain, draw)`` and ``(draw,)`` get k = 1)."""
-    x = np.asarray(x, dtype=float)
+    """Draws as a float array shaped ``(chain, draw, k)`` (``(chain, draw)`` and ``(draw,)`` get k = 1); a
+    chain longer than :data:`MAX_DIAG_DRAWS` thinned to it (:func:`thinned`) before it is copied."""
+    x = np.asarray(thinned(x), dtype=float)
     if x.ndim == 1:
         x = x[None, :]
     if x.ndim == 2:

@@ -122,13 +122,14 @@ def param_table(x, names):
     c, k, d = x.shape
     cols = {"mean": np.full(d, np.nan), "sd": np.full(d, np.nan), "ess_bulk": np.full(d, np.nan),
             "ess_tail": np.full(d, np.nan), "r_hat": np.full(d, np.nan)}
-    if k:
-        flat = x.reshape(-1, d).astype(np.float64)
-        cols["mean"] = flat.mean(axis=0)
-        if flat.shape[0] > 1:
-            cols["sd"] = flat.std(axis=0, ddof=1)
+    if k:  # (one column at a time: a long run's draws are never copied whole)
+        for j in range(d):
+            col = np.asarray(x[..., j], np.float64).ravel()
+            cols["mean"][j] = col.mean()
+            if col.size > 1:
+                cols["sd"][j] = col.std(ddof=1)
     if k >= 4:
-        xf = np.asarray(x, np.float64)
+        xf = np.asarray(diagnostics.thinned(x), np.float64)  # (ESS and R-hat of a long chain: every t-th draw)
         cols["ess_bulk"] = diagnostics.ess_all(xf)
         cols["ess_tail"] = diagnostics.ess_all(xf, "tail")
         if c >= 2:
