@@ -927,3 +927,31 @@ def test_a_long_run_writes_a_thinned_posterior_nc_and_keeps_every_draw(small_csv
     np.testing.assert_array_equal(theta, full[:, ::4])
     res = json.loads((out / "results.json").read_text())
     assert res["posterior_nc_every"] == 4 and res["methods"][0]["draws"] == 2 * 200  # (all chains)
+
+
+def test_odd_checkpoint_metadata_is_the_documented_one_line_error(tmp_path):
+    """Deeply nested or oversized JSON in a crafted checkpoint's metadata: ConfigError, not RecursionError or
+    OverflowError."""
+    for meta in ("[" * 100_000 + "]" * 100_000,
+                 '{"format": "tallmh-checkpoint", "version": 1e999999, "payload": {}}',
+                 '{"format": "tallmh-checkpoint", "version": 2, "payload": {"n": 1' + "0" * 5000 + '}}'):
+        path = tmp_path / "ck.npz"
+        np.savez(path, __meta__=np.frombuffer(meta.encode(), np.uint8))
+        with pytest.raises(tm.ConfigError) as e:
+            tm.load_result(str(path))
+        assert "\n" not in str(e.value)
+
+
+def test_a_failed_checkpoint_of_streamed_draws_says_where_they_are(tmp_path, monkeypatch):
+    """With the draws streamed to disk, a checkpoint that cannot be written says they are on disk (not "in
+    memory") and names the checkpoint's file."""
+    from tallmh.storage import checkpoint
+
+    model, data = _logistic()
+    ck = tmp_path / "ck.npz"
+    monkeypatch.setattr(checkpoint.np, "savez", _enospc)
+    with pytest.warns(RuntimeWarning, match=r"checkpoint not saved \(.*ck\.npz.*No space left on device.*\); the "
+                                            r"draws are kept on disk in .*ck\.npz\.draws"):
+        r = tm.sample(model, data, num_samples=32, checkpoint=str(ck), checkpoint_every_s=1e-9, stream_draws=True,
+                      seed=3, **_QUICK)
+    assert r.flat_samples.shape == (2, 32, 3)

@@ -38,7 +38,11 @@ def save_checkpoint(result, path, in_progress=False, every=None, store=None):
         return now
     except OSError as e:
         retry = CHECKPOINT_RETRY_S if every is None else min(CHECKPOINT_RETRY_S, every)
-        warnings.warn(f"tallmh: checkpoint not saved ({' '.join(str(e).split())}); the draws are kept in memory"
+        why = " ".join(str(e).split())
+        if str(path) not in why:
+            why += f": {path}"
+        kept = f"the draws are kept on disk in {store.folder}" if store is not None else "the draws are kept in memory"
+        warnings.warn(f"tallmh: checkpoint not saved ({why}); {kept}"
                       + (f" and the checkpoint is tried again in {retry:.0f} s" if in_progress else ""),
                       RuntimeWarning, stacklevel=3)
         return now - (every if every is not None else 0.0) + retry

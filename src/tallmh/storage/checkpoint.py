@@ -213,7 +213,8 @@ def read(path: str) -> dict:
             return out
     except ConfigError:
         raise
-    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile, EOFError) as e:
+    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile, EOFError, RecursionError, OverflowError,
+            AttributeError, IndexError, MemoryError) as e:  # (odd metadata: deep nesting, huge numbers, ...)
         raise ConfigError(f"{path} is not a readable tallmh checkpoint ({type(e).__name__}: {_short(e)})") from None
 
 
