@@ -955,3 +955,22 @@ def test_a_failed_checkpoint_of_streamed_draws_says_where_they_are(tmp_path, mon
         r = tm.sample(model, data, num_samples=32, checkpoint=str(ck), checkpoint_every_s=1e-9, stream_draws=True,
                       seed=3, **_QUICK)
     assert r.flat_samples.shape == (2, 32, 3)
+
+
+def test_streamed_csv_refuses_a_row_with_an_extra_field_and_names_a_bad_cell(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TALLMH_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    rows = [f"{a:.4f},{b:.4f},{1.0 + a - b + rng.normal():.4f}" for a, b in rng.normal(size=(200, 2))]
+    extra = rows.copy()
+    extra[120] += ",9"  # line 122 of the file
+    (tmp_path / "extra.csv").write_text("a,b,y\n" + "\n".join(extra) + "\n")
+    cell = rows.copy()
+    cell[150] = "1.5,abc," + cell[150].split(",")[2]  # data row 151: 'abc' in column b (after valid numbers)
+    (tmp_path / "cell.csv").write_text("a,b,y\n" + "\n".join(cell) + "\n")
+    base = ["--target", "y", "--model", "linear", "--noise-sd", "1", "--samples", "10", "--quiet", "--stream"]
+    assert main(["run", str(tmp_path / "extra.csv"), *base, "--out", str(tmp_path / "o1")]) == 1
+    err = capsys.readouterr().err
+    assert "Expected 3 fields in line 122, saw 4" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["run", str(tmp_path / "cell.csv"), *base, "--out", str(tmp_path / "o2")]) == 1
+    err = capsys.readouterr().err
+    assert "column 'b' is not numeric: data row 151 holds 'abc'" in err and len(err.strip().splitlines()) == 1, err

@@ -58,9 +58,15 @@ def as_numbers(frame, columns, roles):
     for j, (c, role) in enumerate(zip(columns, roles)):
         v = frame[c].to_numpy()
         if v.dtype != bool and not np.issubdtype(v.dtype, np.number):
-            example = next((x for x in v[:50] if isinstance(x, str)), None)
-            what = f" (e.g. {example!r})" if example is not None else ""
-            raise DataError(f"{role} column {c!r} is not numeric{what}; encode it as numbers first")
+            import pandas as pd
+
+            num = pd.to_numeric(frame[c], errors="coerce")
+            bad = np.flatnonzero(num.isna().to_numpy() & frame[c].notna().to_numpy())
+            if bad.size:  # the first cell that is not a number, and where it is (a data row, counted from 1)
+                row = int(frame.index[bad[0]]) + 1 if isinstance(frame.index, pd.RangeIndex) else int(bad[0]) + 1
+                raise DataError(f"{role} column {c!r} is not numeric: data row {row:,} holds {v[bad[0]]!r}; "
+                                "encode it as numbers first")
+            raise DataError(f"{role} column {c!r} is not numeric ({v.dtype}); encode it as numbers first")
         out[:, j] = v
     return out
 
@@ -74,11 +80,16 @@ def table_frames(path: str, columns, rows: int, progress=None):
 
         with open(path, "rb") as fh:
             size = max(os.fstat(fh.fileno()).st_size, 1)
-            for chunk in pd.read_csv(fh, usecols=list(columns), chunksize=rows):
-                done += len(chunk)
-                if progress:
-                    progress(done, min(fh.tell() / size, 1.0))
-                yield chunk
+            # every column parsed (usecols would let a row with an extra field pass silently, where reading
+            # the table whole refuses it), then the ones used kept
+            try:
+                for chunk in pd.read_csv(fh, chunksize=rows):
+                    done += len(chunk)
+                    if progress:
+                        progress(done, min(fh.tell() / size, 1.0))
+                    yield chunk[list(columns)]
+            except pd.errors.ParserError as e:
+                raise DataError(f"{path}: {' '.join(str(e).split())}") from None
         return
     import pyarrow.parquet as pq
 
