@@ -974,3 +974,21 @@ def test_streamed_csv_refuses_a_row_with_an_extra_field_and_names_a_bad_cell(tmp
     assert main(["run", str(tmp_path / "cell.csv"), *base, "--out", str(tmp_path / "o2")]) == 1
     err = capsys.readouterr().err
     assert "column 'b' is not numeric: data row 151 holds 'abc'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_posterior_nc_space_check_estimates_the_compressed_file(tmp_path):
+    """The free space asked for posterior.nc is that of the compressed file (ArviZ writes it with zlib), not
+    the arrays' own size (about 4 times more: a write that fitted was refused)."""
+    import xarray as xr
+    import zlib
+
+    from tallmh.reporting.report import _compressed_size
+
+    rng = np.random.default_rng(0)
+    stats = xr.Variable(("chain", "draw"), (rng.random((4, 500_000)) < 0.01).astype(np.int64))  # mostly zeros
+    draws = xr.Variable(("chain", "draw"), rng.normal(size=(4, 500_000)))  # barely compressible
+    for v in (stats, draws):
+        real = len(zlib.compress(np.asarray(v.values).tobytes(), 4))
+        est = _compressed_size(v)
+        assert 0.8 * real <= est <= 1.2 * real, (est, real, v.nbytes)
+    assert _compressed_size(stats) < 0.25 * stats.nbytes  # the old estimate: 4 times too much and more
