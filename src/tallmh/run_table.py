@@ -454,8 +454,9 @@ def _method_row(v):
     c, k, _ = result.flat_samples.shape
     kw = result.flat_warmup.shape[1]
     warm_s, samp_s = float(t.get("warmup_s", 0.0)), float(t.get("sampling_s", 0.0))
-    warm_times = np.tile((np.arange(1, kw + 1) / max(kw, 1)) * warm_s, (c, 1))
-    times = np.tile(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, 1))
+    # (read-only views of one row per phase: a long run's times are not copied per chain)
+    warm_times = np.broadcast_to((np.arange(1, kw + 1) / max(kw, 1)) * warm_s, (c, kw))
+    times = np.broadcast_to(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, k))
     name = _run_name(result, args)
     label = label_of(result, name)
     config = method_config(name if name in METHODS else args.test, args)

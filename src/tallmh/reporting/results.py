@@ -56,6 +56,9 @@ def estimated_rate(target: float, excess: float) -> str:
     return f"{rate:.3f}" if rate < 1 else "1 (the estimate passes 1: its normal approximation fails here)"
 
 
+_BLOCK = 1 << 20  # draws per block where a run's statistics are summed
+
+
 def audit_power(m: int, target: float, factor: float = 2.0) -> float:
     """Probability that ``m`` audits flag a true wrong-decision rate of ``factor * target``.
 
@@ -352,6 +355,19 @@ class Result:
         parts = [st[key] for st in (self.warmup_stats, self.stats) if key in st and np.size(st[key])]
         return np.concatenate([np.ravel(p) for p in parts]) if parts else np.zeros(0)
 
+    def _stat_sum(self, key) -> float:
+        """The sum of a per-step statistic over warmup and sampling, read in blocks of draws (a long run's
+        statistics are memory maps: never copied whole)."""
+        total = 0
+        for st in (self.warmup_stats, self.stats):
+            v = st.get(key)
+            if v is None or not np.size(v):
+                continue
+            v = v if np.ndim(v) == 2 else np.reshape(v, (1, -1))
+            for a in range(0, v.shape[1], _BLOCK):
+                total += np.asarray(v[:, a:a + _BLOCK]).sum()
+        return total
+
     @property
     def audit(self) -> Dict[str, Any]:
         """The self-audit: steps where the exact test also decided with the same u (warmup and sampling).
@@ -366,7 +382,7 @@ class Result:
         acc = self._all_stats("accepted").astype(bool)
         ex = self._all_stats("audit_exact").astype(bool)
         m = int(aud.sum()) if aud.size else 0
-        out: Dict[str, Any] = {"audit_steps": m, "audit_items": int(self._all_stats("audit_items").sum())}
+        out: Dict[str, Any] = {"audit_steps": m, "audit_items": int(self._stat_sum("audit_items"))}
         counts = self._all_stats("audit_count")
         if counts.size:  # an inference program: several decisions per step, counted by its blocks
             m = int(counts.sum())
@@ -403,18 +419,22 @@ class Result:
         for st in (self.stats, self.warmup_stats):
             if "excess_error" not in st or not np.size(st["excess_error"]):
                 continue
-            c = np.asarray(st["excess_error"], float).ravel()
-            nd = np.asarray(st["n_data"]).ravel()
-            ok = (nd > 0) & (nd < self.n)
-            if not ok.any():
-                return 0.0
-            c = np.where(np.isfinite(c[ok]), c[ok], 1e6)
-            return float(np.mean(c))
+            total, count = 0.0, 0
+            ee, nds = st["excess_error"], st["n_data"]
+            k = np.shape(ee)[-1]
+            for a in range(0, k, _BLOCK):  # (in blocks of draws: a long run's statistics are memory maps)
+                c = np.asarray(ee[..., a:a + _BLOCK], float).ravel()
+                nd = np.asarray(nds[..., a:a + _BLOCK]).ravel()
+                ok = (nd > 0) & (nd < self.n)
+                c = c[ok]
+                total += float(np.sum(np.where(np.isfinite(c), c, 1e6)))
+                count += int(ok.sum())
+            return total / count if count else 0.0
         return 0.0
 
     @property
     def nonfinite_items(self) -> int:
-        return int(self._all_stats("nonfinite").sum())
+        return int(self._stat_sum("nonfinite"))
 
     def _warnings(self, o) -> List[str]:
         """Reasons not to trust the run, each with what to do about it."""
