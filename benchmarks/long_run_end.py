@@ -106,7 +106,7 @@ def main():
     import arviz as az
 
     k = az.from_netcdf(os.path.join(out, "posterior.nc")).posterior.sizes["draw"]
-    line = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "draws_per_chain": int(k),
+    line = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "posterior_nc_draws_per_chain": int(k),
             "sampling_s": round(t_sampled, 1), "ending_s": round(t_end, 1), "peak_rss_mb": round(peak_mb),
             "ending_peak_vmrss_mb": end_peak["VmRSS"], "ending_peak_rss_anon_mb": end_peak["RssAnon"],
             "posterior_nc_mb": round(os.path.getsize(os.path.join(out, "posterior.nc")) / 1e6, 1),
