@@ -59,6 +59,20 @@ def estimated_rate(target: float, excess: float) -> str:
 _BLOCK = 1 << 20  # draws per block where a run's statistics are summed
 
 
+def _stat_sum(result, key) -> float:
+    """The sum of a per-step statistic over warmup and sampling, read in blocks of draws (a long run's
+    statistics are memory maps: never copied whole)."""
+    total = 0
+    for st in (result.warmup_stats, result.stats):
+        v = st.get(key)
+        if v is None or not np.size(v):
+            continue
+        v = v if np.ndim(v) == 2 else np.reshape(v, (1, -1))
+        for a in range(0, v.shape[1], _BLOCK):
+            total += np.asarray(v[:, a:a + _BLOCK]).sum()
+    return total
+
+
 def audit_power(m: int, target: float, factor: float = 2.0) -> float:
     """Probability that ``m`` audits flag a true wrong-decision rate of ``factor * target``.
 
@@ -355,19 +369,6 @@ class Result:
         parts = [st[key] for st in (self.warmup_stats, self.stats) if key in st and np.size(st[key])]
         return np.concatenate([np.ravel(p) for p in parts]) if parts else np.zeros(0)
 
-    def _stat_sum(self, key) -> float:
-        """The sum of a per-step statistic over warmup and sampling, read in blocks of draws (a long run's
-        statistics are memory maps: never copied whole)."""
-        total = 0
-        for st in (self.warmup_stats, self.stats):
-            v = st.get(key)
-            if v is None or not np.size(v):
-                continue
-            v = v if np.ndim(v) == 2 else np.reshape(v, (1, -1))
-            for a in range(0, v.shape[1], _BLOCK):
-                total += np.asarray(v[:, a:a + _BLOCK]).sum()
-        return total
-
     @property
     def audit(self) -> Dict[str, Any]:
         """The self-audit: steps where the exact test also decided with the same u (warmup and sampling).
@@ -382,7 +383,7 @@ class Result:
         acc = self._all_stats("accepted").astype(bool)
         ex = self._all_stats("audit_exact").astype(bool)
         m = int(aud.sum()) if aud.size else 0
-        out: Dict[str, Any] = {"audit_steps": m, "audit_items": int(self._stat_sum("audit_items"))}
+        out: Dict[str, Any] = {"audit_steps": m, "audit_items": int(_stat_sum(self, "audit_items"))}
         counts = self._all_stats("audit_count")
         if counts.size:  # an inference program: several decisions per step, counted by its blocks
             m = int(counts.sum())
@@ -434,7 +435,7 @@ class Result:
 
     @property
     def nonfinite_items(self) -> int:
-        return int(self._stat_sum("nonfinite"))
+        return int(_stat_sum(self, "nonfinite"))
 
     def _warnings(self, o) -> List[str]:
         """Reasons not to trust the run, each with what to do about it."""
