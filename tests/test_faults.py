@@ -1008,3 +1008,12 @@ def test_readme_names_the_folders_and_chains_the_command_line_uses():
 
     for folder in set(re.findall(r"`\./(tallmh-[a-z]+)/`", readme)):
         assert f"./{folder}" in (run.out, demo.out), folder
+
+
+def test_a_huge_constant_column_is_named_as_constant(tmp_path, capsys):
+    n = 2000
+    rng = np.random.default_rng(0)
+    path = _csv(tmp_path, "big.csv", a=rng.normal(size=n), c=np.full(n, 1e30), y=(rng.random(n) < 0.5).astype(int))
+    assert main(["run", path, "--target", "y", "--samples", "10", "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "feature 'c' is constant (every row is 1e+30)" in err and "NaN" not in err, err

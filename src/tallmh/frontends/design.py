@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import DataError
+
 from ..method_options import batch_of
 from .tables import scaling_of, split_features
 
@@ -42,6 +44,10 @@ def load_design(args):
 
     target = t.target if getattr(args, "formula", None) else args.target
     check_target(yv, target)
+    if len(Z):
+        const = np.flatnonzero(np.all(Z == Z[0], axis=0))
+        if const.size:  # (before standardising: its sd is 0, and a huge constant is no NaN of the data's)
+            raise DataError(f"feature {names[const[0]]!r} is constant (every row is {Z[0, const[0]]:g}); drop it")
     intercept = not args.no_intercept and has_intercept
     notes = design_notes(Z, yv, names, target, binary=args.model == "logistic", intercept=intercept)
     features = list(names)
