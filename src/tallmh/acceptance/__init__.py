@@ -9,8 +9,9 @@ from .base import Decision, Problem
 from .confidence import BOUNDS, Confidence
 from .exact import Exact
 from .none import AlwaysAccept
+from .thinning import PoissonThinning
 
-__all__ = ["AlwaysAccept", "Exact", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]
+__all__ = ["AlwaysAccept", "PoissonThinning", "Exact", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]
 
 
 def __getattr__(name):

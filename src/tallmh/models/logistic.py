@@ -249,6 +249,14 @@ class LogisticRegression(Model):
         mag = self._magnitude(theta, theta_prop, x) + (a + ap) + 0.25 * (a**2 + ap**2)
         return rounding_headroom(c, mag, self._ops(theta))
 
+    def factor_bound(self):
+        """The per-item bound on the Taylor remainders' differences that the exact subsampled test thins
+        against: ``rho_i^3 (sqrt(3)/18 / 6) S(z, z')`` in whitened coordinates
+        (:class:`~tallmh.factor_bounds.LogisticCubicBound`)."""
+        from ..factor_bounds import LogisticCubicBound
+
+        return LogisticCubicBound()
+
     @staticmethod
     def simulate(n: int, d: int = 10, seed: int = 0, intercept: bool = True, dtype=np.float32):
         """Synthetic data: standard normal features (plus a column of ones), true theta ~ N(0, I/d)."""
