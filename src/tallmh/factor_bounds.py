@@ -48,7 +48,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["FactorTable", "FactorView", "LogisticCubicBound", "ZeroRemainder", "PoissonTrustBound", "cubic_sup",
-           "build_table", "prepare", "FACTOR_KEY", "logistic_remainder_diff"]
+           "build_table", "draw_items", "prepare", "FACTOR_KEY", "logistic_remainder_diff"]
 
 FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
 
@@ -340,6 +340,16 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
                        jnp.asarray(idx[o].astype(np.int32)), jnp.asarray(starts.astype(np.int32)),
                        jnp.asarray(counts.astype(np.int32)), jnp.asarray(np.cumsum(k).astype(np.int32)),
                        jnp.asarray(rate32), jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+
+
+def draw_items(key, table: FactorTable, m: int):
+    """``m`` items drawn independently, item ``i`` of group ``g`` with probability ``k_g / (K n_g)``
+    (:func:`build_table`): ``(items, their groups)``. O(log G) per item (a search of the G thresholds)."""
+    k1, k2 = jax.random.split(key)
+    r = jax.random.randint(k1, (m,), 0, table.cum[-1])
+    g = jnp.searchsorted(table.cum, r, side="right")
+    j = jax.random.randint(k2, (m,), 0, table.count[g])
+    return table.order[table.start[g] + j], g
 
 
 def laplace_factors(model, unravel, cv):

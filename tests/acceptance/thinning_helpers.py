@@ -52,12 +52,21 @@ def compare(draws, ref, z=4.0):
     ratio within ``z`` of its own MCSE of 1. Returns ``(ok, worst z of the means, worst z of the sds, report)``."""
     import arviz as az
 
+    def ess(x):
+        return float(np.ravel(az.ess(x))[0])
+
+    def se_mean(x):
+        return x.std() / np.sqrt(ess(x))
+
+    def se_sd(x):  # delta method: sd = sqrt(mean of the squared deviations)
+        v = (x - x.mean()) ** 2
+        return se_mean(v) / (2.0 * x.std())
+
     lines, zm_max, zs_max = [], 0.0, 0.0
     for j in range(draws.shape[-1]):
         a, b = draws[..., j], ref[..., j]
-        se = lambda x, how: float(np.ravel(az.mcse(x, method=how))[0])
-        se_m = np.hypot(se(a, "mean"), se(b, "mean"))
-        se_s = np.hypot(se(a, "sd"), se(b, "sd"))
+        se_m = np.hypot(se_mean(a), se_mean(b))
+        se_s = np.hypot(se_sd(a), se_sd(b))
         zm = (a.mean() - b.mean()) / se_m
         zs = (a.std() - b.std()) / se_s
         zm_max, zs_max = max(zm_max, abs(zm)), max(zs_max, abs(zs))

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from ..errors import ConfigError
 from .base import CompSum, Decision, Problem, StreamReader, draw_u
 from .exact import exact_accept
+from ..factor_bounds import draw_items
 
 __all__ = ["PoissonThinning"]
 
@@ -85,7 +86,6 @@ class PoissonThinning:
         go = surrogate_ok & ~fallback
         count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam, 0.0)), 0).astype(jnp.int32)
         m = int(self.chunk)
-        k_tot = t.cum[-1]
 
         def cond(s):
             done, rejected, bad, _ = s
@@ -93,11 +93,8 @@ class PoissonThinning:
 
         def body(s):
             done, rejected, bad, k = s
-            k, k1, k2, k3 = jax.random.split(k, 4)
-            r = jax.random.randint(k1, (m,), 0, k_tot)
-            g = jnp.searchsorted(t.cum, r, side="right")
-            j = jax.random.randint(k2, (m,), 0, t.count[g])
-            idx = t.order[t.start[g] + j]
+            k, k1, k3 = jax.random.split(k, 3)
+            idx, g = draw_items(k1, t, m)
             live = jnp.arange(m) < count - done
             dr = f.remainder(idx)
             nonfinite = live & ~jnp.isfinite(dr)

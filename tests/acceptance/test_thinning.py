@@ -1,0 +1,217 @@
+"""The exact subsampled test (factorised MH by Poisson thinning): its decisions' law, its counts, its
+bound in float32, its fallback, and its chains against exact MH (with negative controls)."""
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+import tallmh as tm
+from tallmh import factor_bounds as fbm
+from tallmh.acceptance import PoissonThinning
+from tallmh.kernel import make_problem
+
+sys.path.insert(0, str(Path(__file__).parent))
+from thinning_helpers import compare, run_chains, setup  # noqa: E402
+
+
+def unequal_logistic(n, d=6, seed=0):
+    """Logistic regression with an intercept and features on scales from 0.1 to 10."""
+    rng = np.random.default_rng(seed)
+    sc = np.geomspace(0.1, 10, d - 1)
+    X = np.concatenate([np.ones((n, 1)), rng.normal(size=(n, d - 1)) * sc], 1)
+    beta = rng.normal(size=d) / np.sqrt(d) / np.r_[1.0, sc]
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
+    return {"X": X.astype(np.float32), "y": y}
+
+
+def rare_feature(n=50_000, k=30, seed=0):
+    """A one-hot feature present in ``k`` of ``n`` rows (its coefficient's posterior is far from Gaussian)."""
+    rng = np.random.default_rng(seed)
+    r = np.zeros(n)
+    r[rng.choice(n, k, replace=False)] = 1
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 4)), r])
+    beta = np.array([-0.5, 0.8, -0.4, 0.3, 0.2, 4.0])
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
+    return {"X": X.astype(np.float32), "y": y}
+
+
+def heavy_rows(n=50_000, k=5, seed=0):
+    """A few rows whose features are 100 times the others'."""
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 4))])
+    X[rng.choice(n, k, replace=False), 1:] *= 100
+    beta = np.array([-0.5, 0.8, -0.4, 0.3, 0.2])
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
+    return {"X": X.astype(np.float32), "y": y}
+
+
+class Shrunk(fbm.LogisticCubicBound):
+    """A deliberately wrong bound (weights times ``f``): the negative control."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def weights_host(self, center, rinv, batch):
+        return self.f * super().weights_host(center, rinv, batch)
+
+
+MODEL = tm.models.LogisticRegression()
+
+
+def _problem(data, unravel, cv, stats, z, zp):
+    """The decision between ``c + L z`` and ``c + L z'`` (L the Laplace factor; symmetric proposal)."""
+    n = data["y"].shape[0]
+    T = stats[fbm.FACTOR_KEY]
+    th = T.center + T.chol_cov @ jnp.asarray(z, T.center.dtype)
+    thp = T.center + T.chol_cov @ jnp.asarray(zp, T.center.dtype)
+    base = MODEL.log_prior(thp) - MODEL.log_prior(th)
+    d = jax.tree_util.tree_map(jnp.asarray, data)
+    return make_problem(MODEL, d, n, unravel, stats, th, thp, base, None, cv, 2)
+
+
+def _exact_alpha(problem):
+    """SMH's factorised acceptance probability, from every item's remainder (float64 product)."""
+    dr = np.asarray(problem.factors.remainder(jnp.arange(problem.n)), np.float64)
+    return min(1.0, np.exp(float(problem.log_base))) * np.exp(np.sum(np.minimum(dr, 0.0)))
+
+
+def _accept_rate(test, problem, k=20_000, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), k)
+    dec = jax.jit(jax.vmap(lambda key: test.decide(key, problem)))(keys)
+    return np.asarray(dec.accept).mean(), np.asarray(dec.n_data)
+
+
+@pytest.fixture(scope="module")
+def small():
+    data = unequal_logistic(20_000)
+    unravel, cv, stats, _ = setup(MODEL, data)
+    return data, unravel, cv, stats
+
+
+PAIRS = [([1.5, -1.0, 0.5, 0.0, 0.8, -0.3], [-1.2, 1.5, 0.0, 1.0, -0.5, 0.9]),
+         ([3.0, 2.0, -2.5, 1.0, 0.0, 2.0], [-2.5, -2.0, 2.0, -1.5, 1.0, -2.0])]
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_decision_law_is_the_factorised_acceptance(small, pair):
+    """The test's acceptance rate over keys equals SMH's factorised acceptance probability at fixed (theta, theta')."""
+    data, unravel, cv, stats = small
+    problem = _problem(data, unravel, cv, stats, *pair)
+    alpha = _exact_alpha(problem)
+    rate, nd = _accept_rate(PoissonThinning(), problem)
+    k = nd.shape[0]
+    assert 0.02 < alpha < 0.98, alpha  # (a pair where the remainders matter)
+    assert abs(rate - alpha) < 4 * np.sqrt(alpha * (1 - alpha) / k), (rate, alpha)
+    assert nd.mean() < 0.05 * problem.n  # (no full pass)
+
+
+def test_shrunk_bound_changes_the_decision_law(small):
+    """Negative control: a bound 50 times too small thins too little, and the same check fails."""
+    data, unravel, cv, stats = small
+    table, _ = fbm.prepare(MODEL, data, data["y"].shape[0], unravel, cv, Shrunk(0.02))
+    problem = _problem(data, unravel, cv, {**stats, fbm.FACTOR_KEY: table}, *PAIRS[1])
+    alpha = _exact_alpha(problem)
+    rate, nd = _accept_rate(PoissonThinning(), problem)
+    assert abs(rate - alpha) > 4 * np.sqrt(alpha * (1 - alpha) / nd.shape[0]), (rate, alpha)
+
+
+def test_counts_follow_their_poisson_law(small):
+    """With every remainder zero nothing is kept, so the items read are the process's count K ~ Poisson(Lambda)."""
+    data, unravel, cv, stats = small
+    problem = _problem(data, unravel, cv, stats, *PAIRS[1])
+    f = problem.factors
+    zero = f._replace(remainder=lambda idx: jnp.zeros(idx.shape, jnp.float32))
+    problem = problem._replace(factors=zero, log_base=jnp.float32(10.0))  # the surrogate's factor accepts
+    lam = float(f.phi * f.table.total)
+    assert 2 < lam < 200
+    rate, nd = _accept_rate(PoissonThinning(chunk=4), problem, k=20_000, seed=3)
+    assert rate == 1.0
+    # chi-square against Poisson(Lambda): one bin per count below hi, one for the rest
+    hi = int(sps.poisson.isf(0.002, lam))
+    obs = np.array([np.sum(nd == v) for v in range(hi)] + [np.sum(nd >= hi)])
+    p = np.r_[sps.poisson.pmf(np.arange(hi), lam), sps.poisson.sf(hi - 1, lam)]
+    stat, pval = sps.chisquare(obs, p * nd.shape[0])
+    assert pval > 1e-3, (pval, lam, nd.mean())
+    # negative control: the same counts against a rate 10% higher are rejected
+    p_wrong = np.r_[sps.poisson.pmf(np.arange(hi), 1.1 * lam), sps.poisson.sf(hi - 1, 1.1 * lam)]
+    assert sps.chisquare(obs, p_wrong / p_wrong.sum() * nd.shape[0])[1] < 1e-3
+
+
+def test_items_are_drawn_by_their_rate(small):
+    """The grouped sampler draws each item with probability rate_i / total (within binomial error)."""
+    _, _, _, stats = small
+    T = stats[fbm.FACTOR_KEY]
+    m = 400_000
+    idx, _ = jax.jit(lambda k: fbm.draw_items(k, T, m))(jax.random.PRNGKey(5))
+    idx = np.asarray(idx)
+    n = int(np.asarray(T.order).max()) + 1
+    groups = np.repeat(np.arange(T.count.shape[0]), np.asarray(T.count))
+    p = np.zeros(n)
+    p[np.asarray(T.order)] = (np.asarray(T.rate, np.float64) / float(T.total))[groups]
+    assert abs(p.sum() - 1) < 1e-4
+    # per group of items of similar rate: observed share against expected
+    obs = np.bincount(groups[np.argsort(np.asarray(T.order))][idx], minlength=T.count.shape[0]) / m
+    exp = np.bincount(groups, weights=p[np.asarray(T.order)], minlength=T.count.shape[0])
+    se = np.sqrt(exp * (1 - exp) / m)
+    assert np.all(np.abs(obs - exp) <= 5 * se + 1e-6)
+
+
+def test_fallback_is_exact_mh_with_the_same_u(small):
+    """With a rate limit below the bound's rate, the decision is plain MH's (same u) after a full pass."""
+    data, unravel, cv, stats = small
+    problem = _problem(data, unravel, cv, stats, *PAIRS[0])
+    keys = jax.random.split(jax.random.PRNGKey(7), 2000)
+    dec = jax.jit(jax.vmap(lambda k: PoissonThinning(max_rate=1e-6).decide(k, problem)))(keys)
+    dr = np.asarray(problem.factors.remainder(jnp.arange(problem.n)), np.float64)
+    us = np.asarray(jax.vmap(lambda k: tm.acceptance.base.draw_u(k)[0])(keys), np.float64)
+    expect = np.log(us) < float(problem.log_base) + dr.sum()
+    near = np.abs(np.log(us) - float(problem.log_base) - dr.sum()) < 1e-4  # (float32 sums at the boundary)
+    assert np.all((np.asarray(dec.accept) == expect) | near)
+    assert np.all(np.asarray(dec.n_data) == problem.n)
+
+
+def _bound_ratio(data, unravel, cv, stats, pairs):
+    """Largest ``|R_i(theta') - R_i(theta)| / (w_i phi)`` over every item and the given whitened pairs, with the
+    remainders in the working precision (float32) and the weights in float64."""
+    T = stats[fbm.FACTOR_KEY]
+    rinv = np.linalg.inv(np.asarray(T.chol_cov, np.float64).T)
+    w = fbm.LogisticCubicBound().weights_host(None, rinv, data)
+    worst = 0.0
+    for z, zp in pairs:
+        problem = _problem(data, unravel, cv, stats, z, zp)
+        f = problem.factors
+        dr = np.concatenate([np.asarray(f.remainder(jnp.arange(s, min(s + 2**20, problem.n))), np.float64)
+                             for s in range(0, problem.n, 2**20)])
+        b = w * float(f.phi)
+        worst = max(worst, float(np.max(np.abs(dr)[b > 0] / b[b > 0])))
+        assert np.all(dr[b == 0] == 0)
+    return worst
+
+
+def _pairs(d, k, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(k):
+        z = rng.normal(size=d) * rng.uniform(0.1, 4)
+        zp = z + rng.normal(size=d) * 10 ** rng.uniform(-4, 0.5)  # from nearly equal to far apart
+        out.append((z, zp))
+    return out
+
+
+def test_float32_remainder_within_its_bound(small):
+    data, unravel, cv, stats = small
+    assert _bound_ratio(data, unravel, cv, stats, _pairs(6, 20, 0)) <= 1.0
+
+
+@pytest.mark.slow
+def test_float32_remainder_within_its_bound_at_1e7():
+    """At N = 10^7 the steps per item are ~1/sqrt(N) of the Laplace scale: the regime where the remainder's
+    naive float32 form loses every digit."""
+    data = unequal_logistic(10_000_000, d=6, seed=1)
+    unravel, cv, stats, _ = setup(MODEL, data)
+    assert _bound_ratio(data, unravel, cv, stats, _pairs(6, 6, 1)) <= 1.0
