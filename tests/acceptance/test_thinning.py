@@ -215,3 +215,63 @@ def test_float32_remainder_within_its_bound_at_1e7():
     data = unequal_logistic(10_000_000, d=6, seed=1)
     unravel, cv, stats, _ = setup(MODEL, data)
     assert _bound_ratio(data, unravel, cv, stats, _pairs(6, 6, 1)) <= 1.0
+
+
+# --- chains against exact MH ------------------------------------------------------------------------------
+
+STEPS = 3000
+
+
+def _case(make):
+    data = make()
+    unravel, cv, stats, _ = setup(MODEL, data)
+    T = stats[fbm.FACTOR_KEY]
+    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
+    # exact MH with the same proposal, other keys: the reference
+    ref, _, _ = run_chains(MODEL, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
+                           cv_order=None)
+    return data, unravel, cv, stats, prop, ref
+
+
+@pytest.fixture(scope="module")
+def rare():
+    return _case(rare_feature)
+
+
+@pytest.fixture(scope="module")
+def heavy():
+    return _case(heavy_rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["rare", "heavy"])
+def test_chain_matches_exact_mh(case, request):
+    """Every coordinate's mean within 4 MCSE of exact MH's and its sd ratio within 4 of its MCSE; O(1) reads."""
+    data, unravel, cv, stats, prop, ref = request.getfixturevalue(case)
+    draws, acc, nd = run_chains(MODEL, data, PoissonThinning(), prop, unravel, cv, stats, STEPS, seed=1)
+    ok, zm, zs, report = compare(draws, ref)
+    assert ok, report
+    assert nd.mean() < 50, nd.mean()
+
+
+@pytest.mark.slow
+def test_chain_with_shrunk_bound_fails_the_same_check(rare):
+    """Negative control: weights 50 times too small bias the rare coefficient, and the check sees it."""
+    data, unravel, cv, stats, prop, ref = rare
+    table, _ = fbm.prepare(MODEL, data, data["y"].shape[0], unravel, cv, Shrunk(0.02))
+    draws, _, _ = run_chains(MODEL, data, PoissonThinning(), prop, unravel, cv, {**stats, fbm.FACTOR_KEY: table},
+                             STEPS, seed=1)
+    ok, zm, zs, report = compare(draws, ref)
+    assert not ok, report
+
+
+@pytest.mark.slow
+def test_chain_with_fallback_taken_is_exact(rare):
+    """A rate limit that sends part of the steps to the full exact decision (chosen by the symmetric rate
+    Lambda(theta, theta')): still exact."""
+    data, unravel, cv, stats, prop, ref = rare
+    draws, _, nd = run_chains(MODEL, data, PoissonThinning(max_rate=8.0), prop, unravel, cv, stats, STEPS, seed=2)
+    full = np.mean(nd >= data["y"].shape[0])
+    assert 0.01 < full < 0.95, full
+    ok, zm, zs, report = compare(draws, ref)
+    assert ok, report
