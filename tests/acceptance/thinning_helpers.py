@@ -17,7 +17,7 @@ def setup(model, data, bound=None):
     flat0, unravel = ravel_pytree(model.init(data))
     cv, passes, extra = cvm.prepare(tm.ControlVariates(order=2), model, data, n, unravel, flat0)
     table, items = fbm.prepare(model, data, n, unravel, cv, bound)
-    stats = model.setup(data) if hasattr(model, "setup") else None
+    stats = model.setup(data) if callable(getattr(model, "setup", None)) else None
     stats = dict(stats or {})
     stats[fbm.FACTOR_KEY] = table
     return unravel, cv, stats, n * passes + extra + items
