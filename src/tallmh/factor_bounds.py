@@ -47,13 +47,12 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["FactorTable", "FactorView", "LogisticCubicBound", "ZeroRemainder", "PoissonTrustBound", "cubic_sup",
-           "build_table", "draw_items", "prepare", "FACTOR_KEY", "logistic_remainder_diff"]
+__all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
+           "prepare", "FACTOR_KEY", "SAFETY"]
 
 FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
 
-M3_LOGISTIC = math.sqrt(3.0) / 18.0  # sup |(d/du)^3 log sigmoid(u)|
-_SAFETY = 1.0 + 1e-3  # on phi: covers the float rounding of z, z' and of the supremum's grid
+SAFETY = 1.0 + 1e-3  # on phi: covers the float rounding of z, z' and of the supremum's grid
 _GROUP_RATIO = 2.0 ** (1.0 / 8.0)
 _DRAW_TOTAL = 2**30
 
@@ -117,102 +116,6 @@ def cubic_sup(z, zp):
     return jnp.minimum(m1 + m3, grid)
 
 
-# --- the logistic regression's remainder ----------------------------------------------------------------
-
-def _q_polys(kmax):
-    """``Q_k(a)`` with ``f^(k)(u) = -p q Q_k(a)`` for ``f = log sigmoid``, ``p = sigmoid(u)``, ``q = 1 - p``,
-    ``a = 1 - 2p``: ``Q_2 = 1``, ``Q_{k+1} = a Q_k - (1 - a^2)/2 Q_k'`` (from ``dp/du = p q``)."""
-    polys = {2: np.poly1d([1.0])}
-    for k in range(2, kmax):
-        qk = polys[k]
-        polys[k + 1] = np.poly1d([1.0, 0.0]) * qk - np.poly1d([-0.5, 0.0, 0.5]) * qk.deriv()
-    return polys
-
-
-_SERIES_MAX = 0.5  # |delta| below which the remainder is summed as its Taylor series
-_SERIES_K = 13  # terms up to delta^_SERIES_K: truncation below (0.5/pi)^11 of the cubic term
-_COEFS = [(k, [float(c) / math.factorial(k) for c in _q_polys(_SERIES_K)[k].coeffs]) for k in range(3, _SERIES_K + 1)]
-
-
-def _horner(coefs, a):
-    out = jnp.zeros_like(a) + coefs[0]
-    for c in coefs[1:]:
-        out = out * a + c
-    return out
-
-
-def logistic_remainder_diff(m, d, dp):
-    """``R(d') - R(d)`` for ``R(t) = f(m + t) - f(m) - f'(m) t - f''(m) t^2 / 2``, ``f = log sigmoid``.
-
-    Where ``max(|d|, |d'|) <= 1/2``: ``(d' - d) sum_{k=3}^{13} c_k h_{k-1}(d', d)`` with the Taylor
-    coefficients ``c_k = f^(k)(m) / k! = -p q Q_k(a) / k!`` (polynomials in ``a = 1 - 2p = -tanh(m/2)`` of
-    small coefficients) and the complete symmetric polynomials ``h_j(x, y) = (x^{j+1} - y^{j+1}) / (x - y)``
-    by their recursion ``h_j = e1 h_{j-1} - e2 h_{j-2}`` (``e1 = x + y``, ``e2 = x y``): no cancellation, exactly
-    antisymmetric in ``d, d'``, and accurate to a few ulps relative. Elsewhere: every term formed as a multiple
-    of ``d' - d``: ``f(m + d') - f(m + d) = -softplus_diff(-(m + d), -(d' - d))`` (accurate for any step) less
-    ``f'(m) (d' - d) + f''(m) (d' - d)(d' + d) / 2``, averaged with the same from ``d'`` to ``d`` (so that the
-    result is exactly antisymmetric).
-    (The plain difference of the four terms in float32 loses the remainder entirely for small steps: that
-    version broke the bound of :func:`cubic_sup` in tests at N = 10^7.)
-    """
-    from .models.logistic import softplus_diff
-
-    p, q = jax.nn.sigmoid(m), jax.nn.sigmoid(-m)
-    pq = p * q
-    a = -jnp.tanh(0.5 * m)
-    small = jnp.maximum(jnp.abs(d), jnp.abs(dp)) <= _SERIES_MAX
-    x = jnp.where(small, dp, 0.0)
-    y = jnp.where(small, d, 0.0)
-    e1, e2 = x + y, x * y
-    h_prev, h = jnp.ones_like(x), e1  # h_0, h_1
-    acc = jnp.zeros_like(x)
-    for k, coefs in _COEFS:  # term k multiplies h_{k-1}
-        h_prev, h = h, e1 * h - e2 * h_prev  # now h = h_{k-1}
-        acc = acc + _horner(coefs, a) * h
-    series = -(x - y) * pq * acc
-
-    x = jnp.where(small, 0.0, dp)
-    y = jnp.where(small, 0.0, d)
-
-    def forward(y, x):  # R(x) - R(y) with every term proportional to x - y
-        step = x - y
-        return -softplus_diff(-(m + y), -step) - q * step + 0.5 * pq * step * (x + y)
-
-    far = 0.5 * (forward(y, x) - forward(x, y))  # (exactly antisymmetric)
-    return jnp.where(small, series, far)
-
-
-class LogisticCubicBound:
-    """``|R_i(theta') - R_i(theta)| <= rho_i^3 (M / 6) S(z, z')`` with ``M = sqrt(3)/18`` (global, no trust region).
-
-    For ``ell_i = log sigmoid(s_i x_i . theta)``, ``s_i = 2 y_i - 1``; ``rho_i = ||R^-1 x_i||``.
-    """
-
-    m3 = M3_LOGISTIC
-
-    def weights(self, center, rinv, batch):
-        v = batch["X"] @ rinv.T
-        rho2 = jnp.sum(v * v, axis=-1)
-        return rho2 * jnp.sqrt(rho2)
-
-    def weights_host(self, center, rinv, batch):
-        v = np.asarray(batch["X"], np.float64) @ rinv.T
-        rho2 = np.einsum("ij,ij->i", v, v)
-        return rho2 * np.sqrt(rho2)
-
-    def phi(self, z, zp):
-        return (self.m3 / 6.0 * _SAFETY) * cubic_sup(z, zp)
-
-    def region(self, z, zp):
-        return jnp.bool_(True)
-
-    def remainder(self, theta, theta_p, center, batch):
-        X = batch["X"]
-        md = X @ jnp.stack([center, theta - center, theta_p - center], axis=-1)
-        s = jnp.where(batch["y"] > 0.5, 1.0, -1.0).astype(md.dtype)
-        return logistic_remainder_diff(s * md[..., 0], s * md[..., 1], s * md[..., 2])
-
-
 class ZeroRemainder:
     """A likelihood whose second-order Taylor expansion is exact (Gaussian with known variance): every
     ``w_i = 0``; the test then reads no item and is plain MH on the (exact) quadratic."""
@@ -271,7 +174,7 @@ class PoissonTrustBound:
             return rho**3 * np.exp(eta + rho * self.radius)
 
     def phi(self, z, zp):
-        return (_SAFETY / 6.0) * cubic_sup(z, zp)
+        return (SAFETY / 6.0) * cubic_sup(z, zp)
 
     def region(self, z, zp):
         return jnp.maximum(jnp.linalg.norm(z), jnp.linalg.norm(zp)) <= self.radius

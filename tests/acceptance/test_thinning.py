@@ -14,6 +14,7 @@ import tallmh as tm
 from tallmh import factor_bounds as fbm
 from tallmh.acceptance import PoissonThinning
 from tallmh.kernel import make_problem
+from tallmh.models.logistic import LogisticCubicBound
 
 sys.path.insert(0, str(Path(__file__).parent))
 from thinning_helpers import compare, run_chains, setup  # noqa: E402
@@ -50,7 +51,7 @@ def heavy_rows(n=50_000, k=5, seed=0):
     return {"X": X.astype(np.float32), "y": y}
 
 
-class Shrunk(fbm.LogisticCubicBound):
+class Shrunk(LogisticCubicBound):
     """A deliberately wrong bound (weights times ``f``): the negative control."""
 
     def __init__(self, f):
@@ -180,7 +181,7 @@ def _bound_ratio(data, unravel, cv, stats, pairs):
     remainders in the working precision (float32) and the weights in float64."""
     T = stats[fbm.FACTOR_KEY]
     rinv = np.linalg.inv(np.asarray(T.chol_cov, np.float64).T)
-    w = fbm.LogisticCubicBound().weights_host(None, rinv, data)
+    w = LogisticCubicBound().weights_host(None, rinv, data)
     worst = 0.0
     for z, zp in pairs:
         problem = _problem(data, unravel, cv, stats, z, zp)

@@ -12,7 +12,7 @@ import pytest
 import tallmh as tm
 from tallmh import factor_bounds as fbm
 from tallmh.acceptance import PoissonThinning
-from tallmh.formula import PoissonRegression
+from tallmh.frontends.formula import PoissonRegression
 from tallmh.kernel import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
