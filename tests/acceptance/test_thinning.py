@@ -276,3 +276,26 @@ def test_chain_with_fallback_taken_is_exact(rare):
     assert 0.01 < full < 0.95, full
     ok, zm, zs, report = compare(draws, ref)
     assert ok, report
+
+
+def test_a_table_of_another_centre_falls_back_to_exact_mh(small):
+    """Control variates recentred away from the table's centre: the bound is not used (full exact pass)."""
+    data, unravel, cv, stats = small
+    moved = cv._replace(center=cv.center + 1e-3)
+    T = stats[fbm.FACTOR_KEY]
+    th, thp = T.center + 1e-3, T.center - 1e-3
+    d = jax.tree_util.tree_map(jnp.asarray, data)
+    problem = make_problem(MODEL, d, data["y"].shape[0], unravel, stats, th, thp, jnp.float32(0.0), None, moved, 2)
+    assert not bool(problem.factors.region)
+    dec = PoissonThinning().decide(jax.random.PRNGKey(0), problem)
+    assert int(dec.n_data) == problem.n
+
+
+@pytest.mark.slow
+def test_default_method_fails_the_same_check_on_the_rare_feature(rare):
+    """Today's default (austerity with control variates and Langevin), on the same rare-feature case, misses
+    exact MH's posterior by more than the check allows: the check has the power to see that bias."""
+    data, unravel, cv, stats, prop, ref = rare
+    res = tm.sample(MODEL, data, seed=0, progress=False)
+    ok, zm, zs, report = compare(np.asarray(res.flat_samples, np.float64), ref)
+    assert not ok, report
