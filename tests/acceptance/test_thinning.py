@@ -299,3 +299,9 @@ def test_default_method_fails_the_same_check_on_the_rare_feature(rare):
     res = tm.sample(MODEL, data, seed=0, progress=False)
     ok, zm, zs, report = compare(np.asarray(res.flat_samples, np.float64), ref)
     assert not ok, report
+
+
+def test_tm_sample_refuses_it_with_a_clear_error():
+    data, _ = tm.models.LogisticRegression.simulate(500)
+    with pytest.raises(tm.ConfigError, match="kernel"):
+        tm.sample(MODEL, data, test=PoissonThinning(), progress=False, num_samples=10)

@@ -58,6 +58,7 @@ class PoissonThinning:
 
     name = "exact-subsampled"
     tracks_log_lik = False
+    needs_factor_table = True  # (tm.sample refuses it until its runner builds the table)
 
     def __post_init__(self):
         if int(self.chunk) < 1:
