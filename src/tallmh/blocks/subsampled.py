@@ -148,8 +148,6 @@ def _check_cv(self, model, values, aux, data, n, program):  # (SubsampledMH's, o
                           f"{'twice' if self.control_variates.order == 2 else 'once'} in {self.site!r}: "
                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
-audits = True  # its decisions can be audited against the exact test (``step(..., audit=True)``)
-
 
 @dataclass(frozen=True)
 class SubsampledMH:
@@ -394,6 +392,8 @@ class SubsampledMH:
         if self.group_by is None:
             return ravel_pytree(v)[0].astype(dtype)[None]
         return jax.vmap(lambda r: ravel_pytree(r)[0])(v).astype(dtype)
+
+    audits = True  # its decisions can be audited against the exact test (``step(..., audit=True)``)
 
     def _one(self, key, model, value, values, aux, data, n, idx_map, pstate, embed=None, audit=False, cv=None):
         """One MH step on the site's conditional problem, by the kernel's own step

@@ -319,7 +319,7 @@ def set_keys(run, dtype, d):
     run.dtype, run.d = dtype, d
     run.chain_keys, run.k_jit, run.k_audit = rng.run_keys(run.seed, run.num_chains)
 
-# ---- devices, resume, draws on disk ---------------------------------------------------------------
+# ---- devices -------------------------------------------------------------------------------------
 
 
 def plan_devices(run, mesh):
