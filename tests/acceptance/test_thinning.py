@@ -271,7 +271,7 @@ def test_chain_with_fallback_taken_is_exact(rare):
     """A rate limit that sends part of the steps to the full exact decision (chosen by the symmetric rate
     Lambda(theta, theta')): still exact."""
     data, unravel, cv, stats, prop, ref = rare
-    draws, _, nd = run_chains(MODEL, data, PoissonThinning(max_rate=8.0), prop, unravel, cv, stats, STEPS, seed=2)
+    draws, _, nd = run_chains(MODEL, data, PoissonThinning(max_rate=22.0), prop, unravel, cv, stats, STEPS, seed=2)
     full = np.mean(nd >= data["y"].shape[0])
     assert 0.01 < full < 0.95, full
     ok, zm, zs, report = compare(draws, ref)
