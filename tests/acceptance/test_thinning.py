@@ -305,3 +305,14 @@ def test_tm_sample_refuses_it_with_a_clear_error():
     data, _ = tm.models.LogisticRegression.simulate(500)
     with pytest.raises(tm.ConfigError, match="kernel"):
         tm.sample(MODEL, data, test=PoissonThinning(), progress=False, num_samples=10)
+
+
+def test_table_from_device_arrays_matches_the_host_ones(small):
+    """The set-up pass on device arrays (working precision, weights inflated by 1e-3) gives the host's table."""
+    data, unravel, cv, stats = small
+    n = data["y"].shape[0]
+    t_dev, items = fbm.prepare(MODEL, {k: jnp.asarray(v) for k, v in data.items()}, n, unravel, cv)
+    t_host = stats[fbm.FACTOR_KEY]
+    assert items == n
+    assert 1.0 <= float(t_dev.total) / float(t_host.total) < 1.002
+    assert np.array_equal(np.sort(np.asarray(t_dev.order)), np.sort(np.asarray(t_host.order)))
