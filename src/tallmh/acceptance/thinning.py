@@ -18,8 +18,8 @@ points, each on item ``i`` with probability ``rate_i / total`` (SMH Alg. 2). So 
 (fewer: it stops at the first kept point), ``Lambda`` falls like ``N^(-1/2)`` near the mode, and no item is
 read when the surrogate's factor already rejects.
 
-Fixed shapes: the points are drawn in chunks of ``chunk`` inside a ``lax.while_loop`` until ``K`` are done or
-one is kept: exact for any ``K``. Fallback: where the bound fails (outside a model's trust region) or its rate
+Fixed shapes: the points are drawn in chunks of ``chunk`` (default 1) inside a ``lax.while_loop`` until ``K``
+are done or one is kept: exact for any ``K``. Fallback: where the bound fails (outside a model's trust region) or its rate
 is large (``Lambda > max_rate``), the test takes plain MH's decision from the full sum of the remainders (a
 full pass, counted). Which of the two decides is a function of ``Lambda(theta, theta')`` and the region, both
 symmetric in ``theta, theta'``, so the kernel is a mixture of two reversible rules chosen by a symmetric
@@ -48,12 +48,14 @@ class PoissonThinning:
     model that bounds its remainders (``factor_bound()``, :mod:`tallmh.factor_bounds`), with the table of
     :func:`tallmh.factor_bounds.prepare` in the step's statistics.
 
-    ``chunk``: points drawn per loop iteration. ``max_rate``: the bound's rate above which the step takes the
-    full exact decision instead (default ``N / 4``). ``n_data`` counts the points evaluated (one item each;
-    an item drawn twice is counted twice) plus any full pass.
+    ``chunk``: points drawn per loop iteration (default 1: every row read is a point of the process; with
+    more, the last iteration's lanes beyond the count read rows too, and are counted). ``max_rate``: the
+    bound's rate above which the step takes the full exact decision instead (default ``N / 4``). ``n_data``
+    counts every row read (one per lane of each iteration: an item drawn twice is counted twice) plus any full
+    pass.
     """
 
-    chunk: int = 8
+    chunk: int = 1
     max_rate: Optional[float] = None
 
     name = "exact-subsampled"
@@ -89,11 +91,11 @@ class PoissonThinning:
         m = int(self.chunk)
 
         def cond(s):
-            done, rejected, bad, _ = s
+            done, rejected, bad, _, _ = s
             return (done < count) & ~rejected & (bad == 0)
 
         def body(s):
-            done, rejected, bad, k = s
+            done, rejected, bad, k, touched = s
             k, k1, k3 = jax.random.split(k, 3)
             idx, g = draw_items(k1, t, m)
             live = jnp.arange(m) < count - done
@@ -102,10 +104,10 @@ class PoissonThinning:
             p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * t.rate[g]), 0.0)
             kept = jax.random.uniform(k3, (m,), dtype) < p
             return (done + jnp.minimum(m, count - done), rejected | jnp.any(kept),
-                    bad + jnp.sum(nonfinite).astype(jnp.int32), k)
+                    bad + jnp.sum(nonfinite).astype(jnp.int32), k, touched + m)
 
         z = jnp.zeros((), jnp.int32)
-        done, rejected, bad, _ = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), z, k_points))
+        done, rejected, bad, _, touched = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), z, k_points, z))
         thin_accept = go & ~rejected & (bad == 0)
 
         # the fallback: plain MH from the full compensated sum of the remainders (a while loop with target 0 when
@@ -117,4 +119,4 @@ class PoissonThinning:
 
         accept = jnp.where(fallback, full_accept, thin_accept)
         rounds = (done + m - 1) // m + jnp.where(full, 1, 0)
-        return Decision(accept, done + acc.read, rounds.astype(jnp.int32), bad + acc.nonfinite)
+        return Decision(accept, touched + acc.read, rounds.astype(jnp.int32), bad + acc.nonfinite)
