@@ -157,7 +157,28 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
             return ratio(jax.tree_util.tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), data))
 
     base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
-    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows)
+    factors = _factor_view(model, data, unravel, stats, cv, theta, theta_p, reader)
+    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows, factors)
+
+
+def _factor_view(model, data, unravel, stats, cv, theta, theta_p, reader):
+    """The remainder bound's view at ``(theta, theta')`` for the exact subsampled test: where control variates
+    are on, the model states a bound (``factor_bound``) and the statistics hold its table; else None."""
+    from . import factor_bounds as fbm
+
+    own = own_method(model, "factor_bound")
+    if cv is None or own is None or not isinstance(stats, dict) or fbm.FACTOR_KEY not in stats:
+        return None
+    bound = own()
+    table = stats[fbm.FACTOR_KEY]
+
+    def remainder(idx):  # (the bound's methods take flat parameter vectors)
+        return bound.remainder(theta, theta_p, table.center, reader(data, idx))
+
+    v = fbm.view(bound, table, theta, theta_p, remainder)
+    # the table's whitening and the remainders belong to its centre; the surrogate's sums to the control
+    # variates': should they ever differ (a recentred run), the bound is not used and the step is exact MH
+    return v._replace(region=v.region & jnp.all(table.center == cv.center))
 
 
 def _plain_rows(data) -> bool:

@@ -10,5 +10,7 @@ from .confidence import BOUNDS, Confidence
 from .exact import Exact
 from .informed import Informed
 from .none import AlwaysAccept
+from .thinning import PoissonThinning
 
-__all__ = ["AlwaysAccept", "Exact", "Informed", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]
+__all__ = ["AlwaysAccept", "PoissonThinning", "Exact", "Informed", "Austerity", "Confidence", "Barker", "Decision", "Problem",
+           "BOUNDS"]

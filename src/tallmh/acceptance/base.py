@@ -35,6 +35,8 @@ class Problem(NamedTuple):
     ``log_lik_current`` is the current full-data log-likelihood when the kernel tracks it, else None.
     ``lik_ratio_rows(start, size)``, where the items are rows of arrays in memory, returns ``l_i`` for the
     contiguous items ``[start, start + size)`` by slicing them (no gather); None otherwise.
+    ``factors``: with control variates and the table of :func:`tallmh.factor_bounds.prepare` in the step's
+    statistics, the per-item remainder bound and remainders the exact subsampled test thins with.
     """
 
     n: int
@@ -44,6 +46,9 @@ class Problem(NamedTuple):
     bound: Optional[Callable]
     log_lik_current: Optional[jax.Array] = None
     lik_ratio_rows: Optional[Callable] = None
+    # the remainders' bound at (theta, theta') and its sampling table, for the exact subsampled test
+    # (:class:`tallmh.factor_bounds.FactorView`); None where there are no control variates or no table
+    factors: Optional[object] = None
 
 
 class Decision(NamedTuple):

@@ -272,6 +272,13 @@ class PoissonRegression(Model):
     def init(self, data):
         return jnp.zeros(np.shape(data["X"])[1])
 
+    def factor_bound(self):
+        """The remainders' bound on the trust region ``||z||, ||z'|| <= 6`` Laplace sds around the centre, with the
+        exact decision outside it (:class:`~tallmh.factor_bounds.PoissonTrustBound`)."""
+        from ..factor_bounds import PoissonTrustBound
+
+        return PoissonTrustBound(radius=6.0)
+
     def describe_prior(self):
         return f"N(0, {self.prior_scale:g}^2) on each coefficient"
 

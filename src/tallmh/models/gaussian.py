@@ -49,6 +49,12 @@ class GaussianMean(Model):
     def init(self, data):
         return jnp.zeros(1)
 
+    def factor_bound(self):
+        """Quadratic in mu: the Taylor surrogate is exact (:class:`~tallmh.factor_bounds.ZeroRemainder`)."""
+        from ..factor_bounds import ZeroRemainder
+
+        return ZeroRemainder()
+
     def setup(self, data):
         x = jnp.asarray(data["x"])
         if x.ndim != 1:

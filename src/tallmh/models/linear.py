@@ -68,6 +68,7 @@ class LinearRegression(Model):
             # quadratic in (beta, log sigma): no bounds, for the confidence test with or without control variates
             self.lik_ratio_bound = None
             self.cv_remainder_bound = None
+            self.factor_bound = None  # (nor a remainder bound for the exact subsampled test)
 
     @property
     def samples_noise(self) -> bool:
@@ -173,6 +174,14 @@ class LinearRegression(Model):
         return rounding_headroom(c, mag, 4.0 + 0.5 * theta.shape[0])
 
     # --- exact answers ----------------------------------------------------------------------------
+
+    def factor_bound(self):
+        """With sigma fixed the log-likelihood is quadratic in beta: its second-order Taylor expansion is exact,
+        every remainder zero (:class:`~tallmh.factor_bounds.ZeroRemainder`), and the exact subsampled test reads
+        no item. (With sigma sampled there is no bound.)"""
+        from ..factor_bounds import ZeroRemainder
+
+        return ZeroRemainder()
 
     def posterior(self, data):
         """Exact posterior mean and covariance (float64 numpy).

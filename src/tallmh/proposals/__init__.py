@@ -7,8 +7,9 @@ kernel ravels pytrees).
 
 from .adaptive import AdaptiveMetropolis
 from .langevin import Langevin
+from .laplace import CrankNicolson, SurrogateLangevin
 from .random_walk import RandomWalk
 from .rjmcmc import ReversibleJump
 from .stiefel import StiefelWalk
 
-__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin", "StiefelWalk", "ReversibleJump"]
+__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin", "StiefelWalk", "ReversibleJump", "CrankNicolson", "SurrogateLangevin"]

@@ -45,6 +45,10 @@ TEST_NAMES = ("exact", "austerity", "confidence", "barker")
 def as_test(test):
     """A test object from ``test``: an object with ``decide`` (as given), a name (its default settings), or
     None (the recommended default, chosen once the data and model are known)."""
+    if getattr(test, "needs_factor_table", False):  # (the exact subsampled test: its table is not built here yet)
+        raise ConfigError(f"tm.sample cannot run the {test.name} test yet: it runs on the kernel, with the table of "
+                          "tallmh.factor_bounds.prepare in the step's statistics (see docs/methods.md, 'The exact "
+                          "subsampled test')")
     if test is None or callable(getattr(test, "decide", None)):
         return test
     if isinstance(test, str) and test.lower() in TEST_NAMES:

@@ -1,0 +1,122 @@
+"""The exact subsampled test: factorised Metropolis-Hastings with the remainders' factors simulated by
+Poisson thinning (Cornish, Vanetti, Bouchard-Cote, Deligiannidis & Doucet, *Scalable Metropolis-Hastings for
+exact Bayesian inference with large datasets*, ICML 2019, "SMH", Sec. 3 and Alg. 2).
+
+The target's log density is split as ``log p0(theta) + Q(theta) + sum_i R_i(theta)`` with ``Q`` the second-order
+Taylor surrogate of the full log-likelihood at a centre ``c`` (the control variates' sums) and ``R_i`` the
+items' remainders. The factorised acceptance probability (SMH eq. 4)
+
+    alpha(theta, theta') = min(1, exp(log_base)) prod_i min(1, exp(R_i(theta') - R_i(theta))),
+    log_base = log p0(theta') - log p0(theta) + Q(theta') - Q(theta) + log q(theta|theta') - log q(theta'|theta),
+
+satisfies detailed balance for the exact posterior factor by factor, so the chain is exact. Each remainder
+factor accepts with probability ``exp(-max(0, -(R_i(theta') - R_i(theta))))``: the probability that a Poisson
+process of rate ``lambda_i >= |R_i(theta') - R_i(theta)|`` has no point kept when each is kept with
+probability ``max(0, -(R_i(theta') - R_i(theta))) / lambda_i``. With ``lambda_i = phi(theta, theta') rate_i``
+(:mod:`tallmh.factor_bounds`) the superposed process has ``K ~ Poisson(Lambda)``, ``Lambda = phi total``,
+points, each on item ``i`` with probability ``rate_i / total`` (SMH Alg. 2). So a step reads ``K`` items at most
+(fewer: it stops at the first kept point), ``Lambda`` falls like ``N^(-1/2)`` near the mode, and no item is
+read when the surrogate's factor already rejects.
+
+Fixed shapes: the points are drawn in chunks of ``chunk`` (default 1) inside a ``lax.while_loop`` until ``K``
+are done or one is kept: exact for any ``K``. Fallback: where the bound fails (outside a model's trust region) or its rate
+is large (``Lambda > max_rate``), the test takes plain MH's decision from the full sum of the remainders (a
+full pass, counted). Which of the two decides is a function of ``Lambda(theta, theta')`` and the region, both
+symmetric in ``theta, theta'``, so the kernel is a mixture of two reversible rules chosen by a symmetric
+condition: still exact. (A switch on the drawn count ``K`` would not be: ``K`` is correlated with rejection.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from ..errors import ConfigError
+from .base import CompSum, Decision, Problem, StreamReader, draw_u
+from .exact import exact_accept
+from ..factor_bounds import draw_items
+
+__all__ = ["PoissonThinning"]
+
+
+@dataclass(frozen=True)
+class PoissonThinning:
+    """Exact subsampled MH (SMH's factorised test by Poisson thinning). Needs Taylor control variates and a
+    model that bounds its remainders (``factor_bound()``, :mod:`tallmh.factor_bounds`), with the table of
+    :func:`tallmh.factor_bounds.prepare` in the step's statistics.
+
+    ``chunk``: points drawn per loop iteration (default 1: every row read is a point of the process; with
+    more, the last iteration's lanes beyond the count read rows too, and are counted). ``max_rate``: the
+    bound's rate above which the step takes the full exact decision instead (default ``N / 4``). ``n_data``
+    counts every row read (one per lane of each iteration: an item drawn twice is counted twice) plus any full
+    pass.
+    """
+
+    chunk: int = 1
+    max_rate: Optional[float] = None
+
+    name = "exact-subsampled"
+    tracks_log_lik = False
+    needs_factor_table = True  # (tm.sample refuses it until its runner builds the table)
+
+    def __post_init__(self):
+        if int(self.chunk) < 1:
+            raise ConfigError(f"PoissonThinning chunk must be at least 1; got {self.chunk}")
+        if self.max_rate is not None and not self.max_rate > 0:
+            raise ConfigError(f"PoissonThinning max_rate must be positive; got {self.max_rate}")
+
+    def check(self, n: int):
+        return None
+
+    def rate_limit(self, n: int) -> float:
+        return float(self.max_rate) if self.max_rate is not None else max(64.0, n / 4.0)
+
+    def decide(self, key, problem: Problem) -> Decision:
+        f = getattr(problem, "factors", None)
+        if f is None:
+            raise ConfigError("the exact subsampled test needs Taylor control variates and a model with a remainder "
+                              "bound (factor_bound), with its table in the statistics (tallmh.factor_bounds.prepare)")
+        u, k_count, k_points = draw_u(key)
+        n = problem.n
+        t = f.table
+        dtype = problem.log_base.dtype
+        lam = f.phi * t.total
+        fallback = ~f.region | ~(lam <= self.rate_limit(n))  # (a NaN rate falls back too)
+        surrogate_ok = jnp.log(u) < problem.log_base
+        go = surrogate_ok & ~fallback
+        count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam, 0.0)), 0).astype(jnp.int32)
+        m = int(self.chunk)
+
+        def cond(s):
+            done, rejected, bad, _, _ = s
+            return (done < count) & ~rejected & (bad == 0)
+
+        def body(s):
+            done, rejected, bad, k, touched = s
+            k, k1, k3 = jax.random.split(k, 3)
+            idx, g = draw_items(k1, t, m)
+            live = jnp.arange(m) < count - done
+            dr = f.remainder(idx)
+            nonfinite = live & ~jnp.isfinite(dr)
+            p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * t.rate[g]), 0.0)
+            kept = jax.random.uniform(k3, (m,), dtype) < p
+            return (done + jnp.minimum(m, count - done), rejected | jnp.any(kept),
+                    bad + jnp.sum(nonfinite).astype(jnp.int32), k, touched + m)
+
+        z = jnp.zeros((), jnp.int32)
+        done, rejected, bad, _, touched = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), z, k_points, z))
+        thin_accept = go & ~rejected & (bad == 0)
+
+        # the fallback: plain MH from the full compensated sum of the remainders (a while loop with target 0 when
+        # not taken, so that under vmap it costs nothing at the steps that do not take it)
+        full = fallback & jnp.isfinite(problem.log_base)
+        reader = StreamReader(n, 4096, f.remainder, permuted=False, stop_on_nonfinite=True)
+        acc = reader.advance(None, CompSum.zero(dtype), jnp.where(full, n, 0))
+        full_accept = full & (acc.nonfinite == 0) & exact_accept("metropolis", u, problem.log_base, (acc.hi, acc.lo))
+
+        accept = jnp.where(fallback, full_accept, thin_accept)
+        rounds = (done + m - 1) // m + jnp.where(full, 1, 0)
+        return Decision(accept, touched + acc.read, rounds.astype(jnp.int32), bad + acc.nonfinite)

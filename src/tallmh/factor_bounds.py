@@ -1,0 +1,312 @@
+"""Per-item bounds on the Taylor remainders, and the table that draws items by their bound's weight.
+
+The exact subsampled test (:class:`tallmh.acceptance.PoissonThinning`; Cornish, Vanetti, Bouchard-Cote,
+Deligiannidis & Doucet, *Scalable Metropolis-Hastings for exact Bayesian inference with large datasets*,
+ICML 2019, "SMH") needs, for the remainder ``R_i(theta) = ell_i(theta) - ell_i(c) - g_i . a - (1/2) a^T H_i a``
+(``a = theta - c``, second-order Taylor control variates at the centre ``c``), a bound of product form
+
+    |R_i(theta') - R_i(theta)| <= w_i phi(theta, theta')           (SMH, eq. 8 and Sec. 3.2)
+
+with item weights ``w_i >= 0`` computed once (a set-up pass) and a data-free ``phi`` symmetric in
+``theta, theta'``. A model states it through one method, ``factor_bound()``, which returns an object with
+
+``weights(center, Rinv, batch) -> (b,)``
+    the ``w_i`` of a batch of rows (``Rinv`` the inverse of the lower Cholesky factor ``R`` of the Laplace
+    precision ``H = R R^T`` at the centre);
+``phi(z, z') -> scalar``
+    the data-free factor, in whitened coordinates ``z = R^T (theta - c)``;
+``region(z, z') -> bool``
+    where the bound holds (a trust region; ``True`` for a global bound); outside it the test takes the
+    full exact decision. Symmetric in ``z, z'``;
+``remainder(theta, theta', center, batch) -> (b,)``
+    the per-item ``R_i(theta') - R_i(theta)`` computed without cancellation.
+
+Whitening: ``x . a = (R^-1 x) . (R^T a)``, so a GLM item whose log-likelihood is ``f(s_i x_i . theta)``
+with ``|f'''| <= M`` has ``delta_i = s_i x_i . a = rho_i <e_i, z>`` with ``rho_i = ||R^-1 x_i||`` and a unit
+vector ``e_i``; and, from ``|R_i'(t)| <= M t^2 / 2`` along the item's margin,
+
+    |R_i(theta') - R_i(theta)| <= (M / 6) |delta_i'^3 - delta_i^3| <= rho_i^3 (M / 6) S(z, z'),
+    S(z, z') = sup_{||e|| = 1} |<e, z'>^3 - <e, z>^3|
+
+(the supremum is over the plane of ``z, z'``). :func:`cubic_sup` bounds ``S`` from above to within about 1%.
+
+:func:`build_table` makes, from the ``w_i``, a grouped sampler (items with weights within a factor
+``2^(1/8)`` share a group; a group is drawn by an integer threshold table, an item uniformly within it):
+O(log G) work per draw for G groups, none of it O(N). The rate each item gets from the table is known
+exactly, so the thinning divides by that rate, not by ``w_i``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
+           "prepare", "FACTOR_KEY", "SAFETY"]
+
+FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
+
+SAFETY = 1.0 + 1e-3  # on phi: covers the float rounding of z, z' and of the supremum's grid
+_GROUP_RATIO = 2.0 ** (1.0 / 8.0)
+_DRAW_TOTAL = 2**30
+
+
+class FactorTable(NamedTuple):
+    """The set-up pass's result, handed to every step (in ``stats[FACTOR_KEY]``)."""
+
+    center: jax.Array  # (d,) the Taylor centre c
+    rt: jax.Array  # (d, d) R^T: z = R^T (theta - c)
+    chol_cov: jax.Array  # (d, d) R^-T: the Laplace covariance H^-1 = R^-T R^-1 (for proposals)
+    order: jax.Array  # (N',) int32: the items with w_i > 0, grouped
+    start: jax.Array  # (G,) int32: each group's first position in ``order``
+    count: jax.Array  # (G,) int32: group sizes
+    cum: jax.Array  # (G,) int32: upper ends of the groups' integer draw ranges (total cum[-1])
+    rate: jax.Array  # (G,) float: per-item rate of group g divided by phi (>= every w_i of the group)
+    total: jax.Array  # float: Lambda / phi (the sum of the per-item rates divided by phi)
+
+
+class FactorView(NamedTuple):
+    """What the test sees at one step (built by :func:`tallmh.kernel.make_problem`)."""
+
+    phi: jax.Array  # data-free factor at (theta, theta'), symmetric
+    region: jax.Array  # bool: the bound holds (symmetric)
+    table: FactorTable
+    remainder: Callable  # idx -> R_i(theta') - R_i(theta)
+
+
+def cubic_sup(z, zp):
+    """An upper bound on ``S(z, z') = sup_{||e||=1} |<e, z'>^3 - <e, z>^3|``, within about 1% of it.
+
+    In the plane of ``z, z'`` write ``w, w'`` for their complex coordinates; ``<e, z>^3`` at angle ``psi`` is
+    ``Re(|w|^2 w e^{-i psi}) 3/4 + Re(w^3 e^{-3 i psi}) / 4``, so the difference is
+    ``g(psi) = Re(P1 e^{-i psi}) + Re(P3 e^{-3 i psi})`` with ``P1 = 3/4 (|w'|^2 w' - |w|^2 w)`` and
+    ``P3 = (w'^3 - w^3) / 4``. Its maximum is at most ``|P1| + |P3|``, and at most the largest ``|g|`` on a grid
+    of 32 angles in ``[0, pi)`` (``|g(psi + pi)| = |g(psi)|``) plus ``(|P1| + 9 |P3|) h^2 / 8`` (``h = pi / 32``;
+    ``|g''| <= |P1| + 9 |P3|``). The smaller of the two is returned. Symmetric in ``z, z'`` up to rounding.
+    """
+    nz = jnp.linalg.norm(z)
+    nzp = jnp.linalg.norm(zp)
+    # basis of the plane: e1 along the longer of the two (the shorter's components are then well formed)
+    swap = nzp > nz
+    a, b = jnp.where(swap, zp, z), jnp.where(swap, z, zp)
+    na = jnp.maximum(jnp.linalg.norm(a), jnp.finfo(a.dtype).tiny)
+    e1 = a / na
+    b1 = b @ e1
+    b2 = jnp.linalg.norm(b - b1 * e1)
+    # w = na (real), w' = b1 + i b2 (swapping z and z' flips the sign of g: |g| unchanged)
+    wr, wi = jnp.linalg.norm(a), jnp.zeros_like(na)
+    vr, vi = b1, b2
+    n2w, n2v = wr * wr, vr * vr + vi * vi
+    p1r, p1i = 0.75 * (n2v * vr - n2w * wr), 0.75 * (n2v * vi - n2w * wi)
+    # cubes: (x + i y)^3 = x^3 - 3 x y^2 + i (3 x^2 y - y^3)
+    p3r = 0.25 * ((vr**3 - 3 * vr * vi**2) - (wr**3 - 3 * wr * wi**2))
+    p3i = 0.25 * ((3 * vr**2 * vi - vi**3) - (3 * wr**2 * wi - wi**3))
+    m1, m3 = jnp.hypot(p1r, p1i), jnp.hypot(p3r, p3i)
+    k = 32
+    h = math.pi / k
+    psi = jnp.arange(k, dtype=z.dtype) * h
+    g = p1r * jnp.cos(psi) + p1i * jnp.sin(psi) + p3r * jnp.cos(3 * psi) + p3i * jnp.sin(3 * psi)
+    grid = jnp.max(jnp.abs(g)) + (m1 + 9.0 * m3) * (h * h / 8.0)
+    return jnp.minimum(m1 + m3, grid)
+
+
+class ZeroRemainder:
+    """A likelihood whose second-order Taylor expansion is exact (Gaussian with known variance): every
+    ``w_i = 0``; the test then reads no item and is plain MH on the (exact) quadratic."""
+
+    def weights(self, center, rinv, batch):
+        return jnp.zeros(jax.tree_util.tree_leaves(batch)[0].shape[:1], center.dtype)
+
+    def weights_host(self, center, rinv, batch):
+        return np.zeros(np.shape(jax.tree_util.tree_leaves(batch)[0])[:1])
+
+    def phi(self, z, zp):
+        return jnp.zeros((), z.dtype)
+
+    def region(self, z, zp):
+        return jnp.bool_(True)
+
+    def remainder(self, theta, theta_p, center, batch):
+        return jnp.zeros(jax.tree_util.tree_leaves(batch)[0].shape[:1], theta.dtype)
+
+
+class PoissonTrustBound:
+    """Poisson regression with log link, ``ell_i = y_i eta_i - exp(eta_i)`` (``-log y_i!`` cancels), whose third
+    derivative ``-exp(eta)`` is unbounded: bounded on the trust region ``||z||, ||z'|| <= radius``, where
+    ``|delta_i| <= rho_i radius`` and so ``|f'''| <= exp(eta_i(c) + rho_i radius)``:
+    ``w_i = rho_i^3 exp(eta_i(c) + rho_i radius)``, ``phi = S(z, z') / 6``. Outside the region the test
+    takes the full exact decision (symmetric: the region is a condition on both points).
+
+    ``offset``: the batch key of a log-exposure offset, if any.
+    """
+
+    def __init__(self, radius: float = 6.0, offset=None):
+        if not radius > 0:
+            raise ConfigError(f"the trust region's radius must be positive; got {radius}")
+        self.radius = float(radius)
+        self.offset = offset
+
+    def _eta_c(self, center, batch, xp):
+        eta = batch["X"] @ center
+        if self.offset is not None:
+            eta = eta + batch[self.offset]
+        return eta
+
+    def weights(self, center, rinv, batch):
+        v = batch["X"] @ rinv.T
+        rho = jnp.sqrt(jnp.sum(v * v, axis=-1))
+        return rho**3 * jnp.exp(self._eta_c(center, batch, jnp) + rho * self.radius)
+
+    def weights_host(self, center, rinv, batch):
+        X = np.asarray(batch["X"], np.float64)
+        v = X @ rinv.T
+        rho = np.sqrt(np.einsum("ij,ij->i", v, v))
+        eta = X @ np.asarray(center, np.float64)
+        if self.offset is not None:
+            eta = eta + np.asarray(batch[self.offset], np.float64)
+        with np.errstate(over="ignore"):
+            return rho**3 * np.exp(eta + rho * self.radius)
+
+    def phi(self, z, zp):
+        return (SAFETY / 6.0) * cubic_sup(z, zp)
+
+    def region(self, z, zp):
+        return jnp.maximum(jnp.linalg.norm(z), jnp.linalg.norm(zp)) <= self.radius
+
+    def remainder(self, theta, theta_p, center, batch):
+        md = batch["X"] @ jnp.stack([center, theta - center, theta_p - center], axis=-1)
+        eta, d, dp = md[..., 0], md[..., 1], md[..., 2]
+        if self.offset is not None:
+            eta = eta + batch[self.offset]
+        mu = jnp.exp(eta)
+        # R(t) = -(exp(eta + t) - exp(eta) - exp(eta) t - exp(eta) t^2/2) = -mu (expm1(t) - t - t^2/2)
+        # (the y t terms cancel); R(d') - R(d), with the small-|t| series to avoid cancellation
+        return -mu * (_exp3(dp) - _exp3(d))
+
+
+def _exp3(t):
+    """``expm1(t) - t - t^2/2`` without cancellation for small ``|t|`` (series to t^9 below 1/2)."""
+    small = jnp.abs(t) <= 0.5
+    ts = jnp.where(small, t, 0.0)
+    series = ts**3 / 6.0 * (1 + ts / 4 * (1 + ts / 5 * (1 + ts / 6 * (1 + ts / 7 * (1 + ts / 8 * (1 + ts / 9))))))
+    tf = jnp.where(small, 1.0, t)
+    return jnp.where(small, series, jnp.expm1(tf) - tf - 0.5 * tf * tf)
+
+
+# --- the set-up pass ------------------------------------------------------------------------------------
+
+def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
+    """The grouped sampler of items by weight ``w`` (float64, length N; zeros never drawn).
+
+    Items with ``w_i > 0`` are grouped by ``floor(8 log2 w_i)``; group ``g`` of ``n_g`` items and largest weight
+    ``b_g`` gets ``k_g = ceil(p_g (2^30 - G))`` of the integer draw range, ``p_g = n_g b_g / sum_h n_h b_h``.
+    A draw picks an integer below ``K = sum k_g``, its group by the cumulative ``k``, and an item uniformly in
+    the group: item ``i`` of group ``g`` is drawn with probability ``k_g / (K n_g)``. With ``total =
+    max_g n_g b_g K / k_g`` (>= sum_h n_h b_h) the rate of item ``i`` is ``phi total k_g / (K n_g) =: phi
+    rate_g >= phi b_g >= phi w_i``: a valid dominating rate, used as such by the thinning.
+    """
+    w = np.asarray(w, np.float64)
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        bad = int(np.sum(~np.isfinite(w) | (w < 0)))
+        raise ConfigError(f"the remainder bound's item weights must be finite and non-negative; {bad} are not "
+                          "(the trust region's weights overflow: use a smaller radius)")
+    idx = np.nonzero(w > 0)[0]
+    dt = np.dtype(dtype)
+    if idx.size == 0:  # no remainder anywhere: a dummy group, never drawn (total 0)
+        return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
+                           jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), jnp.ones(1, jnp.int32),
+                           jnp.ones(1, jnp.int32), jnp.ones(1, dt), jnp.zeros((), dt))
+    wk = w[idx]
+    key = np.floor(np.log2(wk) / np.log2(_GROUP_RATIO)).astype(np.int64)
+    o = np.argsort(key, kind="stable")
+    key_s = key[o]
+    starts = np.concatenate([[0], np.nonzero(np.diff(key_s))[0] + 1])
+    counts = np.diff(np.concatenate([starts, [key_s.size]]))
+    b = np.maximum.reduceat(wk[o], starts)
+    G = starts.size
+    mass = b * counts
+    p = mass / mass.sum()
+    k = np.maximum(np.ceil(p * (_DRAW_TOTAL - G)), 1).astype(np.int64)
+    K = int(k.sum())
+    total = float(np.max(mass * K / k)) * (1 + 1e-6)
+    rate = total * k / (K * counts)
+    assert np.all(rate >= b)
+    # float32 rounding up, so that the stored rate still dominates every weight of its group
+    rate32 = np.nextafter(rate.astype(dt), np.inf).astype(dt)
+    return FactorTable(jnp.asarray(center, dt), jnp.asarray(rt, dt), jnp.asarray(chol_cov, dt),
+                       jnp.asarray(idx[o].astype(np.int32)), jnp.asarray(starts.astype(np.int32)),
+                       jnp.asarray(counts.astype(np.int32)), jnp.asarray(np.cumsum(k).astype(np.int32)),
+                       jnp.asarray(rate32), jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+
+
+def draw_items(key, table: FactorTable, m: int):
+    """``m`` items drawn independently, item ``i`` of group ``g`` with probability ``k_g / (K n_g)``
+    (:func:`build_table`): ``(items, their groups)``. O(log G) per item (a search of the G thresholds)."""
+    k1, k2 = jax.random.split(key)
+    r = jax.random.randint(k1, (m,), 0, table.cum[-1])
+    g = jnp.searchsorted(table.cum, r, side="right")
+    j = jax.random.randint(k2, (m,), 0, table.count[g])
+    return table.order[table.start[g] + j], g
+
+
+def laplace_factors(model, unravel, cv):
+    """``(R^T, R^-T)`` for the Laplace precision ``H = -(sum_i hess ell_i(c) + hess log p0(c)) = R R^T`` (float64).
+    A precision that is not positive definite gets a ridge of 1e-8 of its largest diagonal entry."""
+    c = cv.center
+    hp = jax.hessian(lambda t: jnp.asarray(model.log_prior(unravel(t)), c.dtype))(c)
+    H = -(np.asarray(cv.hess_sum, np.float64) + np.asarray(hp, np.float64))
+    H = 0.5 * (H + H.T)
+    try:
+        R = np.linalg.cholesky(H)
+    except np.linalg.LinAlgError:
+        R = np.linalg.cholesky(H + 1e-8 * np.max(np.abs(np.diag(H))) * np.eye(H.shape[0]))
+    rinv = np.linalg.inv(R)
+    return R.T, rinv.T, rinv
+
+
+def prepare(model, data, n, unravel, cv, bound=None):
+    """The set-up pass of the exact subsampled test: ``(FactorTable, items read)``.
+
+    ``cv`` is the control variates' state at the centre (its Hessian sum gives the whitening); one pass over
+    the N items makes the weights (on the host in float64 when the data are NumPy arrays, else on the
+    device in the working precision, inflated by 1e-3 for its rounding).
+    """
+    from .model import own_method
+
+    if bound is None:
+        fb = own_method(model, "factor_bound")
+        if fb is None:
+            raise ConfigError(f"the model {getattr(model, 'name', type(model).__name__)!r} states no bound on its "
+                              "Taylor remainders (a factor_bound() method): the exact subsampled test needs one")
+        bound = fb()
+    rt, chol_cov, rinv = laplace_factors(model, unravel, cv)
+    center64 = np.asarray(cv.center, np.float64)
+    leaves = jax.tree_util.tree_leaves(data)
+    w = np.empty(n, np.float64)
+    block = 1 << 18
+    if all(isinstance(a, np.ndarray) for a in leaves):
+        for s in range(0, n, block):
+            batch = jax.tree_util.tree_map(lambda a: a[s:s + block], data)
+            w[s:s + block] = bound.weights_host(center64, rinv, batch)
+    else:
+        c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)
+        fn = jax.jit(bound.weights)
+        for s in range(0, n, block):
+            batch = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
+            w[s:s + block] = np.asarray(fn(c, ri, batch), np.float64) * (1 + 1e-3)
+    table = build_table(w, cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
+    return table, n
+
+
+def view(bound, table: FactorTable, theta, theta_p, remainder: Callable) -> FactorView:
+    """The step's :class:`FactorView` at flat ``theta, theta'``."""
+    z = table.rt @ (theta - table.center)
+    zp = table.rt @ (theta_p - table.center)
+    phi = bound.phi(z, zp)
+    return FactorView(phi, jnp.asarray(bound.region(z, zp), bool), table, remainder)
