@@ -1757,7 +1757,10 @@ class _Run:
                                         arg(self.done[pname], jnp.int32), arg(count, jnp.int32), arg(phase, jnp.int32),
                                         arg(self.rates[phase], jnp.float32), self.run_data, self.run_stats)
         _wait(new_states)
-        theta, info, *deferred = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
+        # the chunk's outputs are buffers of ``self.length`` steps; a view of their first ``count`` would keep each
+        # whole buffer alive (on a CPU, NumPy's view of a JAX array holds its buffer): copied, memory grows with
+        # the draws kept, not with the number of chunks times the buffer
+        theta, info, *deferred = jax.tree_util.tree_map(lambda a: np.array(distributed.to_host(a)[:, :count]), out)
         info = dict(info)
         if deferred:
             self._audits_of_chunk(phase, info, *deferred)
