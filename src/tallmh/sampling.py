@@ -793,7 +793,12 @@ def sample(
     if stream_draws and checkpoint is not None:
         run.open_store(resume)
     run.go(init, init_jitter, progress)
-    return run.finish()
+    result = run.finish()
+    if getattr(model, "coords", None):  # labels of a site's entries (a group term's levels): names made again
+        result.coords = model.coords
+        for k in ("output_names", "summary"):
+            result._cache.pop(k, None)
+    return result
 
 
 class _Run:
