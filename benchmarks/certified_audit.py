@@ -3,7 +3,7 @@
 For each N (``time_to_trusted.make_data``: logistic regression, d = 11, feature scales 0.1 to 10) the script
 runs the default call ``tm.sample(model, data, num_samples="auto", min_ess=1000)`` in one process: once to
 compile (discarded), then alternately with certification on (the default) and off
-(``tallmh.sampling.CERTIFY = False``: every audited decision takes a full pass, and the default audit's plan is
+(``tallmh.run.selfaudit.CERTIFY = False``: every audited decision takes a full pass, and the default audit's plan is
 cut to its item budget at N items per audit, as before certification). It prints per configuration the
 audited chain-steps, how many were certified, the items the audits read, the audit's power to flag twice the
 target, the call's sampling and total seconds (medians over ``--repeats``), and for the certified runs the
@@ -33,7 +33,8 @@ def main():
     if args.smoke:
         args.sizes, args.repeats = [2e4], 1
     import tallmh as tm
-    from tallmh import certify, sampling
+    from tallmh import certify
+    from tallmh.run import selfaudit
 
     seen = []
     settle = certify.settle
@@ -62,17 +63,17 @@ def main():
                     "power": a["audit_power"], "wrong": a.get("audit_wrong", 0), "sampling_s": r.timings["sampling_s"],
                     "call_s": wall, "ess_min": r.summary().overall["ess_min"]}
 
-        sampling.CERTIFY = True
+        selfaudit.CERTIFY = True
         run()  # (compiles)
         got = {"on": [], "off": []}
         for _ in range(args.repeats):
             for cfg in ("on", "off"):
-                sampling.CERTIFY = cfg == "on"
+                selfaudit.CERTIFY = cfg == "on"
                 seen.clear()
                 got[cfg].append(run())
                 if cfg == "on" and seen:
                     got[cfg][-1]["bounds_median"] = np.median(np.concatenate(seen), axis=0).tolist()
-        sampling.CERTIFY = True
+        selfaudit.CERTIFY = True
         for cfg in ("on", "off"):
             rs = got[cfg]
             row = {"N": n, "certify": cfg, **{k: rs[-1][k] for k in ("audited", "certified", "audit_items", "power",

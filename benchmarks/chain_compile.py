@@ -46,12 +46,12 @@ def _child(a):
     import jax
 
     import tallmh as tm
-    from tallmh import _exec_cache, sampling
+    from tallmh.run import _exec_cache, programs, start
 
     data, _ = tm.models.LogisticRegression.simulate(a.N, d=a.d)
     model = tm.models.LogisticRegression(prior_scale=10.0)
     times = {}
-    sampling._Run._compile_early = lambda self: None  # compile after the set-up: nothing else runs beside it
+    programs.compile_early = lambda run: None  # compile after the set-up: nothing else runs beside it
     orig = _exec_cache.compile_and_store
 
     def timed(key, lower_fn, **kw):
@@ -73,8 +73,8 @@ def _child(a):
         times.update({pre + k: v for k, v in got.items()})
         return compiled
 
-    sampling._exec_cache.compile_and_store = timed
-    orig_setup = sampling._Run._set_up
+    _exec_cache.compile_and_store = timed
+    orig_setup = start.set_up
 
     def timed_setup(self, init_jitter, early=None):
         c, w = time.process_time(), time.perf_counter()
@@ -82,20 +82,20 @@ def _child(a):
         times.update(setup_cpu_s=time.process_time() - c, setup_wall_s=time.perf_counter() - w)
         return out
 
-    sampling._Run._set_up = timed_setup
+    start.set_up = timed_setup
     kw = {}
     if a.test is not None:
         kw["test"] = a.test
     if a.audit is not None:
         kw["audit"] = a.audit
     if not a.sample:
-        orig_compile = sampling._Run._compile
+        orig_compile = programs.compile_chunk
 
         def compile_then_stop(self, early=None):
             orig_compile(self, early)
             raise _Stop
 
-        sampling._Run._compile = compile_then_stop
+        programs.compile_chunk = compile_then_stop
         try:
             tm.sample(model, data, progress=False, **kw)
         except _Stop:

@@ -10,7 +10,7 @@ compile seconds, set-up seconds (mode search, control-variate sums: full passes)
 the process's peak resident memory above what it held before the data existed, next to the data's size.
 The data is passed to the compiled chain as an argument, so compile time should not grow with N and
 the second call should not compile at all. ``tm.sample`` reads in-memory NumPy data in place (no copy:
-``tallmh.datasource.in_place_leaf``), so the peak above the data is the compile memory (about 0.7 GB)
+``tallmh.storage.datasource.in_place_leaf``), so the peak above the data is the compile memory (about 0.7 GB)
 plus the set-up passes' fixed-size blocks, whatever N (the target: peak <= data + 1 GB). The
 machine's load average is saved with each N (the timings depend on it; the memory does not).
 """

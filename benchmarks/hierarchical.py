@@ -95,7 +95,7 @@ def flat_sites(draws):
 
 
 def diagnostics(x):
-    from tallmh.diagnostics import ess, rhat
+    from tallmh.reporting.diagnostics import ess, rhat
 
     return float(rhat(x)), float(ess(x))
 

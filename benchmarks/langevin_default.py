@@ -78,7 +78,7 @@ def main(argv=None):
                             else tm.acceptance.Barker(batch_size=args.batch))
                     proposal = (tm.proposals.Langevin(batch_size=args.batch) if prop_name == "mala"
                                 else tm.proposals.AdaptiveMetropolis())
-                    tm.sampling._RUNNERS.clear()  # every call compiles, as a user's first call does
+                    tm.programs.RUNNERS.clear()  # every call compiles, as a user's first call does
                     t0 = time.perf_counter()
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")

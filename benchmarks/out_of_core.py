@@ -149,7 +149,7 @@ def run_one(mode, folder, args):
     import warnings
 
     import tallmh as tm
-    from tallmh import datasource
+    from tallmh.storage import datasource
 
     if args.progress:
         datasource.PROGRESS = True

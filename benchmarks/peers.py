@@ -377,7 +377,7 @@ def run_sgld(X, y, theta0, H, num_warmup, num_samples, chains, seed, batch, grid
     import jax
     import jax.numpy as jnp
 
-    from tallmh import diagnostics
+    from tallmh.reporting import diagnostics
 
     n, d = X.shape
     t0 = time.perf_counter()
@@ -505,7 +505,7 @@ def make_reference(args):
     import numpyro.distributions as dist
     from numpyro.infer import MCMC, NUTS
 
-    from tallmh import diagnostics
+    from tallmh.reporting import diagnostics
 
     t_proc = time.perf_counter()
     assert jax.config.jax_enable_x64, "the reference run needs JAX_ENABLE_X64=1"
@@ -641,7 +641,7 @@ def metrics(theta, ref, laplace=None):
     """ESS and errors against the reference ``ref`` (mean, sd, mcse); with ``laplace`` = (MAP, Laplace sd)
     also the same errors against the Laplace approximation (extra JSON fields, a cross-check at large N
     where the reference run is short)."""
-    from tallmh import diagnostics
+    from tallmh.reporting import diagnostics
 
     c, k, d = theta.shape
     out = {"draws": int(k)}

@@ -7,7 +7,7 @@ For each N in ``--sizes`` (default 4^10, 4^10 + 1, 10^6, 10^7) and chunk size m 
 * ``feistel``: the permutation tallmh used before (kept here only for this comparison): a balanced
   4-round Feistel network on ``2h`` bits (``4^h >= N``) with cycle-walking, in which a chunk loops until
   its slowest element lands in ``range(N)``; the mean and max number of walk rounds per chunk are recorded;
-* ``swap_or_not``: :func:`tallmh.data.permute` (33 rounds, no loop);
+* ``swap_or_not``: :func:`tallmh.storage.data.permute` (33 rounds, no loop);
 * ``loglik``: for scale, one logistic-regression log-likelihood item (d = 11, float32): the gather of a
   random row of X (N x 11) and y, and ``y * eta - softplus(eta)``, at the same N and chunk size (indices
   from the new permutation, computed outside the timed program).
@@ -19,7 +19,7 @@ disturbed by other processes. Results are printed and saved to
 with whatever else runs on it (the load average is recorded).
 
 With ``--quality`` it also measures how the statistical quality grows with the number of swap-or-not rounds
-(the rounds of :mod:`tallmh.data` set temporarily): at N = 8, the total variation distance of the pair
+(the rounds of :mod:`tallmh.storage.data` set temporarily): at N = 8, the total variation distance of the pair
 ``(pi(0), pi(1))`` from uniform over distinct pairs (400,000 keys; Monte Carlo floor ~0.005), against the
 bound ``(1/2 + 1/(2N))^R``; and on data stored in sorted order (N = 10,007, l_i = i), the variance of the
 mean of the first 100 items over 20,000 keys relative to simple random sampling without replacement
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import _common as C
-from tallmh.data import _mix32, make_permutation, permute
+from tallmh.storage.data import _mix32, make_permutation, permute
 
 # --- the previous permutation, for comparison only -------------------------------------------------------
 
@@ -67,7 +67,7 @@ def _feistel_encrypt(keys, x, h):
 
 
 def feistel_permute(keys, positions, n: int):
-    """Old ``tallmh.data.permute``: returns (items, number of walk rounds the chunk took)."""
+    """Old ``tallmh.storage.data.permute``: returns (items, number of walk rounds the chunk took)."""
     h = _feistel_half_bits(n)
     x = jnp.clip(positions, 0, n - 1).astype(jnp.uint32)
     nn = jnp.uint32(n)
@@ -158,7 +158,7 @@ def bench_size(n, m, items, reps, X, y):
 
 
 def quality(rounds=(0, 1, 2, 4, 8, 12, 16, 32)):
-    import tallmh.data as D
+    import tallmh.storage.data as D
 
     saved = D._SWAP_ROUNDS
     out = []

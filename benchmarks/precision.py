@@ -32,7 +32,7 @@ import numpy as np
 import _common as C
 import tallmh as tm
 from tallmh.acceptance.base import Moments, Problem, StreamReader
-from tallmh.data import take
+from tallmh.storage.data import take
 
 _CH = 1 << 20
 

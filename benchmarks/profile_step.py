@@ -6,7 +6,7 @@ together, and the same through tallmh's Problem.lik_ratio. Run: python benchmark
 """
 import sys
 import time, jax, jax.numpy as jnp, numpy as np
-from tallmh.data import make_permutation, permute, take
+from tallmh.storage.data import make_permutation, permute, take
 import tallmh as tm
 N=int(float(sys.argv[1])) if len(sys.argv) > 1 else 10**7
 data,_=tm.models.LogisticRegression.simulate(N, d=10)

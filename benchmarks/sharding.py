@@ -44,7 +44,7 @@ def child(args):
 
     import tallmh as tm
     from tallmh import distributed as dist
-    from tallmh import sampling
+    from tallmh.run import programs
 
     warnings.simplefilter("ignore")
     n = int(float(args.n))
@@ -64,7 +64,7 @@ def child(args):
             t = time.perf_counter()
             r = tm.sample(model, data, **kw)
             wall = time.perf_counter() - t
-            entry = list(sampling._RUNNERS.values())[-1]
+            entry = list(programs.RUNNERS.values())[-1]
             rows = 1 if shape is None else shape[1]
             row = {"config": cname, "layout": lname, "step_ms": 1e3 * r.timings["sampling_s"] / args.samples,
                    "call_s": wall, "setup_s": r.timings["setup_s"],

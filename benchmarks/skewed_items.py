@@ -7,7 +7,7 @@ standardised gap stays ~0 at every look. For ``--keys`` keys, ``Austerity(error=
 and so does ``Exact()`` with the same u; a decision is wrong when they differ. Reported per row: the
 wrong-decision rate with its 95% Wilson interval, whether it is within the target (the interval's lower end
 at or below e), the mean data fraction, the mean estimated error inflation (``Decision.excess_error``) and
-whether the verdict would flag it (``> tallmh.results.EXCESS_MAX``). The negative control is the symmetric
+whether the verdict would flag it (``> tallmh.reporting.results.EXCESS_MAX``). The negative control is the symmetric
 boundary (``skew_correction=False``), the boundary before the skewness correction.
 
 The minibatch Barker rows scale the same items to sd ``0.5 sqrt(m) / N`` (so that the minibatch statistic's
@@ -57,7 +57,7 @@ def main(argv=None):
 
     import tallmh as tm
     from tallmh.acceptance.base import Problem
-    from tallmh.results import EXCESS_MAX, _wilson
+    from tallmh.reporting.results import EXCESS_MAX, _wilson
 
     def decider(test, log_base):
         def run(values, keys):

@@ -23,8 +23,8 @@ def main(mode, path, rows=1_000_000):
         df["y"] = (rng.random(int(rows)) < 0.3).astype(int)
         df.to_csv(path, index=False)
         return
-    from tallmh.design import load_design
-    from tallmh.design_cache import streamed_design
+    from tallmh.frontends.design import load_design
+    from tallmh.frontends.design_cache import streamed_design
 
     args = argparse.Namespace(data=path, target="y", features=None, model="logistic", test="auto",
                               batch_size="auto", initial_batch=100, barker_batch=1000, no_intercept=False,

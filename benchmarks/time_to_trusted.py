@@ -344,7 +344,7 @@ def score(row, theta, ref):
     sys.path.insert(0, HERE)
     import numpy as np
     import peers
-    from tallmh import diagnostics
+    from tallmh.reporting import diagnostics
 
     m = peers.metrics(theta, ref)
     d = theta.shape[-1]

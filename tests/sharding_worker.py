@@ -45,7 +45,7 @@ def main():
     import jax.numpy as jnp
     import numpy as np
 
-    from tallmh import sampling
+    from tallmh.run import programs
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(tempfile.gettempdir(), "tallmh-test-jax-cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -71,7 +71,7 @@ def main():
         arrays[name] = r.flat_samples
         arrays[name + "/accepted"] = r.stats["accepted"]
         arrays[name + "/n_data"] = r.stats["n_data"]
-        entry = list(sampling._RUNNERS.values())[-1]
+        entry = list(programs.RUNNERS.values())[-1]
         meta["runs"][name] = {"notes": [n for n in r.notes if n.startswith("layout")],
                               "collectives": dist.collectives(entry["compiled"]),
                               "step_s": r.timings["sampling_s"] / max(1, opts["num_samples"])}

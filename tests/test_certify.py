@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import certify, sampling
-from tallmh.datasource import host_reader
+from tallmh import certify
+from tallmh.run import selfaudit
+from tallmh.storage.datasource import host_reader
 
 
 def _data(n, kind, seed=0):
@@ -95,7 +96,7 @@ def _audits(r):
 
 
 def _run(monkeypatch, test=None, cert=True, scale=None, **kw):
-    monkeypatch.setattr(sampling, "CERTIFY", cert)
+    monkeypatch.setattr(selfaudit, "CERTIFY", cert)
     if scale is not None:  # a deliberately wrong certificate: bound and margins scaled down
         monkeypatch.setattr(certify, "M3", certify.M3 * scale)
         monkeypatch.setattr(certify, "SP_EPS", 0.0)
@@ -192,7 +193,7 @@ def test_the_default_audit_counts_the_items_it_reads(monkeypatch):
     its item budget (whole steps: at most one step of all chains beyond it), saying so with the power it had;
     without certification the plan is cut to the budget at N items per audit, as before."""
     n = 20000
-    monkeypatch.setattr(sampling, "DEFAULT_AUDIT_ITEMS", 6 * n)
+    monkeypatch.setattr(selfaudit, "DEFAULT_AUDIT_ITEMS", 6 * n)
     data = _data(n, "plain", seed=3)
     kw = dict(num_warmup=300, num_samples=1500, num_chains=4, seed=5, progress=False)
     r = tm.sample(tm.models.LogisticRegression(), data, **kw)
@@ -200,7 +201,7 @@ def test_the_default_audit_counts_the_items_it_reads(monkeypatch):
     assert len(stop) == 1 and not any("each reads all N" in m for m in r.notes)
     assert 6 * n <= r.audit["audit_items"] <= 6 * n + 4 * n
     assert r.audit["audit_steps"] > 6  # (more than the 6 the budget buys at N items each: some were certified)
-    monkeypatch.setattr(sampling, "CERTIFY", False)
+    monkeypatch.setattr(selfaudit, "CERTIFY", False)
     r = tm.sample(tm.models.LogisticRegression(), data, **kw)
     assert any(m.startswith("self-audit: about 6 audited chain-step(s)") for m in r.notes)
     assert not any("stopped at its budget" in m for m in r.notes)

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from tallmh.cli import main
-from tallmh.compare import data_digest, posterior_mode, reference_posterior
+from tallmh.reporting.compare import data_digest, posterior_mode, reference_posterior
 from tallmh.datasets import load_flights
 
 ROWS = 2500  # flights in the demo slice
@@ -352,9 +352,9 @@ def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
 
 def test_run_npy_is_sampled_from_disk(tables, tmp_path, capsys, monkeypatch):
     """A 2-D .npy table is never read whole: two streamed passes write the standardised design next to the
-    cache, which tallmh.data.from_npy opens; the in-memory reader is not used, the standardisation matches
+    cache, which tallmh.storage.data.from_npy opens; the in-memory reader is not used, the standardisation matches
     the table's, and a second run reuses the design."""
-    import tallmh.data as tm_data
+    import tallmh.storage.data as tm_data
     import tallmh.datasets as ds
 
     _, _, df = tables

@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 import tallmh as tm
-from tallmh import diagnostics
+from tallmh.reporting import diagnostics
 from tallmh.cli import main
-from tallmh.design import load_design
+from tallmh.frontends.design import load_design
 from tests.test_cli import _env, _snapshot
 
 

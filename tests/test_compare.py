@@ -1,4 +1,4 @@
-"""``tallmh.compare``: the demo's comparison workflow as a library, on a user's own model and data."""
+"""``tallmh.reporting.compare``: the demo's comparison workflow as a library, on a user's own model and data."""
 
 import json
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import compare
+from tallmh.reporting import compare
 
 
 def _gaussian_mean_model(sigma=2.0, prior_sd=10.0):

@@ -202,7 +202,7 @@ def test_mode_search_warm_start_and_reused_sums():
     res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=100),
                     control_variates=tm.ControlVariates(), num_samples=20, num_warmup=0, num_chains=1, seed=0,
                     progress=False)
-    from tallmh import datasource
+    from tallmh.storage import datasource
 
     model_setup = n if datasource.setup_stats(model, data, n) is not None else 0  # the model's own set-up pass
     assert res.setup_items == model_setup + quick.passes * n + quick.warm_items

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 import tallmh as tm
-from tallmh.data import make_permutation, permute, validate_data
+from tallmh.storage.data import make_permutation, permute, validate_data
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 1000, 4097, 100_003])

@@ -1,4 +1,4 @@
-"""Out-of-core data (tallmh.datasource): .npy files and memmaps read in place."""
+"""Out-of-core data (tallmh.storage.datasource): .npy files and memmaps read in place."""
 
 import warnings
 
@@ -8,8 +8,8 @@ import pytest
 
 import tallmh as tm
 from tallmh import setup_passes
-from tallmh import datasource as ds
-from tallmh.data import take, validate_data
+from tallmh.storage import datasource as ds
+from tallmh.storage.data import take, validate_data
 
 N = 5000
 
@@ -109,7 +109,7 @@ class _Counting:
 
 
 def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypatch):
-    from tallmh import sampling
+    from tallmh.run import programs
 
     data, paths, _ = files
     # small blocks, so that "never whole" is visible at N = 5000: set-up reads at most 1024 rows at a time
@@ -124,14 +124,14 @@ def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypa
         counters[k] = ds._HOST[tok] = _Counting(ds._HOST[tok])
     X = counters["X"]
     phase = {"setup_end": None}
-    compile_chunk = sampling._Run._compile
+    compile_chunk = programs.compile_chunk
 
     def compile_after_setup(self, *a, **k):  # the chunk is taken once set-up (mode, sums, model setup) is done
         if phase["setup_end"] is None:
             phase["setup_end"] = len(X.reads)
         return compile_chunk(self, *a, **k)
 
-    monkeypatch.setattr(sampling._Run, "_compile", compile_after_setup)
+    monkeypatch.setattr(programs, "compile_chunk", compile_after_setup)
     marks = []
     res = _run(disk, tm.acceptance.Austerity(error=0.05, batch_size=50), tm.ControlVariates(), audit=0.0,
                num_chains=1, num_samples=100, num_warmup=100, chunk_size=20,
@@ -142,7 +142,7 @@ def test_never_reads_the_whole_array_and_steps_read_o_batch_rows(files, monkeypa
     assert max(X.reads) <= 1024 < N
     # set-up reads = the counted set-up passes (model setup, Newton, sums) + the 16-row model check + the
     # rows the run's fingerprint reads (for checkpoints)
-    from tallmh.checkpoint import fingerprint_rows
+    from tallmh.storage.checkpoint import fingerprint_rows
 
     fp_rows = len(fingerprint_rows(N, res.resume_info["fingerprint"]["data"]["salt"]))
     assert sum(setup) == res.setup_items + 16 + fp_rows

@@ -1,4 +1,4 @@
-"""The self-audit taken after each chunk by its own program (``sampling._audit_runner``) records what the chain's
+"""The self-audit taken after each chunk by its own program (``programs.audit_runner``) records what the chain's
 inline audit records: the same audited steps, the same exact decisions (the same key, so the same u) and the
 same items, and the draws do not change. The negative control feeds the deferred pass another key: the
 comparison then fails, so it can tell a wrong u from the right one."""
@@ -8,22 +8,22 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import _exec_cache, sampling
+from tallmh.run import _exec_cache, programs
 
 
 def _run(monkeypatch, defer=True, other_key=False):
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     if not defer:
-        monkeypatch.setattr(sampling._Run, "_defer_audit", lambda self: False)
+        monkeypatch.setattr(programs, "defer_audit", lambda run: False)
     if other_key:
-        real = sampling._audit_runner
+        real = programs.audit_runner
 
         def shifted(kernel, slots):
             fn = real(kernel, slots)
             return jax.jit(lambda args, *rest: fn(args._replace(key=jax.vmap(jax.vmap(
                 lambda k: jax.random.fold_in(k, 1)))(args.key)), *rest))
 
-        monkeypatch.setattr(sampling, "_audit_runner", shifted)
+        monkeypatch.setattr(programs, "audit_runner", shifted)
         # (neither the right program from the disk, nor this one left there for later runs)
         monkeypatch.setattr(_exec_cache, "load", lambda key: None)
         monkeypatch.setattr(_exec_cache, "store", lambda key, compiled: None)
@@ -32,7 +32,7 @@ def _run(monkeypatch, defer=True, other_key=False):
                   proposal=tm.proposals.RandomWalk(0.05), num_samples=200, num_warmup=40, num_chains=3, audit=0.25,
                   seed=2, progress=False)
     monkeypatch.undo()
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     return r
 
 
@@ -68,7 +68,7 @@ def test_deferred_audit_with_another_key_is_told_apart(monkeypatch):
 def test_deferred_audit_with_64_bit_jax():
     """With JAX's 64-bit mode on (as the PyMC front end runs), the chain with its audits left to the audit's
     program compiles and audits (the audit uniform is float64 there, the parameters float32 or float64)."""
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=4)
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)  # (the global switch; a context: the test below)
@@ -77,7 +77,7 @@ def test_deferred_audit_with_64_bit_jax():
                       num_samples=60, num_warmup=30, num_chains=2, audit=0.3, seed=1, progress=False)
     finally:
         jax.config.update("jax_enable_x64", before)
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
     assert r.audit["audit_steps"] > 5
 
 
@@ -95,20 +95,20 @@ def test_a_call_inside_a_jax_context_runs_with_it_in_every_thread(setting, value
     data = {k: np.asarray(v, np.float64) for k, v in data.items()}
     kw = dict(test=tm.acceptance.Austerity(error=0.1, batch_size=100), num_samples=60, num_warmup=30, num_chains=2,
               audit=0.3, seed=1, progress=False)
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     jax.config.update(name, value)
     try:
         ref = tm.sample(tm.models.LogisticRegression(), data, **kw)
     finally:
         jax.config.update(name, before)
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
     try:
         with getattr(jax, setting)(value):
             r = tm.sample(tm.models.LogisticRegression(), data, **kw)
     finally:
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
     plain = tm.sample(tm.models.LogisticRegression(), data, **kw)  # negative control: the setting matters here
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     assert r.flat_samples.dtype == ref.flat_samples.dtype
     np.testing.assert_array_equal(r.flat_samples, ref.flat_samples)
     assert r.audit["audit_steps"] == ref.audit["audit_steps"] > 5

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tallmh import diagnostics
+from tallmh.reporting import diagnostics
 
 
 def _draws(chains, n, seed=0):
@@ -91,9 +91,9 @@ def test_standard_library_stand_ins_for_scipy_agree_with_scipy():
     from scipy.special import ndtr, ndtri
     from scipy.stats import binom
 
-    from tallmh import diagnostics as dg
+    from tallmh.reporting import diagnostics as dg
     from tallmh.acceptance import _sequential as seq
-    from tallmh.results import _binom_sf
+    from tallmh.reporting.results import _binom_sf
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((3, 101, 2))

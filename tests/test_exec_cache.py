@@ -1,4 +1,4 @@
-"""Compiled chains kept on disk by tallmh's own key (tallmh._exec_cache): a later call loads the executable
+"""Compiled chains kept on disk by tallmh's own key (tallmh.run._exec_cache): a later call loads the executable
 without tracing and gives the same draws; objects tallmh cannot name are never keyed."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 import tallmh as tm
-from tallmh import _exec_cache, sampling
+from tallmh.run import _exec_cache, programs, start, threads
 
 
 def _run(**kw):
@@ -24,22 +24,22 @@ def test_a_second_call_loads_the_chain_and_draws_the_same(tmp_path, monkeypatch)
     real_load = _exec_cache.load
     monkeypatch.setattr(_exec_cache, "load", lambda key: loaded.append(real_load(key)) or loaded[-1])
     try:
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
         first = _run()
         assert loaded == [None]  # nothing stored yet: compiled, then stored
         assert len(list((tmp_path / "tallmh-executables").glob("*.pkl"))) == 1
-        sampling._RUNNERS.clear()  # as in a new process
+        programs.RUNNERS.clear()  # as in a new process
         second = _run()
         assert loaded[-1] is not None  # read from disk, not traced
         np.testing.assert_array_equal(first.flat_samples, second.flat_samples)
         np.testing.assert_array_equal(first.stats["n_data"], second.stats["n_data"])
         np.testing.assert_array_equal(first.stats["accepted"], second.stats["accepted"])
         # another proposal setting is another program
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
         _run(proposal=tm.proposals.AdaptiveMetropolis(kappa=0.7))
         assert loaded[-1] is None
     finally:
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
         tm.set_compilation_cache(previous)
 
 
@@ -52,15 +52,15 @@ def test_an_edited_tallmh_stores_its_chain_again(tmp_path, monkeypatch):
     real_store = _exec_cache.store
     monkeypatch.setattr(_exec_cache, "store", lambda key, c: stored.append(key) or real_store(key, c))
     try:
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
         _run()
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
         monkeypatch.setattr(_exec_cache, "_SOURCE_HASH", ["an edited tallmh"])  # as after an upgrade
         _run()
         assert len(stored) == 2 and stored[0] != stored[1]
         assert len(list((tmp_path / "tallmh-executables").glob("*.pkl"))) == 2
     finally:
-        sampling._RUNNERS.clear()
+        programs.RUNNERS.clear()
         tm.set_compilation_cache(previous)
 
 
@@ -108,7 +108,7 @@ def test_only_the_mh_chain_lowers_threefry_unrolled(monkeypatch):
 
     monkeypatch.setattr(_lowering, "unrolled_threefry", spy)
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)  # compiled here, whatever earlier runs stored
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     _run()
     assert entered, "the MH chain was not lowered with the unrolled rule"
     entered.clear()
@@ -134,7 +134,7 @@ def test_the_chain_asks_for_full_float32_products(monkeypatch):
 
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     monkeypatch.setattr(_exec_cache, "compile_and_store", spy)
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     _run(test=None, control_variates=tm.ControlVariates())
 
     def dots(text):
@@ -164,7 +164,7 @@ def test_the_set_up_thread_traces_full_float32_products():
         t.start()
         t.join()
     assert "HIGHEST" not in plain["text"]
-    assert "precision = [HIGHEST, HIGHEST]" in sampling._in_thread(dot_text)
+    assert "precision = [HIGHEST, HIGHEST]" in threads.in_thread(dot_text)
 
 
 def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unknown(monkeypatch):
@@ -183,7 +183,7 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
     monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     monkeypatch.setattr(_exec_cache, "_REFUSED", {})  # (asked afresh, whatever earlier tests learned)
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     a = _run()
     assert jax.default_backend() == "cpu"
     assert seen and seen[0].get("xla_cpu_use_fusion_emitters") is False
@@ -196,7 +196,7 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
     assert (seen[-1].get("xla_cpu_use_fusion_emitters") is False) == known
     seen.clear()
     monkeypatch.setattr(_exec_cache, "_CPU_OPTIONS", {"xla_cpu_no_such_option_anywhere": True})
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     b = _run()
     assert any("xla_cpu_no_such_option_anywhere" in o for o in seen)  # asked, refused, compiled without it
     assert "xla_cpu_no_such_option_anywhere" not in seen[-1]
@@ -208,7 +208,7 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
         def log_lik(self, theta, batch):
             return 0.5 * super().log_lik(theta, batch)
 
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
     tm.sample(Tempered(), data, test=tm.acceptance.Exact(), num_samples=20, num_warmup=10, num_chains=2, seed=5,
               progress=False)
@@ -227,16 +227,16 @@ def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):
             events.append(threading.current_thread().name)
             return super().log_prior(theta)
 
-    real = sampling._Run._set_up
+    real = start.set_up
 
     def set_up(self, init_jitter, early=None):
         events.append("set-up")
         assert early is not None  # (the chain compiles beside the set-up)
         return real(self, init_jitter, early)
 
-    monkeypatch.setattr(sampling._Run, "_set_up", set_up)
+    monkeypatch.setattr(start, "set_up", set_up)
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
-    sampling._RUNNERS.clear()
+    programs.RUNNERS.clear()
     data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
     tm.sample(Recording(), data, num_samples=30, num_warmup=20, num_chains=2, seed=5, progress=False)
     start = events.index("set-up")

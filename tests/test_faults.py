@@ -190,7 +190,7 @@ def _enospc(*args, **kwargs):
 
 
 def test_failed_checkpoint_write_warns_and_keeps_every_draw(tmp_path, monkeypatch):
-    from tallmh import checkpoint
+    from tallmh.storage import checkpoint
 
     model, data = _logistic()
     ck = tmp_path / "ck.npz"
@@ -213,7 +213,7 @@ def test_failed_checkpoint_write_warns_and_keeps_every_draw(tmp_path, monkeypatc
 
 
 def test_failed_write_keeps_the_previous_file_and_says_so_in_one_line(tmp_path, monkeypatch):
-    from tallmh import safe_io
+    from tallmh.storage import safe_io
 
     target = tmp_path / "f.json"
     target.write_text("old")
@@ -238,7 +238,7 @@ def test_failed_write_keeps_the_previous_file_and_says_so_in_one_line(tmp_path, 
 
 
 def test_cli_output_write_failure_is_one_line_and_the_draws_are_kept(small_csv, tmp_path, capsys, monkeypatch):
-    from tallmh import report
+    from tallmh.reporting import report
 
     out = tmp_path / "run"
     monkeypatch.setattr(report, "idata_with_names", lambda *a, **k: _enospc())
@@ -391,7 +391,7 @@ def test_streamed_draws_keep_the_checkpoint_flat_and_resume_bit_for_bit(tmp_path
     sizes = [s for s in sizes if s is not None]
     assert len(sizes) > 5 and max(sizes) - min(sizes) < 256  # the checkpoint does not grow with the draws
     # a crafted reference to a file outside the checkpoint's folder is refused
-    from tallmh import checkpoint
+    from tallmh.storage import checkpoint
 
     meta = np.load(ck, allow_pickle=False)["__meta__"].tobytes().decode()
     bad = meta.replace('"file": "ck.npz.draws/', '"file": "../../ck.npz.draws/', 1)
@@ -405,7 +405,7 @@ def test_nonfinite_items_written_mid_run_are_counted_under_control_variates(monk
     """NaNs appearing in the data mid-run reach the minibatch gradient of the default proposal (Langevin) with
     control variates first; such proposals are counted as reading non-finite items, not passed off as out of
     the support (negative control: before this count, the run reported 0 such items and no warning)."""
-    from tallmh import datasource as ds
+    from tallmh.storage import datasource as ds
 
     # read in place at any size and address (a small array at an unaligned address is otherwise copied, and
     # the NaNs written below would never reach the run)

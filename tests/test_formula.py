@@ -12,7 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from tallmh.cli import main  # noqa: E402
 from tallmh.errors import ConfigError, DataError  # noqa: E402
-from tallmh.formula import PoissonRegression, load_design  # noqa: E402
+from tallmh.frontends.formula import PoissonRegression, load_design  # noqa: E402
 
 from .stats_helpers import posterior_check  # noqa: E402
 
@@ -95,7 +95,7 @@ def test_count_models_closed_form_derivatives_equal_autodiff(which):
     import jax
     from jax import enable_x64
 
-    from tallmh.formula import NegativeBinomialRegression
+    from tallmh.frontends.formula import NegativeBinomialRegression
 
     model = PoissonRegression() if which == "poisson" else NegativeBinomialRegression()
     rng = np.random.default_rng(4)

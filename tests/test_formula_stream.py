@@ -12,10 +12,10 @@ pytest.importorskip("formulaic", reason="formulaic is not installed (pip install
 
 import jax.numpy as jnp  # noqa: E402
 
-import tallmh.design_cache as dc  # noqa: E402
-from tallmh.design import load_design  # noqa: E402
+import tallmh.frontends.design_cache as dc  # noqa: E402
+from tallmh.frontends.design import load_design  # noqa: E402
 from tallmh.errors import DataError  # noqa: E402
-from tallmh.formula import NegativeBinomialRegression  # noqa: E402
+from tallmh.frontends.formula import NegativeBinomialRegression  # noqa: E402
 
 from .stats_helpers import posterior_check  # noqa: E402
 

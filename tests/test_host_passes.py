@@ -11,7 +11,7 @@ from jax.flatten_util import ravel_pytree
 
 import tallmh as tm
 from tallmh import control_variates as cvm
-from tallmh import datasource as ds
+from tallmh.storage import datasource as ds
 from tallmh import setup_passes as setup
 
 
@@ -131,7 +131,7 @@ def test_mode_by_host_passes_is_the_float64_mode_on_data_sorted_by_the_target(ho
 def test_the_default_configuration_is_chosen_without_compiling_for_the_logistic_model(monkeypatch):
     """``differentiable`` (which picks the default test) answers from the NumPy closed forms where the model has
     them, the same answer as the compiled check, and falls back to the compiled check where it has not."""
-    from tallmh import sampling
+    from tallmh.run import configure
 
     data = _data(n=2000)
     init = tm.models.LogisticRegression().init(data)
@@ -141,14 +141,14 @@ def test_the_default_configuration_is_chosen_without_compiling_for_the_logistic_
         def log_lik(self, theta, batch):
             return 0.5 * super().log_lik(theta, batch)
 
-    assert sampling._host_derivatives(tm.models.LogisticRegression(), data, 2000, unravel, flat) is True
-    assert sampling._host_derivatives(Tempered(), data, 2000, unravel, flat) is None
+    assert configure.host_derivatives(tm.models.LogisticRegression(), data, 2000, unravel, flat) is True
+    assert configure.host_derivatives(Tempered(), data, 2000, unravel, flat) is None
     compiled = []
     real = jax.jit
     monkeypatch.setattr(jax, "jit", lambda f, *a, **k: compiled.append(f) or real(f, *a, **k))
-    assert sampling.differentiable(tm.models.LogisticRegression(), data, 2000, init)
+    assert configure.differentiable(tm.models.LogisticRegression(), data, 2000, init)
     assert not compiled
-    assert sampling.differentiable(Tempered(), data, 2000, init)
+    assert configure.differentiable(Tempered(), data, 2000, init)
     assert compiled  # the compiled check
 
 

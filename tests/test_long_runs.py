@@ -156,19 +156,19 @@ def test_default_audit_reads_at_most_its_item_budget(problem, monkeypatch):
     """The default self-audit reads at most DEFAULT_AUDIT_ITEMS items (each audit reads all N) and at most 5%
     of the steps, says so in the notes with the power left when that cuts it below the count that flags
     twice the target with probability 0.8, and an explicit rate is not cut."""
-    from tallmh import sampling
+    from tallmh.run import selfaudit
 
     model, data = problem
     n = 3000
     kw = dict(test=tm.acceptance.Austerity(epsilon=0.05, batch_size=200), num_warmup=800, num_samples=10,
               num_chains=1, seed=0, progress=False)
-    monkeypatch.setattr(sampling, "DEFAULT_AUDIT_ITEMS", 0)
+    monkeypatch.setattr(selfaudit, "DEFAULT_AUDIT_ITEMS", 0)
     r = tm.sample(model, data, **kw)
     assert r.audit["audit_steps"] == 0 and r.audit["audit_items"] == 0
     assert any(note.startswith("self-audit: about 0 audited") for note in r.notes)
     r = tm.sample(model, data, audit=0.2, **kw)  # an explicit rate is the user's choice
     assert r.audit["audit_steps"] > 100 and not any(note.startswith("self-audit") for note in r.notes)
-    monkeypatch.setattr(sampling, "DEFAULT_AUDIT_ITEMS", 10**9)
+    monkeypatch.setattr(selfaudit, "DEFAULT_AUDIT_ITEMS", 10**9)
     r = tm.sample(model, data, **kw)  # 810 chain-steps: the 5% cap (about 40) cuts the 198 wanted
     assert 25 <= r.audit["audit_steps"] <= 60
     assert any(note.startswith("self-audit: about 40") and "at most 0.05" in note for note in r.notes)

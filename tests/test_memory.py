@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import datasource as ds
-from tallmh.data import take, validate_data
+from tallmh.storage import datasource as ds
+from tallmh.storage.data import take, validate_data
 from tallmh.errors import DataError
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu" or jax.device_count() != 1,

@@ -172,7 +172,7 @@ def test_model_runs_in_two_threads_at_once_keep_their_own_values(monkeypatch):
     the runs see each other's handlers (a wrong value, or NumPyro's own error)."""
     import time
 
-    import tallmh.numpyro_model as nm
+    import tallmh.frontends.numpyro_model as nm
 
     pause = {"s": 0.0}
 

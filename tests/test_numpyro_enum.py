@@ -15,7 +15,7 @@ from scipy.stats import norm
 
 import tallmh as tm
 from tallmh.errors import ModelError
-from tallmh.numpyro_model import NumPyroModel, _check_enum_brute_force
+from tallmh.frontends.numpyro_model import NumPyroModel, _check_enum_brute_force
 
 numpyro = pytest.importorskip("numpyro")
 dist = numpyro.distributions
@@ -159,7 +159,7 @@ def test_refuses_enumerated_site_with_unplated_axis():
 def test_full_log_density_check_runs_for_enumerated_models(monkeypatch):
     # the log_prior + sum(log_lik) cross-check against NumPyro's potential energy (enumerated sites fixed on
     # both sides) now runs with enumerated sites too: a log prior off by 1 is caught
-    import tallmh.numpyro_model as nm
+    import tallmh.frontends.numpyro_model as nm
 
     orig = nm.NumPyroModel._log_prior
     monkeypatch.setattr(nm.NumPyroModel, "_log_prior", lambda self, theta: orig(self, theta) + 1.0)

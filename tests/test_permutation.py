@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import tallmh.data as D
-from tallmh.data import make_permutation, permute
+import tallmh.storage.data as D
+from tallmh.storage.data import make_permutation, permute
 
 
 def _pi(key, positions, n):

@@ -175,7 +175,7 @@ def test_a_program_audits_its_approximate_blocks():
 def test_the_default_audit_budget_counts_each_repeat_of_an_approximate_block():
     """An audited program step reads the data once per approximate block and per repeat: the default audit count
     divides the item cap by that, so a repeated block gets proportionally fewer audited steps."""
-    from tallmh import sampling
+    from tallmh.run import runstate, selfaudit
 
     aust = tm.acceptance.Austerity(epsilon=0.05, batch_size=4)
     one = tm.Cycle([tm.blocks.Gibbs("z", items_per_step=len(X)),
@@ -185,15 +185,15 @@ def test_the_default_audit_budget_counts_each_repeat_of_an_approximate_block():
     assert one.audit_passes() == 1 and three.audit_passes() == 3 and _program().audit_passes() == 0
 
     def rate(program, n):
-        run = sampling._Run.__new__(sampling._Run)
+        run = runstate.Run.__new__(runstate.Run)
         run.n, run.test, run.audit, run.is_exact, run.auto_draws = n, program, None, False, False
         run.num_chains, run.num_warmup, run.num_samples, run.notes = 2, 1000, 10**6, []
-        run._audit_rates()
+        selfaudit.audit_rates(run)
         return run.rates[0], run.notes
 
     r1, _ = rate(one, 10**7)
     r3, notes = rate(three, 10**7)
     steps = 2 * (1000 + 10**6)
-    cap = sampling.DEFAULT_AUDIT_ITEMS
+    cap = selfaudit.DEFAULT_AUDIT_ITEMS
     assert round(r1 * steps) == cap // 10**7 and round(r3 * steps) == cap // (3 * 10**7) < round(r1 * steps)
     assert any("3 times" in n for n in notes)

@@ -173,21 +173,21 @@ def test_auto_warmup_is_short_only_where_only_a_step_size_is_tuned(tmp_path):
 def test_a_chain_on_an_accelerator_says_so(problem, monkeypatch):
     """On a GPU the chain's small sequential reads are latency-bound (measured slower than the host's CPU):
     the run's notes say where it ran and how to run on the CPU; a CPU run says nothing of the kind."""
-    from tallmh import sampling
+    from tallmh.run import configure
 
     model, data = problem
     cpu = _run(model, data, num_samples=20, num_warmup=20, num_chains=2)
     assert not any("JAX_PLATFORMS=cpu" in n for n in cpu.notes)
-    monkeypatch.setattr(sampling.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(configure.jax, "default_backend", lambda: "gpu")
     gpu = _run(model, data, num_samples=20, num_warmup=20, num_chains=2)
     assert any("ran on the gpu" in n and "JAX_PLATFORMS=cpu" in n for n in gpu.notes)
 
 
 def test_run_keys_hashed_on_the_host_are_jax_keys():
-    """The run's keys, hashed in NumPy (``sampling._threefry2x32``), are ``jax.random``'s bit for bit under both
+    """The run's keys, hashed in NumPy (``rng.threefry2x32``), are ``jax.random``'s bit for bit under both
     settings of ``jax_threefry_partitionable``; the negative control: the two settings' keys differ, so the
     comparison can tell one hashing from another."""
-    from tallmh import sampling
+    from tallmh.run import rng
 
     before = jax.config.jax_threefry_partitionable
     got = {}
@@ -196,7 +196,7 @@ def test_run_keys_hashed_on_the_host_are_jax_keys():
             jax.config.update("jax_threefry_partitionable", part)
             for seed in (0, 1, 42, 2**31 - 1, -1, -2**31):
                 for c in (1, 3, 4, 16):
-                    mine = sampling._run_keys(seed, c)
+                    mine = rng.run_keys(seed, c)
                     k_chains, k_jit, k_audit = jax.random.split(jax.random.PRNGKey(seed), 3)
                     theirs = (jax.random.split(k_chains, c), k_jit, k_audit)
                     for a, b in zip(mine, theirs):
@@ -208,11 +208,11 @@ def test_run_keys_hashed_on_the_host_are_jax_keys():
 
 
 def test_step_keys_hashed_on_the_host_are_jax_fold_ins():
-    """The chunk's step keys (``sampling._step_keys``: ``fold_in(fold_in(key, phase), step)`` per chain and for the
+    """The chunk's step keys (``rng.step_keys``: ``fold_in(fold_in(key, phase), step)`` per chain and for the
     audit key), hashed in NumPy, are ``jax.random.fold_in``'s bit for bit under both settings of
     ``jax_threefry_partitionable``, and so are those of the compiled fallback (keys that are not raw Threefry keys
     take it; here forced); the negative control: a step off by one gives other keys."""
-    from tallmh import sampling
+    from tallmh.run import rng
 
     before = jax.config.jax_threefry_partitionable
     rng = np.random.default_rng(7)
@@ -226,15 +226,15 @@ def test_step_keys_hashed_on_the_host_are_jax_fold_ins():
                                     for i in range(length)] for k in chain_keys])
                 want_a = np.array([np.asarray(jax.random.fold_in(jax.random.fold_in(k_audit, phase), start + i))
                                    for i in range(length)])
-                ks, ka = sampling._step_keys(chain_keys, k_audit, phase, start, length)
+                ks, ka = rng.step_keys(chain_keys, k_audit, phase, start, length)
                 np.testing.assert_array_equal(ks, want_s)
                 np.testing.assert_array_equal(ka, want_a)
                 if start + length < 2**31:
-                    with mock.patch.object(sampling, "_host_keys", lambda keys: False):
-                        ks2, ka2 = sampling._step_keys(chain_keys, k_audit, phase, start, length)
+                    with mock.patch.object(rng, "host_keys", lambda keys: False):
+                        ks2, ka2 = rng.step_keys(chain_keys, k_audit, phase, start, length)
                     np.testing.assert_array_equal(np.asarray(ks2), want_s)
                     np.testing.assert_array_equal(np.asarray(ka2), want_a)
-                off, _ = sampling._step_keys(chain_keys, k_audit, phase, start + 1, length)
+                off, _ = rng.step_keys(chain_keys, k_audit, phase, start + 1, length)
                 assert not np.array_equal(off, want_s)
     finally:
         jax.config.update("jax_threefry_partitionable", before)

@@ -208,8 +208,8 @@ def test_warm_start_rows_gathered_on_the_host_are_the_rows():
     """The warm start's rows by NumPy indexing equal a compiled gather's, for the user's array read in place
     (a pytree node whose child is the flat buffer: indexing that instead of the rows would be wrong)."""
     import jax
-    from tallmh.data import take, validate_data
-    from tallmh.datasource import InPlaceArray
+    from tallmh.storage.data import take, validate_data
+    from tallmh.storage.datasource import InPlaceArray
 
     rng = np.random.default_rng(0)
     n, d = 10**6, 11  # 44 MB: above the size below which tallmh copies instead

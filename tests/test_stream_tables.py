@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import tallmh.design_cache as dc
-from tallmh.design import load_design
+import tallmh.frontends.design_cache as dc
+from tallmh.frontends.design import load_design
 from tallmh.errors import DataError
 
 from .stats_helpers import posterior_check

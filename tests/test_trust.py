@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh.results import audit_power, audits_for_power, error_target
+from tallmh.reporting.results import audit_power, audits_for_power, error_target
 
 warnings.filterwarnings("ignore", category=tm.TrustWarning)
 
 
 def _flags(m, rate, reps, rng):
     """Fraction of simulated audits of m decisions, wrong with probability ``rate``, that the verdict flags."""
-    from tallmh.results import _wilson
+    from tallmh.reporting.results import _wilson
 
     wrong = rng.binomial(m, rate, size=reps)
     return np.mean([_wilson(int(k), m)[0] > 0.05 for k in wrong])
@@ -88,7 +88,7 @@ def test_every_warning_says_what_to_do():
 def _two_stage_flags(first, planned, rate, reps, rng, clear_at_most=0):
     """Fraction flagged by the default audit's two-stage design, simulated: ``first`` audits, stop when at most
     ``clear_at_most`` are wrong, else all ``planned``, flagged by the 95% Wilson rule as the verdict does."""
-    from tallmh.results import _wilson
+    from tallmh.reporting.results import _wilson
 
     k1 = rng.binomial(first, rate, size=reps)
     k2 = rng.binomial(planned - first, rate, size=reps)
@@ -99,7 +99,7 @@ def test_the_two_stage_audit_keeps_its_power():
     """The default audit stops after its first stage (44 audits at a target of 0.05) when none was wrong: a
     doubled rate is still flagged with the whole plan's power less 0.01, and the target rate rarely; a first
     stage that clears with up to 3 wrong decisions (a negative control) loses most of the power."""
-    from tallmh.results import audit_first_stage, design_power
+    from tallmh.reporting.results import audit_first_stage, design_power
 
     first = audit_first_stage(0.05)
     assert first == 44 and 0.9 ** 44 <= 0.01 < 0.9 ** 43

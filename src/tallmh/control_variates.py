@@ -30,7 +30,7 @@ import numpy as np
 
 from .cache_keys import shape_key, value_key
 from .errors import ConfigError
-from .data import to_device
+from .storage.data import to_device
 from .setup_passes import HostPasses, centre_tol, closed_form_vgh, full_pass, mode_search
 
 

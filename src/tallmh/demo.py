@@ -3,7 +3,7 @@ more than 15 minutes late"), every method for the same wall-clock budget against
 ending with a report and the computed lesson.
 
 The command line (:mod:`tallmh.cli`) only parses the arguments and calls :func:`run`; the argument refusals
-here come before JAX is imported. The comparison itself is :func:`tallmh.compare.compare`.
+here come before JAX is imported. The comparison itself is :func:`tallmh.reporting.compare.compare`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .interrupts import arm_second_interrupt as _arm_second_interrupt, disarm as
 from .interrupts import status_of_stop as _status_of_stop
 from .method_options import DEMO_METHODS, batch_of as _batch_of, check_test_args as _check_test_args
 from .method_options import label_of as _label, make_test as _make_test, method_config as _method_config
-from .runfolder import OutFolder
+from .storage.runfolder import OutFolder
 
 __all__ = ["run", "parse_methods", "outputs"]
 
@@ -60,7 +60,7 @@ def run(args, argv) -> int:
 
 def _demo(args, argv, held):
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
     from .datasets import load_flights, train_test_split
 
     t_all = time.perf_counter()
@@ -109,8 +109,8 @@ def _demo(args, argv, held):
 
 def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) -> int:
     """Print the demo's table, verdicts and lesson and write its report to ``out``; returns the exit status."""
-    from . import report as rp
-    from .compare import machine
+    from .reporting import report as rp
+    from .reporting.compare import machine
 
     runs, ref, mode = comparison.runs, comparison.reference, comparison.mode
     for r, m in zip(runs, [r.name for r in runs]):
@@ -162,7 +162,7 @@ def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) 
     ]
     sections = [
         ("How the budget was applied", [
-            "Each method is one <code>tm.sample(..., budget_s=...)</code> call (<code>tallmh.compare."
+            "Each method is one <code>tm.sample(..., budget_s=...)</code> call (<code>tallmh.reporting.compare."
             "run_budgeted</code>): compiled once (time reported apart), then run in chunks of about a second; "
             "it stops after the first chunk that ends past the budget. With the Laplace proposal the draws of the "
             "first share of the budget are burn-in (discarded); an adaptive proposal adapts in warmup steps "

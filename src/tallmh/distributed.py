@@ -7,7 +7,7 @@ A run is spread over a :class:`jax.sharding.Mesh` with two named axes:
   other inside a step and no collective is needed for this axis.
 - ``"rows"``: the data's item axis N is split across these devices (each holds about ``N / size`` rows).
   The test still reads the items in the order of the *same* global keyed permutation as on one device
-  (:mod:`tallmh.data`), so it makes the same decisions on the same keys. Each device evaluates the
+  (:mod:`tallmh.storage.data`), so it makes the same decisions on the same keys. Each device evaluates the
   model on the items of the chunk that it owns (the other lanes are masked to zero) and one ``psum``
   over ``"rows"`` per chunk gives every device the chunk's per-item log-likelihood ratios; the
   test's running sums (:class:`tallmh.acceptance.base.Moments`) are then updated identically on every
@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .data import take
+from .storage.data import take
 from .errors import ConfigError
 
 __all__ = ["CHAINS", "ROWS", "make_mesh", "default_mesh", "initialize", "Plan", "plan_for", "put", "to_host",

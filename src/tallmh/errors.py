@@ -36,7 +36,7 @@ class Stopped(KeyboardInterrupt):
 
 class DataChanged(DataError):
     """A data file changed (size or modification time) while a run read it; ``result`` holds the draws made
-    before the change was seen (a partial :class:`~tallmh.results.Result`, also in the checkpoint if any)."""
+    before the change was seen (a partial :class:`~tallmh.reporting.results.Result`, also in the checkpoint if any)."""
 
     def __init__(self, message: str, result=None):
         super().__init__(message)

@@ -68,15 +68,15 @@ log-likelihoods at the current theta. Non-members are drawn by rejection against
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import take
+from .storage.data import take
 from .acceptance.none import AlwaysAccept
+from .acceptance.informed import Informed
 from .errors import ConfigError, ModelError
 from .kernel import Kernel, KernelState, StepInfo, build_kernel
 
@@ -153,105 +153,19 @@ def _chunk_starts(n_items, chunk):
     return jnp.arange(0, n_items, chunk, dtype=jnp.int32)
 
 
-@dataclass(frozen=True)
-class Informed:
-    """Informed sub-sampling MCMC: ``tm.sample(model, data, test=Informed(subset_size=n, ...))``.
-
-    Parameters
-    ----------
-    subset_size : n, the items in the subset (the likelihood is the subset's raised to N/n).
-    swap : k, members swapped for non-members in each subset proposal (1 <= k <= n, k <= N - n).
-    epsilon : eps >= 0 of ``nu_{n,eps}(U) ∝ exp(-eps ||Delta(U)||^2)`` (report eq. (3)); 0 gives uniform
-        subsets (no information), large eps the most representative ones.
-    statistic : ``f(batch) -> (b,) or (b, s)`` per-item summary statistics (additive, report eq. (1));
-        None: whitened scores at the posterior mode (ours, see the module docstring).
-    center : flat theta_hat for the default statistic (None: from ``tm.sample``'s mode, else Newton).
-    newton_steps : at most this many Newton passes per chain when the mode has to be found in ``init``.
-    chunk : items per chunk of the set-up passes.
-
-    See the module docstring for the target (approximate: a noisy MCMC, not the posterior) and the costs.
-    ``tracks_log_lik = False`` and ``audit = False``: the exact self-audit does not apply.
-    """
-
-    subset_size: int
-    swap: int = 1
-    epsilon: float = 1.0
-    statistic: Optional[Callable] = None
-    center: Any = None
-    newton_steps: int = 20
-    chunk: int = 4096
-
-    name = "informed"
-    tracks_log_lik = False
-    # its stationary law is an approximation of the posterior (report, Sec. 3): every verdict says so
-    approximate_target = "informed sub-sampling samples an approximation of the posterior, not the posterior"
-    audit = False  # the approximate target makes the self-audit against exact MH meaningless
-
-    def __post_init__(self):
-        for nm in ("subset_size", "swap", "newton_steps", "chunk"):
-            v = getattr(self, nm)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ConfigError(f"Informed {nm} must be a positive integer; got {v!r}")
-            object.__setattr__(self, nm, int(v))
-        if self.swap > self.subset_size:
-            raise ConfigError(f"Informed swap ({self.swap}) cannot exceed subset_size ({self.subset_size})")
-        eps = float(self.epsilon)
-        if not (np.isfinite(eps) and eps >= 0.0):
-            raise ConfigError(f"Informed epsilon must be finite and >= 0; got {self.epsilon!r}")
-        object.__setattr__(self, "epsilon", eps)
-        if self.statistic is not None and not callable(self.statistic):
-            raise ConfigError("Informed statistic must be a callable f(batch) -> per-item statistics, or None")
-        if self.center is not None:
-            c = np.asarray(self.center, float).ravel()
-            if not np.all(np.isfinite(c)):
-                raise ConfigError("Informed center must be finite")
-            object.__setattr__(self, "center", tuple(float(v) for v in c))
-
-    @property
-    def wants_mode(self) -> bool:
-        """True when the default statistic needs the posterior mode and Hessian (``tm.sample`` may pass them)."""
-        return self.statistic is None and self.center is None
-
-    @property
-    def label(self) -> str:
-        stat = "scores" if self.statistic is None else "user"
-        return f"informed(n={self.subset_size}, k={self.swap}, eps={self.epsilon:g}, stat={stat})"
-
-    def check(self, n: int):
-        if self.subset_size >= n:
-            raise ConfigError(f"Informed subset_size ({self.subset_size}) must be below N ({n})")
-        if self.swap > n - self.subset_size:
-            raise ConfigError(f"Informed swap ({self.swap}) exceeds the N - n = {n - self.subset_size} non-members")
-
-    def decide(self, key, problem):
-        raise ConfigError("Informed brings its own kernel (the subset is chain state): use it through "
-                          "tm.sample or tm.build_kernel, not as a per-step decision")
-
-    @staticmethod
-    def setup_items_of(states, n_items: int) -> int:
-        """Items the kernels' ``init`` read for ``states`` (vmapped over chains): what set-up should count.
-
-        Newton passes are per chain; the pass for the statistic's sum is shared by the chains (it does not
-        depend on theta, so under ``vmap`` it runs once); each chain also reads its initial subset.
-        """
-        ex = states.extra
-        cp = np.asarray(ex.chain_passes).ravel()
-        sp = np.asarray(ex.shared_passes).ravel()
-        m = np.asarray(ex.idx).shape[-1]
-        return int(cp.sum() * n_items + (sp.max() if sp.size else 0) * n_items + cp.size * m)
-
-    # ---------------------------------------------------------------------------------------------
-    def build_kernel(self, model, proposal, n_items, unravel, stats=None, cv_order=None):
-        if cv_order:
-            raise ConfigError("Informed does not use control variates (its subset is fixed between subset "
-                              "moves); leave control_variates=None")
-        if getattr(proposal, "needs_data", False):
-            raise ConfigError("Informed works with data-free proposals (AdaptiveMetropolis, RandomWalk), "
-                              f"not {type(proposal).__name__}")
-        self.check(n_items)
-        iss = _ISSKernel(self, model, proposal, n_items, unravel)
-        base = build_kernel(model, proposal, AlwaysAccept(), n_items, unravel, stats, None)
-        return Kernel(iss.init, iss.step, base.full_log_lik, base.grad_estimate)
+def build_informed_kernel(test, model, proposal, n_items, unravel, stats=None, cv_order=None):
+    """The ISS-MCMC kernel of ``test`` (an :class:`~tallmh.acceptance.Informed`): subset moves and parameter moves
+    on the subset's posterior (module docstring); ``init`` and ``step`` as :func:`tallmh.kernel.build_kernel`'s."""
+    if cv_order:
+        raise ConfigError("Informed does not use control variates (its subset is fixed between subset "
+                          "moves); leave control_variates=None")
+    if getattr(proposal, "needs_data", False):
+        raise ConfigError("Informed works with data-free proposals (AdaptiveMetropolis, RandomWalk), "
+                          f"not {type(proposal).__name__}")
+    test.check(n_items)
+    iss = _ISSKernel(test, model, proposal, n_items, unravel)
+    base = build_kernel(model, proposal, AlwaysAccept(), n_items, unravel, stats, None)
+    return Kernel(iss.init, iss.step, base.full_log_lik, base.grad_estimate)
 
 
 def _inv_sqrt(prec):

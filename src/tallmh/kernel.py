@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .acceptance.base import Problem, draw_u
-from .data import take
+from .storage.data import take
 from .model import own_method
 from .setup_passes import closed_form
 
@@ -106,7 +106,7 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
     With control variates (``cv``, a :class:`~tallmh.control_variates.CVState`), the per-item ratios
     are the Taylor remainders and the exact proxy sum moves into ``log_base``
     (:mod:`tallmh.control_variates`); the bound is then the model's ``cv_remainder_bound`` if it has one.
-    ``reader(data, idx)`` gives the model the items ``idx`` (default: their rows, :func:`tallmh.data.take`).
+    ``reader(data, idx)`` gives the model the items ``idx`` (default: their rows, :func:`tallmh.storage.data.take`).
     """
     from . import control_variates as cvm
 
@@ -162,8 +162,8 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
 
 def _plain_rows(data) -> bool:
     """Whether every leaf of ``data`` is an array in memory whose rows a slice reads (not one read by host
-    gathers or in place: :mod:`tallmh.datasource`)."""
-    from .datasource import HostArray, InPlaceArray
+    gathers or in place: :mod:`tallmh.storage.datasource`)."""
+    from .storage.datasource import HostArray, InPlaceArray
 
     special = (HostArray, InPlaceArray)
     leaves = jax.tree_util.tree_leaves(data, is_leaf=lambda a: isinstance(a, special))

@@ -5,7 +5,7 @@ the design read (in memory, or streamed into an on-disk cache) -> the model -> a
 saved (or a saved run restored with ``--resume``) -> :func:`tallmh.sample` with checkpoints -> the outputs:
 the summary on the terminal, ``results.json``, ``posterior.nc`` and ``report.html`` in ``--out``.
 Coefficients are sampled on standardised features and reported on the data's own scale
-(:mod:`tallmh.design`).
+(:mod:`tallmh.frontends.design`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import types
 import numpy as np
 
 from .console import PROG, now, plural, print_line, quiet_libraries, say, use_compile_cache
-from .design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
+from .frontends.design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
 from .interrupts import arm_second_interrupt, disarm, status_of_stop
 from .method_options import METHODS, check_test_args, label_of, make_test, method_config
-from .runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
+from .storage.runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
 
 __all__ = ["RUN_KEYS", "run_command", "run_settings", "restore_args", "check_data_file", "coef_table"]
 
@@ -43,7 +43,7 @@ def run_settings(args) -> dict:
 
 def _formula_args(args):
     """--formula replaces --target, --features and --model; --family sets the model."""
-    from .formula import FAMILIES
+    from .frontends.formula import FAMILIES
 
     if args.target is not None or args.features is not None:
         raise CLIError("--formula names the response and the predictors: drop --target and --features")
@@ -168,8 +168,8 @@ def _design(args, tell):
     """``(data, on_disk, names, scaling, digest)``: the design from disk (a ``.npy`` table, or a CSV/Parquet
     table streamed into the on-disk cache) or memory. The choice to stream is kept in ``args.stream`` (saved
     with the run, so that ``--resume`` reads the table the same way)."""
-    from . import compare as cmp
-    from .design_cache import is_npy_table, npy_design, should_stream, streamed_design
+    from .reporting import compare as cmp
+    from .frontends.design_cache import is_npy_table, npy_design, should_stream, streamed_design
 
     if is_npy_table(args):
         return npy_design(args, tell)
@@ -189,12 +189,12 @@ def _model_of(args, scaling):
         model = tm.models.LogisticRegression(prior_scale=args.prior_scale)
         prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
     elif args.model == "poisson":
-        from .formula import PoissonRegression
+        from .frontends.formula import PoissonRegression
 
         model = PoissonRegression(prior_scale=args.prior_scale)
         prior_text = f"N(0, {args.prior_scale:g}^2) on each coefficient (standardised scale)"
     elif args.model == "negativebinomial":
-        from .formula import NegativeBinomialRegression
+        from .frontends.formula import NegativeBinomialRegression
 
         model = NegativeBinomialRegression(prior_scale=args.prior_scale,
                                            dispersion_prior_scale=args.noise_prior_scale)
@@ -211,7 +211,7 @@ def _model_of(args, scaling):
 def _resumed(args, saved, ck_path, test, tell):
     """``--resume``: the sampler's arguments that continue the saved run, and its posterior mode (or None)."""
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
 
     try:
         resume = tm.load_result(ck_path)
@@ -245,8 +245,8 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
     """A new run: the sampler's arguments and the posterior mode (``--proposal laplace`` only), with the
     run's settings saved in ``run.json`` for ``--resume``."""
     import tallmh as tm
-    from . import compare as cmp
-    from .report import write_json
+    from .reporting import compare as cmp
+    from .reporting.report import write_json
 
     n = data["X"].shape[0]
     mode = None
@@ -276,7 +276,7 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
 
 def _run(args, argv, test, out, saved, ck_path, tell, t_all):
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
 
     quiet_libraries()
     use_compile_cache(os.path.abspath(os.path.expanduser(cmp.default_cache_dir())))
@@ -303,7 +303,7 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
                                      prior_text=prior_text, digest=digest, t_all=t_all)
         return _outputs(view, out)
     except OSError as e:  # a full disk, an I/O error: say what was kept, in one line
-        from .safe_io import WriteError
+        from .storage.safe_io import WriteError
 
         what = e.strerror if isinstance(e, WriteError) else f"cannot write the outputs: {e.strerror or e}" + \
             (f" ({e.filename})" if getattr(e, "filename", None) else "")
@@ -320,7 +320,7 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
 
 def coef_table(draws, names):
     """mean, sd, 5% and 95% quantiles, bulk ESS and R-hat of draws ``(chain, draw, k)``."""
-    from .report import param_table
+    from .reporting.report import param_table
 
     tab = param_table(draws, names)
     flat = np.asarray(draws, np.float64).reshape(-1, draws.shape[-1])
@@ -339,8 +339,8 @@ def coef_table(draws, names):
 
 def _method_row(v):
     """The run as one method of a comparison: its MethodRun, table row, text table and verdict."""
-    from . import report as rp
-    from .compare import verdict_of
+    from .reporting import report as rp
+    from .reporting.compare import verdict_of
 
     args, result = v.args, v.result
     t = result.timings
@@ -399,7 +399,7 @@ def _coefficients(v):
 
 def _print_summary(v):
     """The run's summary on stdout: what ran, the verdict, the audit, the table and the coefficients."""
-    from .results import audit_line
+    from .reporting.results import audit_line
 
     args = v.args
     print_line(f"tallmh run: {args.model} regression of {args.target!r} on {os.path.basename(args.data)}, "
@@ -421,7 +421,7 @@ def _print_summary(v):
 def _results_json(v) -> dict:
     """Every number of the run, as results.json holds them."""
     import tallmh as tm
-    from . import compare as cmp
+    from .reporting import compare as cmp
 
     args, result, scaling, mode = v.args, v.result, v.scaling, v.mode
     overall = {}
@@ -456,7 +456,7 @@ def _results_json(v) -> dict:
 
 def _write_report(v, folder):
     """report.html: the run's description, tables and plots."""
-    from . import report as rp
+    from .reporting import report as rp
 
     e = html.escape
     args, audit_text = v.args, v.audit_text
@@ -498,7 +498,7 @@ def _write_report(v, folder):
 
 def _write_files(v, out):
     """The files in ``--out``: the plots, posterior.nc, results.json and report.html."""
-    from . import report as rp
+    from .reporting import report as rp
 
     result = v.result
     folder = out.make()

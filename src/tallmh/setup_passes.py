@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .cache_keys import shape_key, value_key
-from .data import take, to_device
+from .storage.data import take, to_device
 from .errors import ModelError
 from .model import own_method
 
@@ -57,16 +57,16 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
     The rows go through one compiled call per block of up to ``_BLOCK_CHUNKS`` chunks (2**20 rows), which
     maps ``chunk_fn`` over the block's chunks one after the other (``lax.map``: memory of one chunk's
     derivatives, not of the block's). Data in memory is read inside that call (``take``: a gather for
-    in-memory and zero-copy data, a host read for :class:`~tallmh.datasource.HostArray` leaves). Data in
+    in-memory and zero-copy data, a host read for :class:`~tallmh.storage.datasource.HostArray` leaves). Data in
     files is read on the host by ``FILE_READERS`` threads, up to ``2 FILE_READERS`` blocks ahead of the
-    compiled calls (:func:`tallmh.datasource.host_reader`): the disk then reads several blocks at once while
+    compiled calls (:func:`tallmh.storage.datasource.host_reader`): the disk then reads several blocks at once while
     the cores reduce the previous ones, and the model's set-up statistics, where a
-    :class:`~tallmh.datasource.StatsTap` is registered for the data, are made from the same blocks. Either
+    :class:`~tallmh.storage.datasource.StatsTap` is registered for the data, are made from the same blocks. Either
     way each block holds the same rows (the last padded with copies of row N - 1, masked), so the chunk
     boundaries and the order of accumulation do not depend on where the data lives. A pass over on-disk data
     of at least ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar.
     """
-    from . import datasource as ds
+    from .storage import datasource as ds
 
     size = _CHUNK if n > _CHUNK else n
     nchunks = -(-n // size)
@@ -209,7 +209,7 @@ class HostPasses:
     (in a fresh process the set-up's compiled passes cost more than the passes themselves, and they compiled
     beside the chain on the same cores), and float64 sums.
 
-    Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.datasource.host_reader`: slices of in-memory
+    Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.storage.datasource.host_reader`: slices of in-memory
     arrays, reads of files) and reduced one after the other (for data in files, by ``HOST_THREADS_FILES``
     threads, so that reads overlap the arithmetic); their results are summed in row order, so in-memory and
     on-disk data give the same sums, bit for bit. A pass over on-disk data of at
@@ -221,7 +221,7 @@ class HostPasses:
     @staticmethod
     def of(model, data, n, unravel, th) -> Optional["HostPasses"]:
         """The host passes for this model and data, or None (then the compiled passes: :func:`full_pass`)."""
-        from .datasource import host_reader
+        from .storage.datasource import host_reader
 
         if n > HOST_MAX_ROWS or any(closed_form(model, a, "log_lik", unravel, th) is None
                                     for a in ("lik_value_grad_hess_host", "log_lik_host")):
@@ -234,7 +234,7 @@ class HostPasses:
         import collections
         from concurrent.futures import ThreadPoolExecutor
 
-        from . import datasource as ds
+        from .storage import datasource as ds
 
         n, read = self.n, self.read
         starts = list(range(0, n, HOST_BLOCK))
@@ -416,7 +416,7 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
     ``fixed`` (a boolean mask over the flat parameter, or None) holds those coordinates at ``flat0``: the
     search is then for the conditional mode of the others (a hierarchical model's scale, whose joint mode
-    with its effects is degenerate, held at an estimate; see :func:`tallmh.pymc_model.recentre`).
+    with its effects is degenerate, held at an estimate; see :func:`tallmh.frontends.pymc_model.recentre`).
     """
     th = to_device(flat0)
     warm_items = 0
@@ -459,8 +459,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
 def _gather_rows(data, idx):
     """The rows ``idx`` of every leaf: by NumPy indexing where every leaf lies in host memory
-    (:func:`tallmh.datasource.host_view`; no program to compile), else by a compiled :func:`tallmh.data.take`."""
-    from .datasource import HostArray, InPlaceArray, host_view
+    (:func:`tallmh.storage.datasource.host_view`; no program to compile), else by a compiled :func:`tallmh.storage.data.take`."""
+    from .storage.datasource import HostArray, InPlaceArray, host_view
 
     special = lambda a: isinstance(a, (HostArray, InPlaceArray))  # noqa: E731 - (pytrees: leaves, not nodes)
     views = [host_view(a) for a in jax.tree_util.tree_leaves(data, is_leaf=special)]

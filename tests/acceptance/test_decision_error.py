@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 import tallmh as tm
 from tallmh.acceptance.base import Decision, Moments, StreamReader, draw_u
-from tallmh.data import make_permutation
+from tallmh.storage.data import make_permutation
 
 from .helpers import binomial_margin, decisions, exact_log_ratio, logistic_problem
 

@@ -14,7 +14,7 @@ import pytest
 
 import tallmh as tm
 from tallmh.acceptance.base import CompSum, Moments, Problem, StreamReader, df_add, df_sum
-from tallmh.data import take
+from tallmh.storage.data import take
 
 N7 = 10_000_000
 

@@ -19,7 +19,7 @@ import pytest
 import tallmh as tm
 from tallmh.acceptance.austerity import skew_adjusted_t
 from tallmh.acceptance.base import Moments, Problem
-from tallmh.results import EXCESS_MAX
+from tallmh.reporting.results import EXCESS_MAX
 
 from .helpers import binomial_margin
 

@@ -8,16 +8,7 @@ from .barker import Barker
 from .base import Decision, Problem
 from .confidence import BOUNDS, Confidence
 from .exact import Exact
+from .informed import Informed
 from .none import AlwaysAccept
 
-__all__ = ["AlwaysAccept", "Exact", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]
-
-
-def __getattr__(name):
-    # informed sub-sampling brings its own kernel, so it lives beside the kernel (tallmh.informed); it is
-    # offered here, with the tests it is chosen among, without importing the kernel into this package
-    if name == "Informed":
-        from ..informed import Informed
-
-        return Informed
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["AlwaysAccept", "Exact", "Informed", "Austerity", "Confidence", "Barker", "Decision", "Problem", "BOUNDS"]

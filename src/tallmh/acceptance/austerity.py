@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.scipy.special import betainc, ndtr, ndtri
 
 from ..errors import ConfigError
-from ..data import make_permutation
+from ..storage.data import make_permutation
 from ._sequential import per_look_level, worst_case_error
 from .base import Decision, Moments, Problem, StreamReader, draw_u
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ..data import make_permutation
+from ..storage.data import make_permutation
 from ..errors import ConfigError
 from .base import Decision, MomentsSum, Problem, StreamReader, draw_u
 from .exact import exact_accept

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import permute
+from ..storage.data import permute
 
 __all__ = ["Problem", "Decision", "Moments", "draw_u", "StreamReader", "berry_esseen_bound", "two_sum", "df_add",
            "df_sum", "df_reduce", "CompSum", "MomentsSum"]

@@ -9,7 +9,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from ..data import make_permutation
+from ..storage.data import make_permutation
 from ..errors import ConfigError
 from .base import Decision, MomentsSum, Problem, StreamReader, draw_u
 from .exact import exact_accept

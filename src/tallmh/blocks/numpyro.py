@@ -12,7 +12,7 @@ This module makes a NumPyro model usable by the blocks of :mod:`tallmh.blocks` t
   ``values["eps"]`` is (N, T) for a site inside a time plate. Other discrete per-item latents are summed out
   per item by enumeration, as in :func:`tallmh.from_numpyro`.
 
-Every block reads the model through :class:`~tallmh.numpyro_model.NumPyroModel` with the data plate's
+Every block reads the model through :class:`~tallmh.frontends.numpyro_model.NumPyroModel` with the data plate's
 indices substituted, so its cost is that of the items it touches:
 
 - ``SubsampledMH("w", ...)``: the local section ``l_i`` of item i (paper eq. 5-6) is the sum of the log
@@ -128,7 +128,7 @@ def _gaussian_path(fn):
 
 
 class NumPyroProgramModel:
-    """A :class:`~tallmh.numpyro_model.NumPyroModel` in the blocks' model protocol (see the module docstring).
+    """A :class:`~tallmh.frontends.numpyro_model.NumPyroModel` in the blocks' model protocol (see the module docstring).
 
     Build it with :func:`from_numpyro`. Attributes: ``np_model`` (the NumPyroModel), ``global_sites``,
     ``state_sites`` (per-item latents kept in the state), ``n``.
@@ -463,7 +463,7 @@ def from_numpyro(numpyro_model, *args, state: Sequence[str] = (), record: Sequen
     (``"prior"``, one per chain) or from the prior medians (``"median"``); the state latents start from a
     prior draw given them. See :mod:`tallmh.blocks.numpyro`.
     """
-    from ..numpyro_model import describe
+    from ..frontends.numpyro_model import describe
 
     np_model, data = describe(numpyro_model, *args, data_plate=data_plate, local="state", check=check,
                               state_sites=tuple(state), **kwargs)

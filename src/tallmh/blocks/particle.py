@@ -8,7 +8,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from ..data import make_permutation, permute
+from ..storage.data import make_permutation, permute
 from ..errors import ConfigError
 from .state import BlockInfo, check_site, require
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import num_items, validate_data
+from ..storage.data import num_items, validate_data
 from ..errors import ConfigError, ModelError
 from .cycle import Cycle
 
@@ -105,7 +105,7 @@ class ProgramResult:
     run: Any = None  # the tallmh.Result of the run
 
     def to_arviz(self):
-        from ..diagnostics import idata_from_dict
+        from ..reporting.diagnostics import idata_from_dict
 
         st = {}
         for lab, d in self.stats.items():
@@ -134,7 +134,7 @@ def sample_program(program, model, data, num_samples: int = 1000, num_warmup: in
     ``result.run`` is its :class:`tallmh.Result`. ``thin`` > 1 keeps every ``thin``-th draw (the stats are
     summed over the steps between kept draws). Other keyword arguments go to :func:`tallmh.sample`.
     """
-    from ..sampling import sample
+    from ..run.sampling import sample
     from .kernel import block_stats
 
     thin = int(thin)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from ..data import take
+from ..storage.data import take
 from ..errors import ConfigError
 from .state import BlockInfo, check_site, require
 

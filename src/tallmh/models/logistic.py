@@ -33,7 +33,7 @@ def _feature_stats_host(X):
     """:func:`_feature_stats` in NumPy, for an array in host memory whose entries are all finite (its largest
     and smallest entries are then finite): no program to compile, and ~5x faster than the compiled row
     norms on a 2-core CPU. None for an array on an accelerator or with a non-finite entry."""
-    from ..datasource import host_view
+    from ..storage.datasource import host_view
 
     Xh = host_view(X)
     if Xh is None:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import make_permutation, permute, uniform_items
+from ..storage.data import make_permutation, permute, uniform_items
 from ..errors import ConfigError
 
 __all__ = ["Langevin", "minibatch"]
@@ -22,11 +22,11 @@ def minibatch(key, b: int, n):
     """``b`` item indices in ``range(n)`` for a minibatch gradient, independent of theta.
 
     Where ``n`` is a Python int with ``n >= 64 b`` (tall data), ``b`` independent uniform draws (with
-    replacement; :func:`~tallmh.data.uniform_items`). The variance of a with-replacement mean is
+    replacement; :func:`~tallmh.storage.data.uniform_items`). The variance of a with-replacement mean is
     ``(N - 1) / (N - b)`` times the without-replacement one, at most 1.016 here, and the draw is far cheaper to
     compile than the 32 rounds of the keyed permutation. Otherwise (small N, where a minibatch that is a
     sizeable part of the data should not repeat items, or a traced n), the first ``b`` positions of the
-    keyed permutation (:func:`~tallmh.data.permute`): without replacement, exact when ``b = n``.
+    keyed permutation (:func:`~tallmh.storage.data.permute`): without replacement, exact when ``b = n``.
     """
     if isinstance(n, (int, np.integer)) and int(n) >= _WITH_REPLACEMENT * b:
         return uniform_items(key, b, int(n))

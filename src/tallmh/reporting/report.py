@@ -191,7 +191,7 @@ def method_row(run: MethodRun, ref: Optional[Reference] = None) -> Dict[str, Any
             row["sd_ratio_min"] = float(np.min(ratio))
             row["sd_ratio_max"] = float(np.max(ratio))
             row["sd_ratio_range"] = f"{np.min(ratio):.2f}-{np.max(ratio):.2f}"
-        # per parameter, for judging accuracy beyond Monte Carlo noise (tallmh.compare)
+        # per parameter, for judging accuracy beyond Monte Carlo noise (tallmh.reporting.compare)
         with np.errstate(divide="ignore", invalid="ignore"):
             ess_ref = np.asarray(ref.info.get("ess", ref.ess()), float)
             # se of a ratio of two sds: about ratio * sqrt(1/(2 ESS) + 1/(2 ESS_ref))
@@ -262,9 +262,9 @@ def predictive_risk(run: MethodRun, X_test: np.ndarray, p_ref: np.ndarray, grid:
 
 def atomic_write(path: str, write, nbytes=None):
     """Call ``write(tmp_path)`` for a temporary file beside ``path``, sync it, then move it to ``path``
-    (:func:`tallmh.safe_io.atomic_write`: free space checked first when ``nbytes`` is given; an
-    ``OSError`` becomes a one-line :class:`~tallmh.safe_io.WriteError` naming the path)."""
-    from .safe_io import atomic_write as write_safely
+    (:func:`tallmh.storage.safe_io.atomic_write`: free space checked first when ``nbytes`` is given; an
+    ``OSError`` becomes a one-line :class:`~tallmh.storage.safe_io.WriteError` naming the path)."""
+    from ..storage.safe_io import atomic_write as write_safely
 
     return write_safely(path, write, nbytes)
 

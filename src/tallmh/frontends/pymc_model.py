@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ConfigError, ModelError
-from .model import Model
+from ..errors import ConfigError, ModelError
+from ..model import Model
 
 __all__ = ["from_pymc", "from_bambi", "PyMCModel", "RecentredPyMCModel", "recentre"]
 
@@ -183,7 +183,7 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
     observed values, ``pm.Data`` containers and constant arrays with that leading length N are returned in
     ``data`` (``{name: array}``) and read a batch of rows at a time. Then ``tm.sample(model, data,
     test=...)`` works with every test and draws come back by PyMC variable name, constrained. See
-    :mod:`tallmh.pymc_model` for what is refused and why.
+    :mod:`tallmh.frontends.pymc_model` for what is refused and why.
 
     ``centre_groups`` (default True): group-level terms written ``T = T_offset * T_sigma`` (Bambi's
     non-centred form, recognised by those names and checked numerically) are moved partially centred,
@@ -702,7 +702,7 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     """
     from jax.flatten_util import ravel_pytree
 
-    from . import setup_passes as setup
+    from .. import setup_passes as setup
 
     terms = _offset_terms(model)
     if not terms:

@@ -53,8 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ConfigError, ModelError
-from .model import Model
+from ..errors import ConfigError, ModelError
+from ..model import Model
 
 __all__ = ["from_numpyro", "describe", "NumPyroModel", "SiteInfo"]
 
@@ -673,7 +673,7 @@ def from_numpyro(numpyro_model, *args, data_plate: Optional[str] = None, check: 
     The data plate is ``data_plate`` or, by default, the one plate holding observed sites whose size is
     the leading length of some argument array; the returned ``data`` is ``{name: array}`` of the arguments
     with that leading length N. Then ``tm.sample(model, data, test=..., control_variates=...)`` works with
-    every test; draws come back by site name on the constrained scale. See :mod:`tallmh.numpyro_model`.
+    every test; draws come back by site name on the constrained scale. See :mod:`tallmh.frontends.numpyro_model`.
 
     (A model keyword argument called ``data_plate`` or ``check`` cannot be passed through this function.)
     """

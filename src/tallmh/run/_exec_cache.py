@@ -112,7 +112,7 @@ def program_key(*parts) -> Optional[str]:
         return None
     import jaxlib
 
-    from . import __version__
+    from .. import __version__
 
     dev = jax.devices()[0]
     env = (jax.__version__, jaxlib.__version__, __version__, _source_hash(), dev.platform,
@@ -163,7 +163,7 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True, eleme
     on a stochastic-volatility program lowered so, against 9-17 s for the whole run lowered as JAX does.
     ``elemental``: compile with ``_CPU_OPTIONS`` on the CPU (only for programs where they were measured safe);
     ``quick``: with ``_CPU_QUICK`` (only for programs measured no slower with it)."""
-    from ._lowering import unrolled_threefry
+    from .._lowering import unrolled_threefry
 
     # (the precision the caller's thread traces with: a config context does not follow into this thread)
     with unrolled_threefry() if unrolled else contextlib.nullcontext(), jax.default_matmul_precision("float32"):

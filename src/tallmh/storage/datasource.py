@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import DataError, ModelError
+from ..errors import DataError, ModelError
 
 __all__ = ["from_npy", "HostArray", "is_out_of_core", "host_leaf", "read_rows", "setup_stats", "block_bounds",
            "BLOCK_ROWS", "progress_bar"]
@@ -90,7 +90,7 @@ class HostArray(_RowArray):
 
     Has ``shape``, ``dtype``, ``ndim`` and ``nbytes`` like an array, and NumPy-style row slicing
     (``h[a:b]`` reads those rows from the file). ``np.asarray(h)`` is refused (it would load the whole
-    file); use :func:`read_rows`. Inside compiled code, :func:`tallmh.data.take` gathers rows of it.
+    file); use :func:`read_rows`. Inside compiled code, :func:`tallmh.storage.data.take` gathers rows of it.
     """
 
     __slots__ = ("token",)
@@ -109,7 +109,7 @@ class HostArray(_RowArray):
 
     def __array__(self, dtype=None, copy=None):
         raise DataError(f"refusing to load an on-disk array of shape {self.shape} ({self.nbytes / 1e9:.2f} GB) "
-                        "whole into memory; read rows with tallmh.datasource.read_rows, or pass the data "
+                        "whole into memory; read rows with tallmh.storage.datasource.read_rows, or pass the data "
                         "in memory")
 
     def __repr__(self):
@@ -173,9 +173,9 @@ def _check_array(mm, name):
 def host_leaf(mm: np.ndarray, gather: str = "auto", name: str = "data", checked: bool = False):
     """Wrap a memory-mapped array as a data leaf without loading it: a zero-copy ``jax.Array`` or a
     :class:`HostArray` (see the module docstring for ``gather``). ``checked``: its finiteness is settled
-    (checked, or the check waived), so :func:`tallmh.data.validate_data` does not stream over it again."""
+    (checked, or the check waived), so :func:`tallmh.storage.data.validate_data` does not stream over it again."""
     if gather not in _MODES:
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"gather must be one of {_MODES}; got {gather!r}")
     _check_array(mm, name)
@@ -523,7 +523,7 @@ def from_npy(paths, gather: str = "auto", check_finite="auto"):
     order, leading lengths that differ, ``gather="zero_copy"`` where aliasing is impossible, or (with
     ``check_finite=True``) non-finite values.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if check_finite not in (True, False, "auto", "deferred"):
         raise ConfigError(f"check_finite must be True, False, 'auto' or 'deferred'; got {check_finite!r}")

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import digamma, gammaln, polygamma
 
-from .console import first_line
-from .errors import ConfigError, DataError
-from .model import Model
+from ..console import first_line
+from ..errors import ConfigError, DataError
+from ..model import Model
 
 __all__ = ["FAMILIES", "FormulaDesign", "load_design", "design_blocks", "PoissonRegression",
            "NegativeBinomialRegression"]
@@ -165,7 +165,7 @@ def _categorical_columns(formula: str, head):
 
 def _levels(path, cats, rows):
     """Pass 0: every level of each categorical column (only those columns are read), sorted."""
-    from .design_cache import table_frames
+    from .tables import table_frames
 
     seen = {c: set() for c in cats}
     for frame in table_frames(path, cats, rows):
@@ -200,7 +200,7 @@ def design_blocks(path: str, formula: str, family: str, rows: int, progress=None
     ``[y, X without the intercept]`` of at most ``rows`` rows. Refusals as :func:`load_design`, raised
     from the block where the problem is found.
     """
-    from .design_cache import table_frames
+    from .tables import table_frames
 
     formulaic, f = _parse(formula, family)
     columns = sorted(f.required_variables)

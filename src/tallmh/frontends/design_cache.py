@@ -3,7 +3,7 @@ need not fit in memory.
 
 One streamed pass over the table (in blocks of about 32 MB) checks the columns and accumulates their
 means and sds; a second writes the standardised design (float32, intercept first) and the target as
-``.npy`` files in the cache folder, which are then opened with :func:`tallmh.data.from_npy`, so the chains
+``.npy`` files in the cache folder, which are then opened with :func:`tallmh.storage.data.from_npy`, so the chains
 read only the rows they use. The cache is keyed by the file (path, size, modification time) and the
 settings, so a second run on the same table skips both passes. A 2-D ``.npy`` table is read from its own
 memory map in both passes.
@@ -18,10 +18,9 @@ import types
 
 import numpy as np
 
-from .design import scaling_of, split_features
-from .console import first_line
-from .errors import DataError
-from .method_options import batch_of
+from .tables import header, scaling_of, split_features, table_blocks, table_frames  # noqa: F401 (table_frames: re-exported)
+from ..errors import DataError
+from ..method_options import batch_of
 
 __all__ = ["BLOCK_BYTES", "MEMORY_SHARE", "is_npy_table", "npy_design", "should_stream", "table_blocks",
            "streamed_design"]
@@ -43,7 +42,7 @@ def is_npy_table(args) -> bool:
 
 
 def _cache_folder(settings: dict) -> str:
-    from .compare import default_cache_dir
+    from ..reporting.compare import default_cache_dir
 
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:24]
     root = os.path.join(os.path.abspath(os.path.expanduser(default_cache_dir())), "tables")
@@ -160,7 +159,7 @@ def _open_cached(folder, meta, fcols, intercept, standardise):
 
 def _npy_columns(args, path, mm):
     """The target and feature columns of a 2-D ``.npy`` table (named ``"0"``, ``"1"``, ...), checked."""
-    from .datasets import choose_columns
+    from ..datasets import choose_columns
 
     n, p = mm.shape
     if n == 0 or p == 0:
@@ -180,7 +179,7 @@ def npy_design(args, say):
     run`` options: data, target, features, model, test, no_intercept, no_standardize).
 
     Returns ``(data, on_disk, names, scaling, digest)``: the from_npy pytree, the same files as NumPy memory
-    maps, the names, the standardisation (as :func:`tallmh.design.load_design`) and a SHA-256 of the file
+    maps, the names, the standardisation (as :func:`tallmh.frontends.design.load_design`) and a SHA-256 of the file
     and settings.
     """
     path = os.path.abspath(args.data)
@@ -261,69 +260,6 @@ def should_stream(args) -> bool:
         return False
 
 
-def _header(path: str):
-    """The column names of a CSV or Parquet table (read without its rows)."""
-    try:
-        if path.lower().endswith(".csv"):
-            import pandas as pd
-
-            return [str(c) for c in pd.read_csv(path, nrows=0).columns]
-        import pyarrow.parquet as pq
-
-        return list(pq.read_schema(path).names)
-    except ImportError:
-        raise DataError("reading Parquet needs pyarrow: pip install pyarrow") from None
-    except Exception as e:  # noqa: BLE001 - the reader's own error, in one line
-        msg = first_line(e)
-        raise DataError(f"cannot read {path}: {msg}") from None
-
-
-def _as_numbers(frame, columns, roles):
-    """A block's columns as one float64 array; a column that is not numeric is refused."""
-    out = np.empty((len(frame), len(columns)))
-    for j, (c, role) in enumerate(zip(columns, roles)):
-        v = frame[c].to_numpy()
-        if v.dtype != bool and not np.issubdtype(v.dtype, np.number):
-            example = next((x for x in v[:50] if isinstance(x, str)), None)
-            what = f" (e.g. {example!r})" if example is not None else ""
-            raise DataError(f"{role} column {c!r} is not numeric{what}; encode it as numbers first")
-        out[:, j] = v
-    return out
-
-
-def table_frames(path: str, columns, rows: int, progress=None):
-    """The ``columns`` of a CSV or Parquet table as pandas DataFrames of at most ``rows`` rows each, read in
-    order and never whole; ``progress(rows_so_far, share_of_the_file)`` after each block."""
-    done = 0
-    if path.lower().endswith(".csv"):
-        import pandas as pd
-
-        with open(path, "rb") as fh:
-            size = max(os.fstat(fh.fileno()).st_size, 1)
-            for chunk in pd.read_csv(fh, usecols=list(columns), chunksize=rows):
-                done += len(chunk)
-                if progress:
-                    progress(done, min(fh.tell() / size, 1.0))
-                yield chunk
-        return
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
-    total = max(pf.metadata.num_rows, 1)
-    for batch in pf.iter_batches(batch_size=rows, columns=list(columns)):
-        done += batch.num_rows
-        if progress:
-            progress(done, done / total)
-        yield batch.to_pandas()
-
-
-def table_blocks(path: str, columns, rows: int, progress=None):
-    """:func:`table_frames` as float64 arrays (the columns in the order given; the first is the target)."""
-    roles = ["target"] + ["feature"] * (len(columns) - 1)
-    for frame in table_frames(path, columns, rows, progress):
-        yield _as_numbers(frame, columns, roles)
-
-
 def _progress(tell, name):
     """A progress line every few seconds (and at the end) while a table is read."""
     import time
@@ -365,16 +301,16 @@ class _Named:
 
 def _plan(args, path, rows, tell):
     """What to stream: ``(target, features, formula has an intercept, blocks of [target, features...] as
-    float64, target must be 0/1)``; a formula's design is built block by block by :mod:`tallmh.formula`."""
+    float64, target must be 0/1)``; a formula's design is built block by block by :mod:`tallmh.frontends.formula`."""
     progress = _progress(tell, os.path.basename(path))
     if getattr(args, "formula", None):
         from .formula import design_blocks
 
         target, names, has_intercept, blocks = design_blocks(path, args.formula, args.family, rows, progress)
         return target, names, has_intercept, _Named(blocks, [target] + names), False
-    from .datasets import choose_columns
+    from ..datasets import choose_columns
 
-    frame = types.SimpleNamespace(columns=_header(path))
+    frame = types.SimpleNamespace(columns=header(path))
     tcol, fcols = choose_columns(frame, args.target, split_features(args.features), path)
     columns = [tcol] + list(fcols)
     return tcol, list(fcols), True, _Named(table_blocks(path, columns, rows, progress), columns), \
@@ -415,7 +351,7 @@ def streamed_design(args, say):
     os.makedirs(tmp, exist_ok=True)
     try:
         say(f"{os.path.basename(path)}: streamed in blocks into {folder} (pass 1 of 2: checks, means and sds)")
-        rows = max(1, BLOCK_BYTES // (8 * len(_header(path))))
+        rows = max(1, BLOCK_BYTES // (8 * len(header(path))))
         target, fcols, has_intercept, blocks, binary = _plan(args, path, rows, say)
         intercept = settings["intercept"] and has_intercept
         ti, fi = 0, list(range(1, len(fcols) + 1))

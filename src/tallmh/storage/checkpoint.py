@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..labels import method_label
 
 __all__ = ["FORMAT", "VERSION", "write", "read", "run_fingerprint", "mismatch", "new_salt"]
 
@@ -161,7 +162,7 @@ def _decode(node, arrays, base=None):
 
 
 def write(path: str, payload: dict) -> str:
-    """Write ``payload`` (a dict of the run's parts) to ``path`` atomically (:mod:`tallmh.safe_io`)."""
+    """Write ``payload`` (a dict of the run's parts) to ``path`` atomically (:mod:`tallmh.storage.safe_io`)."""
     from .safe_io import atomic_write
 
     arrays: dict = {}
@@ -299,8 +300,6 @@ def data_fingerprint(data, n: int, salt: int) -> dict:
 def run_fingerprint(model, data, n, test, proposal, control_variates, num_chains, seed, d, dtype,
                     salt: Optional[int] = None) -> dict:
     """What a run is made of (module docstring); ``salt`` keys the rows sampled (new when None)."""
-    from .results import method_label
-
     salt = new_salt() if salt is None else int(salt)
     return {
         "data": data_fingerprint(data, n, salt),
@@ -312,6 +311,20 @@ def run_fingerprint(model, data, n, test, proposal, control_variates, num_chains
         "control_variates": None if control_variates is None else _digest(control_variates),
         "chains": int(num_chains), "seed": int(seed), "d": int(d), "dtype": str(dtype),
     }
+
+
+# modules that moved into the layers' folders: a checkpoint made before names its classes by the old paths
+MOVED = {"tallmh.numpyro_model.": "tallmh.frontends.numpyro_model.", "tallmh.pymc_model.": "tallmh.frontends.pymc_model.",
+         "tallmh.formula.": "tallmh.frontends.formula.", "tallmh.results.": "tallmh.reporting.results."}
+
+
+def _current(part):
+    """A fingerprint's part with a class named by a module's old path renamed to its current one."""
+    if isinstance(part, dict) and isinstance(part.get("class"), str):
+        for old, new in MOVED.items():
+            if part["class"].startswith(old):
+                return {**part, "class": new + part["class"][len(old):]}
+    return part
 
 
 def mismatch(saved: dict, now: dict) -> Optional[str]:
@@ -332,7 +345,7 @@ def mismatch(saved: dict, now: dict) -> Optional[str]:
     for key, what in (("model", "model"), ("test", "test"), ("proposal", "proposal"),
                       ("control_variates", "control variates"), ("chains", "number of chains"), ("seed", "seed"),
                       ("d", "parameter size"), ("dtype", "dtype")):
-        if saved.get(key) != now.get(key):
+        if _current(saved.get(key)) != now.get(key):
             def show(v):
                 if isinstance(v, dict):
                     return v.get("label") or v.get("name") or v.get("class") or "?"

@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError
 
 __all__ = [
     "Mode", "posterior_mode", "laplace_proposal", "reference_posterior", "run_budgeted", "compare", "Comparison",
@@ -159,7 +159,7 @@ def posterior_mode(model, data, init=None, max_iter: int = 50) -> Mode:
     pass for the Hessian sums (:mod:`tallmh.control_variates`); the Laplace covariance needs the log
     posterior to be strictly concave there (a :class:`tallmh.ModelError` otherwise).
     """
-    from .models import LinearRegression, LogisticRegression
+    from ..models import LinearRegression, LogisticRegression
 
     t0 = time.perf_counter()
     if isinstance(model, LogisticRegression):
@@ -171,9 +171,9 @@ def posterior_mode(model, data, init=None, max_iter: int = 50) -> Mode:
         import jax.numpy as jnp
         from jax.flatten_util import ravel_pytree
 
-        from . import control_variates as cvm
-        from . import setup_passes as setup
-        from .data import num_items, validate_data
+        from .. import control_variates as cvm
+        from .. import setup_passes as setup
+        from ..storage.data import num_items, validate_data
 
         data = validate_data(data)
         n = num_items(data)
@@ -210,7 +210,7 @@ def laplace_proposal(cov):
 
 
 def method_label(test, control_variates=None) -> str:
-    """The method with its options, e.g. ``austerity(batch_size=200)+cv`` (:func:`tallmh.results.method_label`:
+    """The method with its options, e.g. ``austerity(batch_size=200)+cv`` (:func:`tallmh.reporting.results.method_label`:
     options at their defaults are left out)."""
     from .results import method_label as label
 
@@ -307,7 +307,7 @@ def run_budgeted(model, data, test, budget_s: float, *, proposal=None, init=None
     - ``num_warmup`` steps: a warmup phase first (the proposal adapts), outside the budget.
 
     Draws are placed evenly in time over each phase (chunks last about a second) for the time plots.
-    Returns a :class:`tallmh.report.MethodRun`; ``run.result`` is the :class:`tallmh.Result`.
+    Returns a :class:`tallmh.reporting.report.MethodRun`; ``run.result`` is the :class:`tallmh.Result`.
     """
     import dataclasses
 
@@ -484,8 +484,8 @@ def _save_npz(tmp, arr):
 class Comparison:
     """Runs of several methods on one posterior, their table against the reference, and the report.
 
-    ``runs``: :class:`tallmh.report.MethodRun` in the order run; ``rows``: one dict of numbers per run
-    (:func:`tallmh.report.method_row` plus ``label``, ``trusted``, ``verdict``, ``warnings``, ``accurate``,
+    ``runs``: :class:`tallmh.reporting.report.MethodRun` in the order run; ``rows``: one dict of numbers per run
+    (:func:`tallmh.reporting.report.method_row` plus ``label``, ``trusted``, ``verdict``, ``warnings``, ``accurate``,
     ``problems``), sorted by :func:`sort_rows`; ``names``: parameter names.
     """
 
@@ -539,7 +539,7 @@ class Comparison:
         return [f"{r['method']}: {r['verdict_line']}" for r in self.rows]
 
     def to_json(self) -> dict:
-        """Every number of the comparison (JSON-ready through :func:`tallmh.report.write_json`)."""
+        """Every number of the comparison (JSON-ready through :func:`tallmh.reporting.report.write_json`)."""
         out = {"parameters": self.names, "N": self.n, "budget_s": self.budget_s, "settings": self.settings,
                "methods": self.rows,
                "per_parameter": {r.name: per_param(r, self.names) for r in self.runs}}
@@ -698,7 +698,7 @@ def compare(model, data, methods: Mapping[str, Any], budget_s: float, *, num_cha
     say = say or (lambda m: None)
     if not methods:
         raise ConfigError("methods is empty")
-    from .data import num_items
+    from ..storage.data import num_items
 
     n = num_items(data)
     if (proposal == "laplace" or reference) and mode is None:

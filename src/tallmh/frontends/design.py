@@ -4,36 +4,18 @@ Features are standardised (``x_std = (x - center) / scale``) and a column of one
 run says otherwise; the coefficients sampled on that scale map back linearly: ``beta_j = b_j / scale_j``
 and ``intercept = b_0 - sum_j b_j center_j / scale_j``. A table small enough for memory is read whole
 (:func:`load_design`); a larger one, or any 2-D ``.npy``, is streamed into an on-disk cache
-(:mod:`tallmh.design_cache`).
+(:mod:`tallmh.frontends.design_cache`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .method_options import batch_of
+from ..method_options import batch_of
+from .tables import scaling_of, split_features
 
 __all__ = ["split_features", "scaling_of", "load_design", "extra_parameter_of", "original_scale",
            "original_scale_run", "original_scale_laplace"]
-
-
-def split_features(values):
-    """``--features a b,c`` as ``["a", "b", "c"]`` (None when none are named)."""
-    if values is None:
-        return None
-    out = []
-    for v in values:
-        out += [s.strip() for s in v.split(",") if s.strip()]
-    return out or None
-
-
-def scaling_of(standardised: bool, intercept: bool, features, center, scale) -> dict:
-    """The record of how the features were scaled (saved in results.json as ``standardisation``)."""
-    return {"standardised": standardised, "intercept": intercept, "features": features,
-            "center": center, "scale": scale,
-            "how": ("x_std = (x - center) / scale for each feature; coefficients on the original scale: "
-                    "beta_j = b_j / scale_j" + ("; intercept = b_0 - sum_j b_j center_j / scale_j" if intercept
-                                               else ""))}
 
 
 def load_design(args):
@@ -43,7 +25,7 @@ def load_design(args):
     "intercept": bool}`` over the feature columns (the intercept excluded). Without an intercept the
     features are only scaled, so the model keeps no intercept on the original scale.
     """
-    from .datasets import load_table
+    from ..datasets import load_table
 
     test_batch = batch_of(args.test, args)
     if getattr(args, "formula", None):

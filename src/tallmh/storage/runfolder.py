@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from .errors import CLIError
+from ..errors import CLIError
 
 __all__ = ["CHECKPOINT", "OLD_CHECKPOINT", "RUN_FILES", "RUN_SETTINGS", "OUTPUTS", "LOCK_FILE", "complete_run",
            "OutFolder"]

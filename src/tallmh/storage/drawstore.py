@@ -5,7 +5,7 @@ file per phase and array: ``sampling.theta.bin``, ``sampling.accepted.bin``, ...
 output is appended in draw-major order (``(draw, chain, ...)``, C order), so the file only grows at its
 end; :meth:`DrawStore.view` maps its first ``k`` draws read-only as a ``(chain, draw, ...)`` array (a
 transposed ``np.memmap``: nothing is read into memory until used). A checkpoint then stores a reference to
-those files and the number of draws it covers, not the draws themselves (:mod:`tallmh.checkpoint`);
+those files and the number of draws it covers, not the draws themselves (:mod:`tallmh.storage.checkpoint`);
 draws appended after the last checkpoint (a run killed between two) are cut off when the run resumes.
 """
 

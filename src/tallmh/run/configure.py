@@ -1,0 +1,341 @@
+"""Stage 1, the plan of a run: options, method (or inference program), keys and devices.
+
+In: the arguments of :func:`tallmh.sample` and the data. Out, on the :class:`~.runstate.Run`: the checked
+options (``num_samples``, ``num_warmup``, ``auto_draws``, ...), the validated data and ``n``, the test, control
+variates, proposal and kernel (or the program's kernel and its ``init_states``), the flat start and ``unravel``,
+the run's keys (:mod:`.rng`) and the device ``plan`` (:mod:`tallmh.distributed`). Also the default method
+(:func:`recommended`) and the ``num_samples="auto"`` goal (:func:`auto_reached`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from .. import setup_passes as setup
+from ..storage import datasource as ds
+from .. import distributed
+from ..acceptance import Exact
+from ..storage.data import num_items, validate_data
+from ..errors import ConfigError, ModelError
+from ..kernel_choice import build_kernel
+from ..model import check_model
+from ..proposals import AdaptiveMetropolis
+from ..reporting.results import method_label
+from . import rng
+
+# num_samples="auto": the most draws per chain, the default sampling budget, and the draws the self-audit
+# plans for (its rate is fixed before sampling)
+AUTO_MAX_SAMPLES = 200_000
+# num_warmup="auto": the warmup steps per chain. Preconditioned Langevin started from the Laplace approximation at
+# the mode only tunes its step size (a Robbins-Monro search from the optimal-scaling guess): 300 steps; at
+# N = 10^6 (logistic, d = 11) its ESS per draw was within 8% of a 1,000-step warmup's. Every other start or
+# proposal (adaptive Metropolis learns a covariance; no mode) keeps 1,000.
+AUTO_WARMUP = 1000
+AUTO_WARMUP_LAPLACE = 300
+AUTO_BUDGET_S = 600.0
+AUTO_PLANNED_SAMPLES = 2000
+
+
+TEST_NAMES = ("exact", "austerity", "confidence", "barker")
+
+
+def as_test(test):
+    """A test object from ``test``: an object with ``decide`` (as given), a name (its default settings), or
+    None (the recommended default, chosen once the data and model are known)."""
+    if test is None or callable(getattr(test, "decide", None)):
+        return test
+    if isinstance(test, str) and test.lower() in TEST_NAMES:
+        from .. import acceptance
+
+        return getattr(acceptance, test.capitalize())()
+    raise ConfigError(f"test must be a test from tm.acceptance (e.g. tm.acceptance.Austerity(error=0.05)) or one of "
+                      f"{', '.join(repr(t) for t in TEST_NAMES)}; got {test!r}")
+
+
+def differentiable(model, data, n, init) -> bool:
+    """Whether the model's log-density has a finite gradient and Hessian-vector product at ``init`` on its
+    first rows (what Taylor control variates and Langevin proposals need)."""
+    flat, unravel = ravel_pytree(init)
+    host = host_derivatives(model, data, n, unravel, flat)
+    if host is not None:  # the model's NumPy closed forms (the built-in logistic regression): nothing to compile
+        return host
+    rows = ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else \
+        jax.tree_util.tree_map(lambda a: a[:min(n, 16)], data)
+
+    def total(t, rows):
+        th = unravel(t)
+        return jnp.sum(model.log_lik(th, rows)) + jnp.asarray(model.log_prior(th), t.dtype)
+
+    def grad_and_hvp(t, rows):  # one compiled program (the rows an argument: cached across processes)
+        return jax.jvp(lambda u: jax.grad(total)(u, rows), (t,), (jnp.ones_like(t),))
+
+    try:
+        try:
+            g, hv = jax.jit(grad_and_hvp)(flat, rows)
+        except Exception:  # noqa: BLE001 - a model that only runs eagerly: as before
+            g, hv = grad_and_hvp(flat, rows)
+        return bool(np.all(np.isfinite(np.asarray(g))) and np.all(np.isfinite(np.asarray(hv))))
+    except Exception:  # noqa: BLE001 - any failure to differentiate means: not differentiable
+        return False
+
+
+def host_derivatives(model, data, n, unravel, flat):
+    """:func:`differentiable` by the model's NumPy closed forms where it has them for both its likelihood and its
+    prior (:class:`tallmh.setup_passes.HostPasses`; their derivatives are autodiff's, checked in the tests):
+    finite gradient and Hessian-vector product on the first rows. None where it has not."""
+    hp = setup.HostPasses.of(model, data, n, unravel, flat)
+    prior = setup.closed_form(model, "log_prior_vgh_host", "log_prior", unravel, flat)
+    if hp is None or prior is None:
+        return None
+    try:
+        t = np.asarray(flat, np.float64)
+        _, g, h = model.lik_value_grad_hess_host(t, hp.read(0, min(n, 16)))
+        _, pg, ph = prior(t)
+        g, hv = np.asarray(g) + np.asarray(pg), (np.asarray(h) + np.asarray(ph)) @ np.ones_like(t)
+        return bool(np.all(np.isfinite(g)) and np.all(np.isfinite(hv)))
+    except Exception:  # noqa: BLE001 - the compiled check decides
+        return None
+
+
+def recommended(model, data, n, init):
+    """The default configuration: ``(test, control_variates, reason)``.
+
+    A differentiable model gets the error-targeted austerity test (per-step error 0.05, batch chosen
+    automatically) with second-order Taylor control variates (and, through them, the preconditioned Langevin
+    proposal): the fast configuration that keeps its promise. A model without gradients gets exact MH.
+    """
+    from ..control_variates import ControlVariates
+    from ..acceptance import Austerity
+
+    if differentiable(model, data, n, init):
+        return Austerity(error=0.05), ControlVariates(order=2), "differentiable model"
+    return Exact(), None, "the model has no finite gradient at the start: exact MH"
+
+
+def data_mistake(data, e) -> str:
+    """One line on data the model cannot read (a tuple for a dict, other key names)."""
+    if isinstance(data, dict):
+        have = ", ".join(map(repr, data))
+        if isinstance(e, KeyError):
+            return (f"data: the model reads data[{e.args[0]!r}], which this data does not have (it has {have}); "
+                    f"pass a dict of arrays with the model's keys")
+        return f"data: the model could not read it ({type(e).__name__}: {e}); it has keys {have}"
+    return (f"data must be a dict of arrays with leading axis N and the model's keys (e.g. {{'X': X, 'y': y}}); "
+            f"got a {type(data).__name__}")
+
+
+AUTO_RHAT = 1.01
+
+
+def auto_reached(parts, min_ess):
+    """``(min bulk ESS, max R-hat)`` of the draws so far when both meet the goal, else None."""
+    from ..reporting import diagnostics
+
+    x = np.concatenate([p[0] for p in parts], axis=1)
+    if x.shape[1] < 50:
+        return None
+    ess = float(np.min(diagnostics.ess_all(x)))  # NaN (a NaN draw) fails the test below
+    if not (ess >= min_ess):
+        return None
+    rhat = float(np.max(diagnostics.rhat_all(x))) if x.shape[0] > 1 else 1.0
+    return (ess, rhat) if rhat <= AUTO_RHAT else None
+
+
+def prepare(model, data, test, init, check_finite=True, cv_center=None, tap_stats=False):
+    """Validated data, N, the start, the model's set-up statistics and the items they read, and (with
+    ``tap_stats``, for data in files of more than ``setup_passes.HOST_MAX_ROWS`` rows) a
+    :class:`~tallmh.storage.datasource.StatsTap`: then the statistics returned are its ``probe`` (their shapes) and the
+    set-up's first full pass makes them (:func:`.start.resolve_stats`)."""
+    # no copy of in-memory data; the finiteness of files from_npy left unchecked: checked below
+    data = validate_data(data, check_finite=check_finite, in_place=True, defer_files=bool(check_finite))
+    n = num_items(data)
+    test.check(n)
+    unchecked = ds.unchecked_leaves(data) if check_finite else []
+    ds.check_head(data, unchecked)  # (the rows the model is first evaluated on, below)
+    if init is None and cv_center is not None:
+        init = cv_center
+    default = None
+    # the model's own start: the start, or (in memory) the shape a given init must have; for data on disk a
+    # given init is not checked this way (a model's init may read the data)
+    on_disk = any(isinstance(a, (ds.HostArray, np.memmap)) for a in ds.leaves_of(data))
+    if callable(getattr(model, "init", None)) and (init is None or not on_disk):
+        try:
+            default = model.init(data)
+        except (KeyError, TypeError, IndexError) as e:
+            raise ConfigError(data_mistake(data, e)) from None
+    if init is None:
+        if default is None:
+            raise ModelError("the model has no default init(data); pass init=... to sample()")
+        init = default
+    elif default is not None:
+        want = [np.shape(a) for a in jax.tree_util.tree_leaves(default)]
+        got = [np.shape(a) for a in jax.tree_util.tree_leaves(init)]
+        if want != got:
+            show = lambda s: s[0] if len(s) == 1 else s
+            raise ConfigError(f"init has shape {show(got)}; this model's parameter has shape {show(want)}")
+    init = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.result_type(float)), init)
+    # on-disk data (tallmh.storage.datasource): the model is checked on its first rows, set-up streams in blocks
+    check_model(model, ds.read_rows(data, 0, min(n, 16)) if ds.is_out_of_core(data) else data, init, n)
+    tap = ds.stats_tap(model, data, n, setup.HOST_MAX_ROWS, unchecked) if tap_stats else None
+    if tap is not None:
+        return data, n, init, tap.probe, 0, tap
+    ds.check_leaves(data, unchecked)
+    stats = ds.setup_stats(model, data, n)
+    setup_items = n if stats is not None else 0
+    return data, n, init, stats, setup_items, None
+
+# ---- options -----------------------------------------------------------------------------------
+
+
+def options(run, test, proposal, num_samples, num_warmup, control_variates, audit, resume, program):
+    """Check the arguments; a resumed run's test, proposal, chains, seed and control variates are kept."""
+    if resume is not None:
+        if program is None and resume.resume_info.get("program"):
+            program = resume.test
+        for what, given, kept in (("test", test if program is None else program, resume.test),
+                                  ("proposal", proposal, resume.proposal)):
+            if given is None and kept is None and not (what == "proposal" and program is not None):
+                raise ConfigError(f"resume: the checkpoint could not store its {what} (not one of tallmh's "
+                                  f"own classes); pass {what}=... again")
+        if program is None:
+            test = resume.test if test is None else test
+            proposal = resume.proposal if proposal is None else proposal
+        run.num_chains = resume.num_chains
+        run.seed = resume.resume_info["seed"]
+        control_variates = resume.resume_info.get("control_variates") if control_variates is None \
+            else control_variates
+    run.program = program
+    if program is not None and (test is not None or proposal is not None or control_variates):
+        raise ConfigError("with program=..., the blocks carry their own tests and proposals: pass no test, "
+                          "proposal or control_variates")
+    run.test = as_test(test)
+    run.auto_test = run.test is None and program is None
+    run.auto_draws = isinstance(num_samples, str)
+    if run.auto_draws:
+        if num_samples != "auto":
+            raise ConfigError(f"num_samples must be an integer >= 0 or 'auto'; got {num_samples!r}")
+        # (a resumed run goes on until the goal is met by all its draws, the earlier ones included)
+        num_samples = AUTO_MAX_SAMPLES
+        run.budget_s = AUTO_BUDGET_S if run.budget_s is None else run.budget_s
+        if not (run.min_ess > 0):
+            raise ConfigError(f"min_ess must be positive; got {run.min_ess}")
+    run.auto_warmup = isinstance(num_warmup, str)
+    if run.auto_warmup:
+        if num_warmup != "auto":
+            raise ConfigError(f"num_warmup must be an integer >= 0 or 'auto'; got {num_warmup!r}")
+        num_warmup = AUTO_WARMUP  # (until the set-up shows what the start is: see _warmup_of_start)
+    for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0),
+                        ("num_chains", run.num_chains, 1)):
+        if int(v) != v or v < lo:
+            raise ConfigError(f"{name} must be an integer >= {lo}; got {v}")
+    if num_samples + num_warmup == 0:
+        raise ConfigError("num_samples + num_warmup must be positive")
+    if run.budget_s is not None and not (run.budget_s > 0):
+        raise ConfigError(f"budget_s must be positive; got {run.budget_s}")
+    if run.chunk_size is not None and int(run.chunk_size) < 1:
+        raise ConfigError(f"chunk_size must be a positive integer; got {run.chunk_size}")
+    if audit is not None and not (0.0 <= float(audit) <= 1.0):
+        raise ConfigError(f"audit must be a rate in [0, 1]; got {audit}")
+    run.proposal, run.num_samples, run.num_warmup = proposal, num_samples, num_warmup
+    run.control_variates, run.audit = control_variates, audit
+
+# ---- the method: test, control variates, proposal, kernel ----------------------------------------
+
+
+def method(run, data, init):
+    model, notes = run.model, run.notes
+    run.init_given = init
+    test = run.test
+    run.data, n, init, run.stats, run.setup_items, run.stats_tap = prepare(
+        model, data, Exact() if run.auto_test else test, init, tap_stats=True)
+    control_variates = run.control_variates
+    for msg in getattr(model, "notes", None) or ():  # what the front end did to the model (e.g. recentred)
+        if isinstance(msg, str) and msg not in notes:
+            notes.append(msg)
+    if run.auto_test:
+        test, cv_auto, why = recommended(model, run.data, n, init)
+        test.check(n)
+        control_variates = cv_auto if control_variates is None else (control_variates or None)
+        notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
+                     f"test=tm.acceptance.Exact() is the oracle")
+    elif control_variates is False:
+        control_variates = None
+    run.is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
+    if control_variates is not None and getattr(test, "tracks_log_lik", False) \
+            and not (run.proposal is None or getattr(run.proposal, "needs_data", False)):
+        raise ConfigError("with the exact test, control variates serve only the Langevin proposal's gradient "
+                          "(the test reads all data); use proposal=tm.proposals.Langevin() or drop them")
+    if getattr(test, "batch_auto", False):
+        notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
+                     f"boundary keeps the error promise at any batch; where the items need more, it reads more)")
+    proposal = run.proposal
+    if proposal is None:
+        # with control variates the model is differentiable (their Taylor terms need its gradient and
+        # Hessian) and the minibatch gradient is nearly exact near the mode: preconditioned adaptive MALA
+        # gives 14-38x the ESS per step of adaptive Metropolis there (README, "Which proposal")
+        from ..proposals import Langevin
+
+        proposal = Langevin(batch_size=min(100, n)) if control_variates is not None else AdaptiveMetropolis()
+    run.flat0, run.unravel = ravel_pytree(init)
+    run.init_tree = init
+    # an approximate test without control variates on a model that could have them: said after the first
+    # chunk, with the fraction of the data it measured per step (see _warn_without_cv)
+    run.cv_advice = (not run.is_exact and control_variates is None and getattr(test, "name", "") in
+                      ("austerity", "confidence", "barker") and differentiable(model, run.data, n, init))
+    run.n, run.test, run.proposal, run.control_variates = n, test, proposal, control_variates
+    run.cv_order = control_variates.order if control_variates is not None else None
+    run.kernel = build_kernel(model, proposal, test, n, run.unravel, None, run.cv_order)
+    set_keys(run, run.flat0.dtype, run.flat0.shape[0])
+
+
+def method_of_program(run, data, init):
+    """An inference program (:class:`tallmh.Cycle` of blocks) as the kernel: its chains start from the
+    model's ``init(key, data)`` (or ``init=(values, aux)``) and record ``model.record`` (or every site)."""
+    from ..blocks.kernel import build_program_kernel
+
+    run.data = validate_data(data)
+    run.n = num_items(run.data)
+    run.setup_items = 0
+    run.init_given = init
+    run.kernel, run.init_states, run.unravel, run.init_tree, program = build_program_kernel(
+        run.program, run.model, run.data, run.n, init)
+    run.program = run.test = program
+    run.proposal = run.control_variates = run.cv_order = None
+    run.is_exact = not program.approximate_tests()  # (nothing to audit: every decision is exact)
+    run.constrain = None
+    run.empty_info = run.kernel.empty_info
+    flat, _ = ravel_pytree(run.init_tree)
+    set_keys(run, flat.dtype, flat.shape[0])
+
+
+def set_keys(run, dtype, d):
+    run.dtype, run.d = dtype, d
+    run.chain_keys, run.k_jit, run.k_audit = rng.run_keys(run.seed, run.num_chains)
+
+# ---- devices, resume, draws on disk ---------------------------------------------------------------
+
+
+def plan_devices(run, mesh):
+    if jax.default_backend() != "cpu":
+        # measured on an H200 (benchmarks/README.md, "On the H200 again"): a step of the default chain took
+        # about twice the 16-core host CPU's at N = 10^6 and about the same at 10^7; its small reads and loop
+        # tests are latency-bound there
+        msg = (f"the chain ran on the {jax.default_backend()} ({getattr(jax.devices()[0], 'device_kind', '?')}): "
+               "tallmh's MH steps are sequential small reads, latency-bound on an accelerator (on an H200 about "
+               "as fast as a 16-core CPU at N = 10^7, half as fast at 10^6); JAX_PLATFORMS=cpu runs them on the "
+               "CPU")
+        if msg not in run.notes:
+            run.notes.append(msg)
+    if mesh is None:
+        mesh = distributed.default_mesh(run.num_chains)
+    run.plan = distributed.plan_for(mesh, run.num_chains, run.n)
+    if run.program is not None and run.plan is not None and run.plan.rows > 1:
+        raise ConfigError("a program's blocks read items by index over the whole data: split its chains over "
+                          "devices (make_mesh(chains=k, rows=1)), not its rows")
+    if run.plan is not None and run.plan.rows > 1 and (getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None))):
+        raise ConfigError(f"the {getattr(run.test, 'name', type(run.test).__name__)} test brings its own kernel, "
+                          "which reads the data directly: row sharding (a mesh with rows > 1) is not supported "
+                          "for it")

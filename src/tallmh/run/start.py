@@ -1,0 +1,175 @@
+"""Stage 3, the set-up: the posterior mode, the Laplace covariance, the control variates and the chains' starts.
+
+In: a configured :class:`~.runstate.Run` (and, with ``early``, the chain compiling beside it). Out: the chains'
+start ``states`` (the kernel's init, vectorised over chains), ``setup_items`` counted, ``start_info`` (mode
+found, Laplace start, Newton's passes), the model's set-up statistics resolved, and ``num_warmup="auto"`` settled.
+The passes themselves are :mod:`tallmh.setup_passes`'.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import control_variates as cvm
+from .. import setup_passes as setup
+from ..storage import datasource as ds
+from ..storage.data import to_device
+from ..kernel import tracks_log_lik
+from ..proposals import AdaptiveMetropolis
+from ..console import first_line
+from . import configure, rng, threads
+
+
+INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
+
+
+def fixed_mask(model, unravel, flat0):
+    """The flat mask of the parameters a model asks the mode search to hold at its start (its attribute
+    ``mode_fixed``: keys of its parameter dict), or None."""
+    keys = getattr(model, "mode_fixed", None)
+    if not keys:
+        return None
+    pos = unravel(jnp.arange(flat0.shape[0]))
+    if not isinstance(pos, dict) or any(k not in pos for k in keys):
+        return None
+    mask = np.zeros(flat0.shape[0], bool)
+    for k in keys:
+        mask[np.asarray(pos[k]).astype(int).reshape(-1)] = True
+    return mask
+
+
+def start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
+                 key, dtype, notes):
+    """Mode, Laplace covariance, control-variate state and chain starts; returns a dict (passes counted)."""
+    out = {"center": None, "cov": None, "cv": None, "passes": 0, "extra_items": 0, "starts": None}
+    want_mode = init_given is None
+    center = None
+    sums = None
+    if want_mode:
+        try:
+            fixed = fixed_mask(model, unravel, flat0)
+            found = setup.mode_search(model, data, n, unravel, flat0,
+                                      control_variates.max_newton if control_variates is not None else 30,
+                                      tol=setup.centre_tol(flat0.shape[0]), fixed=fixed)
+            center = found.center
+            out["passes"] += found.passes
+            out["extra_items"] += found.warm_items
+            sums = cvm.state_at_mode(found)  # the search's last pass made them at the mode, unless it ended on a step
+            if sums is None:
+                sums = cvm.proxy_sums(model, data, n, unravel, center, 2)
+                out["passes"] += 1
+            out["sums"] = sums
+            out["cov"], laplace = setup.start_cov(model, unravel, sums)
+            if not laplace and fixed is not None:
+                notes.append("the mode search held " + ", ".join(model.mode_fixed) + " at the model's start "
+                             "(conditional mode of the rest); the Hessian there is not negative definite, so "
+                             "chains start dispersed by its positive part")
+            elif not laplace:
+                notes.append("the Hessian at the end of the mode search is not negative definite (no mode found): "
+                             + ("chains start dispersed by its positive part, not by the Laplace approximation"
+                                if out["cov"] is not None else "no Laplace start"))
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - a model Newton cannot handle: start at init
+            notes.append(f"posterior mode not found ({type(e).__name__}: {first_line(e, 120)}); "
+                         "chains start at the model's init")
+            center = None
+        if center is not None and not bool(np.all(np.isfinite(np.asarray(center)))):
+            notes.append("posterior mode search diverged; chains start at the model's init")
+            center, out["cov"] = None, None
+        out["center"] = center
+    if control_variates is not None:
+        if control_variates.center is None and center is not None:
+            if control_variates.order == 2 and sums is not None:
+                cv0 = sums
+            else:
+                cv0 = cvm.proxy_sums(model, data, n, unravel, center, control_variates.order)
+                out["passes"] += 1
+        else:
+            cv0, passes, extra = cvm.prepare(control_variates, model, data, n, unravel, flat0)
+            out["passes"] += passes
+            out["extra_items"] += extra
+        out["cv"] = cv0
+        if out["cov"] is None and control_variates.order == 2:
+            out["cov"] = setup.laplace_cov(model, unravel, cv0)
+        if init_given is None and center is None:
+            center = cv0.center
+    base = center if (init_given is None and center is not None) else flat0
+    # on the host: each eager device operation here compiled a program of its own (~0.5 s on a cold cache)
+    base_h = np.asarray(base)
+    starts = np.broadcast_to(base_h, (num_chains,) + base_h.shape)
+    if init_jitter is not None:
+        if init_jitter > 0:
+            starts = (starts + init_jitter * rng.start_normals(key, starts.shape)).astype(dtype)
+    elif init_given is None and out["cov"] is not None:
+        chol = np.linalg.cholesky(np.asarray(out["cov"], float))
+        z = rng.start_normals(key, starts.shape)
+        starts = (base_h.astype(float)[None, :] + INIT_SPREAD * z @ chol.T).astype(dtype)
+    starts = to_device(starts, dtype)
+    if num_chains > 1 and bool(np.all(np.asarray(starts) == np.asarray(starts)[0])):
+        notes.append("all chains started at the same point, so R-hat cannot detect chains that have not "
+                     "mixed (pass init_jitter > 0, or no init, to disperse them)")
+    out["starts"] = starts
+    return out
+
+
+def set_up(run, init_jitter, early=None):
+    """The chains' start states: for a program, its blocks' init from the model's; else the mode, the
+    Laplace covariance, the control variates (:func:`start_points`) and the kernel's init. With ``early``
+    (the chain compiling beside the set-up), the kernel's init is traced once the chain's trace is done:
+    two traces at once share one interpreter, and the chain's is the longer wait."""
+    if run.program is not None:
+        return run.init_states(jax.random.split(run.k_jit, run.num_chains))
+    model, data, n, test, proposal = run.model, run.data, run.n, run.test, run.proposal
+    try:
+        with ds.tapping(data, run.stats_tap):  # the model's statistics from the first full pass's blocks
+            st = threads.in_thread(lambda: start_points(model, data, n, run.unravel, run.flat0,
+                                                  run.control_variates, run.num_chains, run.init_given,
+                                                  init_jitter, run.k_jit, run.dtype, run.notes))
+    except ds.StatsFailed:
+        resolve_stats(run)  # raises the model's own error on the block it could not take
+        raise
+    run.setup_items += st["passes"] * n + st["extra_items"]
+    cv0 = st["cv"]
+    if cv0 is None and getattr(test, "wants_mode", False):  # informed sub-sampling's default statistic
+        cv0 = st.get("sums")
+    hint = st["cov"] if (isinstance(proposal, AdaptiveMetropolis) or getattr(proposal, "uses_cov_hint", False)) \
+        else None
+    run.start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
+                       "newton_passes": int(st["passes"])}
+    init_v = jax.jit(jax.vmap(run.kernel.init, in_axes=(0, None, None, None)))
+    if early is not None and "traced" in early:
+        while not early["traced"].wait(0.05) and early["thread"].is_alive():
+            pass  # (short waits: Ctrl-C stays responsive)
+    states = threads.wait(init_v(st["starts"], data, cv0, hint))
+    if tracks_log_lik(test, model):
+        run.setup_items += n * run.num_chains  # the exact test's initial full pass, one per chain
+    if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
+        run.setup_items += test.setup_items_of(states, n)
+    return states
+
+
+def resolve_stats(run):
+    """The model's set-up statistics over all rows where a :class:`~tallmh.storage.datasource.StatsTap` gathers
+    them (rows no set-up pass fed are streamed now, and counted in ``setup_items``)."""
+    tap = run.stats_tap
+    if tap is None:
+        return
+    run.stats = tap.result()
+    run.stats_tap = None
+    if tap.setup is not None:
+        run.setup_items += tap.n - tap.fed_rows
+
+
+def warmup_of_start(run):
+    """``num_warmup="auto"``: a short warmup where only a step size is left to tune (see AUTO_WARMUP_LAPLACE)."""
+    if not run.auto_warmup or run.program is not None:
+        return
+    p, si = run.proposal, run.start_info
+    if getattr(p, "uses_cov_hint", False) and getattr(p, "adapt", False) and si.get("mode_found") \
+            and si.get("laplace") and run.init_given is None:
+        run.num_warmup = configure.AUTO_WARMUP_LAPLACE
+        run.notes.append(f"num_warmup='auto': {configure.AUTO_WARMUP_LAPLACE} steps per chain (preconditioned Langevin "
+                          f"from the Laplace approximation at the mode tunes only its step size)")
