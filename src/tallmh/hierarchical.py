@@ -12,9 +12,11 @@ cycle of two kinds of block:
    model's ``log_conditional``; no data read);
 2. **the effects** (fixed effects, group effects, a family's own parameters: everything a row's likelihood
    reads): one subsampled MH step (:class:`tallmh.blocks.SubsampledMH`) with the default approximate test
-   (``Austerity(error=0.05)``) and Taylor control variates centred at the start, on a random walk whose
-   covariance is the inverse of the effects' negative log-posterior Hessian at the start (made on up to
-   ``PILOT_ROWS`` rows drawn at random; its diagonal alone above ``DENSE_MAX`` effects).
+   (``Austerity(error=0.05)``) and Taylor control variates centred at the start, proposed by Langevin (MALA
+   with the control variates' minibatch gradient, as the single-block default) preconditioned by the inverse
+   of the effects' negative log-posterior Hessian at the start (made on up to ``PILOT_ROWS`` rows drawn at
+   random), with the fixed step ``1.65^2 d^(-1/3)``; above ``DENSE_MAX`` effects a random walk with
+   per-effect sds from that Hessian's diagonal and no control variates (no d x d array anywhere).
 
 Which parameter goes where is found, not declared (:func:`split_sites`): a parameter is data-free when the
 model's per-row log-likelihood, evaluated on rows of the data, does not change when it moves and the others
@@ -46,7 +48,8 @@ from jax.flatten_util import ravel_pytree
 HYPER_STEPS = 10  # data-free MH steps on the hyperparameters per cycle
 PILOT_ROWS = 2**16  # rows (drawn at random) of the Hessian that sets the effects' proposal
 DENSE_MAX = 400  # above this many effects the proposal uses the Hessian's diagonal only
-CV_ORDER2_MAX = 400  # above this many effects the control variates are of order 1 (no d x d sums)
+CV_ORDER2_MAX = 400
+LANGEVIN = True  # above this many effects the control variates are of order 1 (no d x d sums)
 
 __all__ = ["split_sites", "centred_view", "BlockedModel", "auto_program", "effects_block"]
 
@@ -236,7 +239,7 @@ def effects_block(model: BlockedModel, data, n, test=None):
     effects, order 1 above; no recentring) and a random walk preconditioned by the effects' precision at the
     start (:func:`_effects_precision`), scaled by ``2.38 / sqrt(d)``. An exact subsampled test goes in ``test``."""
     from .acceptance import Austerity
-    from .blocks import SubsampledMH
+    from .blocks.subsampled import SubsampledMH
     from .control_variates import ControlVariates
     from .proposals import RandomWalk
 
@@ -260,9 +263,41 @@ def effects_block(model: BlockedModel, data, n, test=None):
     # control variates of order 2 keep d x d sums: above CV_ORDER2_MAX effects none (the block then reads more
     # rows per decision; per-group sums are the way to many groups)
     cv = ControlVariates(order=2, center=np.asarray(e0), recenter=False) if d <= CV_ORDER2_MAX else None
+    if dense and LANGEVIN:
+        # MALA preconditioned by the Laplace covariance, its step h = 1.65^2 d^(-1/3) (Roberts & Rosenthal 1998)
+        prop = _PreconditionedLangevin(cov / c, 1.65 ** 2 * d ** (-1.0 / 3.0), min(100, n))
+    else:
+        prop = RandomWalk(scale) if dense else DiagonalRandomWalk(scale)
     block = SubsampledMH("effects", test=Austerity(error=0.05) if test is None else test,
-                         proposal=RandomWalk(scale) if dense else DiagonalRandomWalk(scale), control_variates=cv)
+                         proposal=prop, control_variates=cv)
     return block, sd
+
+
+class _PreconditionedLangevin:
+    """:class:`~tallmh.proposals.Langevin` (MALA with the control variates' minibatch gradient) started with the
+    preconditioner ``cov`` (the effects' Laplace covariance at the start) and a fixed step size (a block's
+    proposal does not adapt)."""
+
+    needs_data = True
+    uses_cov_hint = True
+
+    def __init__(self, cov, step_size, batch_size):
+        from .proposals import Langevin
+
+        self.inner = Langevin(step_size=float(step_size), batch_size=int(batch_size), precondition=True, adapt=False)
+        self.cov = np.asarray(cov)
+        self.name = "langevin"
+
+    def __getattr__(self, k):
+        if k in ("inner", "cov"):
+            raise AttributeError(k)
+        return getattr(self.inner, k)
+
+    def init(self, theta, n: int, cov_hint=None):
+        return self.inner.init(theta, n, cov_hint=jnp.asarray(self.cov, theta.dtype))
+
+    def propose_with_data(self, key, theta, state, grad_fn, n: int):
+        return self.inner.propose_with_data(key, theta, state, grad_fn, n)
 
 
 class DiagonalRandomWalk:
@@ -287,7 +322,8 @@ class DiagonalRandomWalk:
 def auto_program(model, data):
     """``(BlockedModel, program, note)`` for a model with data-free hyperparameters and effects (see the module),
     or None for any other (or one that cannot be blocked: a model without a dict parameter or a gradient)."""
-    from .blocks import MH, Cycle, Repeat
+    from .blocks.cycle import Cycle, Repeat
+    from .blocks.mh import MH
     from .model import Model
     from .proposals import RandomWalk
 
@@ -320,8 +356,17 @@ def auto_program(model, data):
     program = Cycle([hblock, eblock])
     note = (f"automatic blocks (group-level model): the data-free parameters {hyper} by exact MH ({HYPER_STEPS} "
             f"steps per cycle, no data read; {how}), then the {n_eff} effects {_short(effects)} by one subsampled "
-            f"MH step ({eblock.label}; random walk preconditioned at the start); program=... replaces it")
+            f"MH step ({eblock.label}; {_proposal_words(eblock.proposal)}); program=... replaces it")
     return bm, program, note
+
+
+def _proposal_words(p) -> str:
+    if isinstance(p, _PreconditionedLangevin):
+        return (f"Langevin proposal with the control variates' gradient on {p.inner.batch_size} rows, preconditioned "
+                f"by the effects' Laplace covariance at the start, step {p.inner.step_size:.3g}")
+    if isinstance(p, DiagonalRandomWalk):
+        return "random walk with per-effect sds from the Hessian's diagonal at the start"
+    return "random walk preconditioned by the effects' Laplace covariance at the start"
 
 
 def _short(keys, most=6):
