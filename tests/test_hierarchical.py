@@ -179,3 +179,19 @@ def test_a_coefficient_read_by_few_rows_is_not_data_free():
     model, data = tm.from_pymc(m)
     hyper, effects, _ = hierarchical.split_sites(model, data)
     assert hyper == ["s_log__"] and "c" in effects
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
+def test_automatic_program_resumes_bit_for_bit(tmp_path):
+    from tests.test_pymc import bambi_style_groups
+
+    m, g, y, n_j = bambi_style_groups(n_j=(300,) * 5 + (10,))
+    model, data = tm.from_pymc(m)
+    full = tm.sample(model, data, seed=0, progress=False, num_samples=200, num_warmup=100)
+    part = tm.sample(model, data, seed=0, progress=False, num_samples=100, num_warmup=100)
+    part.save(str(tmp_path / "part.npz"))
+    model2, data2 = tm.from_pymc(m)
+    res = tm.sample(model2, data2, seed=0, progress=False, num_samples=200, num_warmup=100,
+                    resume=tm.load_result(str(tmp_path / "part.npz")))
+    assert np.array_equal(res.flat_samples, full.flat_samples)

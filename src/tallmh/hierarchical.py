@@ -376,6 +376,12 @@ def _short(keys, most=6):
 def default_program(model, data, test, proposal, control_variates, program, resume):
     """The runner's hook: ``(model, program, note)`` to run instead of ``model`` when nothing about the method was
     chosen and the model has group-level structure (:func:`auto_program`); else ``(model, program, None)``."""
+    if resume is not None and program is None and test is None and resume.resume_info.get("program") \
+            and not callable(getattr(model, "site_log_prior", None)):
+        # resuming a run of the automatic program on the model it was built from: the same blocked model again
+        # (its construction is deterministic); the program itself comes from the checkpoint
+        got = auto_program(model, data)
+        return (got[0], None, None) if got is not None else (model, program, None)
     if any(x is not None for x in (test, proposal, control_variates, program, resume)):
         return model, program, None
     got = auto_program(model, data)

@@ -124,9 +124,9 @@ def _wilson(k: int, m: int, z: float = 1.96):
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def _param_names(unravel, d):
-    """Names of the flat coordinates, like ``theta[0]`` or ``w[1, 2]``."""
-    return _tree_names(jax.eval_shape(unravel, jax.ShapeDtypeStruct((d,), np.float32)))  # (shapes only)
+def _param_names(unravel, d, coords=None):
+    """Names of the flat coordinates, like ``theta[0]`` or ``w[1, 2]`` (or ``a[g000]`` with ``coords``)."""
+    return _tree_names(jax.eval_shape(unravel, jax.ShapeDtypeStruct((d,), np.float32)), coords)  # (shapes only)
 
 
 def _tree_names(template, coords=None):
@@ -306,7 +306,7 @@ class Result:
     @property
     def param_names(self):
         if self._names is None:
-            self._names = _param_names(self.unravel, self.flat_samples.shape[-1])
+            self._names = _param_names(self.unravel, self.flat_samples.shape[-1], self.coords)
         return self._names
 
     @property
