@@ -12,7 +12,8 @@ cycle of two kinds of block:
    model's ``log_conditional``; no data read);
 2. **the effects** (fixed effects, group effects, a family's own parameters: everything a row's likelihood
    reads): one subsampled MH step (:class:`tallmh.blocks.SubsampledMH`) with the default approximate test
-   (``Austerity(error=0.05)``) and Taylor control variates centred at the start, proposed by Langevin (MALA
+   (``Austerity(error=0.05)``; ``Exact()`` up to ``EXACT_BELOW`` rows, where a subsample would not read fewer)
+   and Taylor control variates centred at the effects' conditional mode, proposed by Langevin (MALA
    with the control variates' minibatch gradient, as the single-block default) preconditioned by the inverse
    of the effects' negative log-posterior Hessian at the start (made on up to ``PILOT_ROWS`` rows drawn at
    random), with the fixed step ``1.65^2 d^(-1/3)``; above ``DENSE_MAX`` effects a random walk with
@@ -48,8 +49,9 @@ from jax.flatten_util import ravel_pytree
 HYPER_STEPS = 10  # data-free MH steps on the hyperparameters per cycle
 PILOT_ROWS = 2**16  # rows (drawn at random) of the Hessian that sets the effects' proposal
 DENSE_MAX = 400  # above this many effects the proposal uses the Hessian's diagonal only
-CV_ORDER2_MAX = 400
-LANGEVIN = True  # above this many effects the control variates are of order 1 (no d x d sums)
+CV_ORDER2_MAX = 400  # above this many effects no control variates (their sums are effects x effects)
+LANGEVIN = True
+EXACT_BELOW = 1000  # rows: up to this many the effects block decides exactly (a subsample would not read fewer)
 
 __all__ = ["split_sites", "centred_view", "BlockedModel", "auto_program", "effects_block"]
 
@@ -268,8 +270,12 @@ def effects_block(model: BlockedModel, data, n, test=None):
         prop = _PreconditionedLangevin(cov / c, 1.65 ** 2 * d ** (-1.0 / 3.0), min(100, n))
     else:
         prop = RandomWalk(scale) if dense else DiagonalRandomWalk(scale)
-    block = SubsampledMH("effects", test=Austerity(error=0.05) if test is None else test,
-                         proposal=prop, control_variates=cv)
+    if test is None:
+        # below EXACT_BELOW rows a subsample saves nothing (a look reads 100 rows, the Langevin gradient 100 more)
+        from .acceptance import Exact
+
+        test = Exact() if n <= EXACT_BELOW else Austerity(error=0.05)
+    block = SubsampledMH("effects", test=test, proposal=prop, control_variates=cv)
     return block, sd
 
 
@@ -319,11 +325,40 @@ class DiagonalRandomWalk:
         return state
 
 
+def _conditional_start(model, data, n, start, hyper, rounds=3):
+    """The start moved to the effects' conditional mode given the hyperparameters (``rounds=1``), or then also the
+    hyperparameters' given the effects and the effects' again (``rounds=3``): damped Newton on all N rows
+    (streamed passes), not to the joint mode (a centred group scale's joint mode is the spike at 0). Kept as it
+    was above ``DENSE_MAX`` parameters (the Newton step is dense) or if a step fails."""
+    from . import setup_passes as setup
+
+    flat, unravel = ravel_pytree({k: jnp.asarray(v) for k, v in start.items()})
+    d = int(flat.shape[0])
+    if d > DENSE_MAX:
+        return start
+    pos = unravel(jnp.arange(d))
+    is_h = np.zeros(d, bool)
+    for k in hyper:
+        is_h[np.asarray(pos[k]).astype(int).reshape(-1)] = True
+    full = jax.tree_util.tree_map(jnp.asarray, data)
+    th = flat
+    try:
+        for fixed in (is_h, ~is_h, is_h)[:rounds]:
+            new, _, _ = setup._newton(model, full, n, unravel, th, 30, 1e-6, label="start", fixed=fixed)
+            if not np.all(np.isfinite(np.asarray(new))):
+                return start
+            th = new
+    except Exception:  # noqa: BLE001 - e.g. no finite Hessian: keep the model's start
+        return start
+    return {k: np.asarray(v, start[k].dtype) for k, v in unravel(th).items()}
+
+
 def auto_program(model, data):
     """``(BlockedModel, program, note)`` for a model with data-free hyperparameters and effects (see the module),
     or None for any other (or one that cannot be blocked: a model without a dict parameter or a gradient)."""
     from .blocks.cycle import Cycle, Repeat
     from .blocks.mh import MH
+    from .frontends.pymc_model import RecentredPyMCModel
     from .model import Model
     from .proposals import RandomWalk
 
@@ -341,6 +376,9 @@ def auto_program(model, data):
         return None
     n = int(jax.tree_util.tree_leaves(data)[0].shape[0])
     start = {k: np.asarray(v) for k, v in start.items()}
+    # the control variates' centre and the chains' start: the effects' mode given the hyperparameters on all rows
+    # (a recentred Bambi model's hyperparameters start at its pilot fit's estimate, kept)
+    start = _conditional_start(cm, data, n, start, hyper, rounds=1 if isinstance(cm, RecentredPyMCModel) else 3)
     bm0 = BlockedModel(cm, hyper, effects, start, {"hyper": 0.0, "effects": 0.0})
     try:
         eblock, sd_e = effects_block(bm0, data, n)
