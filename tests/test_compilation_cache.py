@@ -54,7 +54,7 @@ elif mode.startswith("numpy-at-"):
 else:
     f = jax.jit(lambda x: jax.numpy.sin(x) * 3.0 + x.sum())
     jax.block_until_ready(f(jax.numpy.arange(7.0)))
-from tallmh import _exec_cache
+from tallmh.run import _exec_cache
 print("CACHE-JSON " + json.dumps({"dir": tm.compilation_cache_dir(), "loaded": _exec_cache.LOADED,
                                   "hits": events["/jax/compilation_cache/cache_hits"],
                                   "misses": events["/jax/compilation_cache/cache_misses"]}))

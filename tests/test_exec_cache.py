@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 import tallmh as tm
-from tallmh.run import _exec_cache, programs, start, threads
+from tallmh.run import _exec_cache, programs, start as run_start, threads
 
 
 def _run(**kw):
@@ -227,14 +227,14 @@ def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):
             events.append(threading.current_thread().name)
             return super().log_prior(theta)
 
-    real = start.set_up
+    real = run_start.set_up
 
     def set_up(self, init_jitter, early=None):
         events.append("set-up")
         assert early is not None  # (the chain compiles beside the set-up)
         return real(self, init_jitter, early)
 
-    monkeypatch.setattr(start, "set_up", set_up)
+    monkeypatch.setattr(run_start, "set_up", set_up)
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     programs.RUNNERS.clear()
     data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
@@ -249,7 +249,7 @@ _LAPACK_CHILD = r"""
 import sys
 import jax, jax.numpy as jnp, numpy as np
 import tallmh as tm
-from tallmh import _exec_cache
+from tallmh.run import _exec_cache
 tm.set_compilation_cache(sys.argv[1])
 a = np.array([[4.0, 2.0], [2.0, 3.0]], np.float32)
 key = _exec_cache.program_key("a program with a Cholesky factor", 1)

@@ -13,6 +13,7 @@ pytest.importorskip("formulaic", reason="formulaic is not installed (pip install
 import jax.numpy as jnp  # noqa: E402
 
 import tallmh.frontends.design_cache as dc  # noqa: E402
+import tallmh.frontends.tables as tables  # noqa: E402
 from tallmh.frontends.design import load_design  # noqa: E402
 from tallmh.errors import DataError  # noqa: E402
 from tallmh.frontends.formula import NegativeBinomialRegression  # noqa: E402
@@ -46,14 +47,14 @@ def blocks(monkeypatch, tmp_path):
     monkeypatch.setenv("TALLMH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(dc, "BLOCK_BYTES", 8 * 4 * 256)  # 256 rows per block (4 columns)
     seen = []
-    real = dc.table_frames
+    real = tables.table_frames
 
     def count(*a, **k):
         for f in real(*a, **k):
             seen.append((tuple(f.columns), len(f)))
             yield f
 
-    monkeypatch.setattr(dc, "table_frames", count)
+    monkeypatch.setattr(tables, "table_frames", count)
     return seen
 
 

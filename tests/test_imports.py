@@ -1,6 +1,7 @@
 """The package's import structure: no circles among imports (inside functions too), no private names across modules."""
 
 import ast
+import importlib.util
 import os
 
 import tallmh
@@ -49,29 +50,18 @@ def _imports(top_level_only):
     return names, out
 
 
-def _cycles(top_level_only):
-    names, deps = _imports(top_level_only)
-    graph = {m: {d for d, _ in ds if d in names and d != m} for m, ds in deps.items()}
-    # a package's own __init__ importing its submodules is how packages work: not an edge back up
-    for m in graph:
-        graph[m] = {d for d in graph[m] if not m.startswith(d + ".")}
-    seen, stack, cycles = set(), [], []
+def _code_size():
+    """``scripts/code_size.py`` (the graph and the circle walk CI prints), loaded from the checkout."""
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "code_size.py")
+    spec = importlib.util.spec_from_file_location("code_size", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
-    def visit(m):
-        if m in stack:
-            cycles.append(stack[stack.index(m):] + [m])
-            return
-        if m in seen:
-            return
-        seen.add(m)
-        stack.append(m)
-        for d in sorted(graph[m]):
-            visit(d)
-        stack.pop()
 
-    for m in sorted(graph):
-        visit(m)
-    return cycles
+def _cycles(top_level_only, root=SRC):
+    cs = _code_size()
+    return cs.cycles(cs.import_graph(root, top_level_only))
 
 
 def test_no_import_circles_at_module_level():
@@ -101,3 +91,21 @@ def test_negative_control_a_circle_is_found(tmp_path):
     a = ast.parse("from .b import f\n")
     node = a.body[0]
     assert _resolve("tallmh.a", False, node) == "tallmh.b"
+
+
+def test_negative_control_a_circle_inside_functions_is_found(tmp_path):
+    """A circle closed by an import inside a function: found when such imports count, not at module level."""
+    pkg = tmp_path / "tallmh"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import g\n")
+    (pkg / "b.py").write_text("def g():\n    from .a import f\n    return f\n")
+    assert _cycles(False, str(pkg)) == [["tallmh.a", "tallmh.b", "tallmh.a"]]
+    assert _cycles(True, str(pkg)) == []
+
+
+def test_the_code_is_within_its_size_limits():
+    """No module over 600 lines of code, class over 250, function over 80 (scripts/code_size.py)."""
+    cs = _code_size()
+    over = [(k, name, n) for k, name, n in cs.measure(SRC) if n > cs.LIMITS[k]]
+    assert not over, over

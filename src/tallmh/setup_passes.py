@@ -630,6 +630,31 @@ def _newton_step(g, h, keep=None):
     return step, float(gn @ step), concave
 
 
+def _line_search(full_diff, t0, step, decrement, t):
+    """Halve ``t`` from the given value until ``t0 + t * step`` does not lower the log posterior (``full_diff(t0,
+    cand)``: the log posterior's difference by full passes); ``(theta, passes, stop)``: ``stop`` when Newton can
+    make no further progress."""
+    used = 0
+    for _ in range(30):
+        # on the host: eager device arithmetic would compile a program per operation and shape
+        th_h = np.asarray(t0)
+        cand_h = th_h + (t * step).astype(th_h.dtype)
+        cand = to_device(cand_h)
+        dv = full_diff(t0, cand)
+        used += 1
+        # accept a step that does not lower the log posterior beyond float rounding of the difference
+        if np.isfinite(dv) and dv >= -1e-6 * max(1.0, decrement):
+            # a step below the float resolution of theta: Newton cannot move it any more
+            return cand, used, bool(np.array_equal(cand_h, th_h))
+        if t == 1.0 and decrement < _DECREMENT_FLOOR:
+            # the full Newton step predicts a gain of decrement/2 < 5e-4, and the computed difference
+            # says it loses: that is the float rounding of the difference, not a worse point. theta is
+            # within sqrt(decrement) < 0.032 posterior sd (Laplace metric) of the mode: stop here.
+            return t0, used, True
+        t *= 0.5
+    return t0, used, True
+
+
 def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None, h_hint=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
@@ -676,29 +701,6 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
             lik += float(hi) + float(lo)
         return dv + scale * lik
 
-    def line_search(t0, step, decrement, t):
-        """Halve ``t`` from the given value until ``t0 + t * step`` does not lower the log posterior;
-        ``(theta, passes, stop)``: ``stop`` when Newton can make no further progress."""
-        used = 0
-        for _ in range(30):
-            # on the host: eager device arithmetic would compile a program per operation and shape
-            th_h = np.asarray(t0)
-            cand_h = th_h + (t * step).astype(th_h.dtype)
-            cand = to_device(cand_h)
-            dv = full_diff(t0, cand)
-            used += 1
-            # accept a step that does not lower the log posterior beyond float rounding of the difference
-            if np.isfinite(dv) and dv >= -1e-6 * max(1.0, decrement):
-                # a step below the float resolution of theta: Newton cannot move it any more
-                return cand, used, bool(np.array_equal(cand_h, th_h))
-            if t == 1.0 and decrement < _DECREMENT_FLOOR:
-                # the full Newton step predicts a gain of decrement/2 < 5e-4, and the computed difference
-                # says it loses: that is the float rounding of the difference, not a worse point. theta is
-                # within sqrt(decrement) < 0.032 posterior sd (Laplace metric) of the mode: stop here.
-                return t0, used, True
-            t *= 0.5
-        return t0, used, True
-
     passes = 0
     last = None
     hint = None if (h_hint is None or host is not None) else np.asarray(h_hint, np.float64)
@@ -722,7 +724,7 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
                                        else concave and decrement < dec0)
             if not kept:
                 # the unchecked full step lost: search along it from where it started, as a checked step
-                th, used, stop = line_search(t0, step0, dec0, 0.5)
+                th, used, stop = _line_search(full_diff, t0, step0, dec0, 0.5)
                 passes += used
                 if stop:
                     break
@@ -744,7 +746,7 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
             th_h = np.asarray(th)
             th = to_device(th_h + step.astype(th_h.dtype))
             continue
-        th, used, stop = line_search(th, step, decrement, 1.0)
+        th, used, stop = _line_search(full_diff, th, step, decrement, 1.0)
         passes += used
         if stop:
             break

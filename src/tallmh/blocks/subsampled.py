@@ -68,6 +68,87 @@ class _SiteProblem:
         return self.log_lik(value_p, idx) - self.log_lik(value, idx)
 
 
+def _check_cv(self, model, values, aux, data, n, program):  # (SubsampledMH's, out of the class)
+    """One-line refusals of what the control variates cannot keep exact (see the class docstring)."""
+    lab = self.label
+    v = values[self.site]
+    if not all(jnp.issubdtype(a.dtype, jnp.floating) for a in jax.tree_util.tree_leaves(v)):
+        raise ConfigError(f"{lab}: control variates need a real-valued site; {self.site!r} is "
+                          f"{getattr(v, 'dtype', type(v).__name__)}")
+    has_local = getattr(model, "has_local_sections", None)
+    if callable(has_local) and not has_local(self.site):
+        raise ConfigError(f"{lab}: no item's density depends on {self.site!r}; control variates have nothing "
+                          "to expand (use MH)")
+    m = int(min(n, 2))
+    probe_idx = jnp.arange(m, dtype=jnp.int32)
+    rows = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((m,) + tuple(a.shape[1:]), a.dtype), data)
+    others = {k: jax.ShapeDtypeStruct(jnp.shape(x), jnp.asarray(x).dtype) for k, x in values.items()
+              if k != self.site}
+    aux_s = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.asarray(x).dtype), aux)
+    site_s = jax.ShapeDtypeStruct(jnp.shape(v), v.dtype)
+    row_v = v[0] if self.group_by is not None else v
+    full = bool(getattr(model, "wants_full_site", False)) and self.group_by is not None
+
+    def dens(args):
+        o, a, rw, sv = args
+        val = sv if (full or self.group_by is None) else sv[0]
+        return model.local_log_density(self.site, val, {**o, self.site: sv}, a, rw, probe_idx)
+
+    try:
+        out = jax.eval_shape(dens, (others, aux_s, rows, site_s))
+    except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
+        raise ConfigError(f"{lab}: the local density cannot be evaluated on a sub-batch: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    if tuple(out.shape) != (m,):
+        raise ConfigError(f"{lab}: control variates need one local density per item; local_log_density gave "
+                          f"shape {tuple(out.shape)} for {m} items")
+    order = self.control_variates.order
+
+    def terms(args):  # what the sums are made of: the items' gradients (and Hessians) in the site
+        o, a, rw, sv = args
+
+        def total(x):
+            return jnp.sum(dens((o, a, rw, x)))
+
+        g = jax.grad(total)(sv)
+        return (g, jax.jacfwd(jax.grad(total))(sv)) if order == 2 else g
+
+    try:
+        read, tree = _inputs_read(terms, (others, aux_s, rows, site_s))
+    except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
+        raise ConfigError(f"{lab}: control variates need a local density JAX can differentiate "
+                          f"{'twice' if order == 2 else 'once'} in {self.site!r}: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    read = jax.tree_util.tree_unflatten(tree, read)
+    updated = program.updated_sites(exclude=self) if program is not None else set()
+    stale = sorted(k for k in others if k != self.group_by and k in updated
+                   and any(jax.tree_util.tree_leaves(read[0][k])))
+    if stale:
+        raise ConfigError(f"{lab}: control variates need the items' gradients in {self.site!r} to read no site "
+                          f"another block updates, but they read {', '.join(map(repr, stale))}: their sums "
+                          "would go stale at every step")
+    from .mh import MH
+
+    aux_movers = [b for b in (program.blocks if program is not None else ())
+                  if not isinstance(getattr(b, "block", b), (SubsampledMH, MH))]  # (these leave aux as it is)
+    if aux_movers and any(jax.tree_util.tree_leaves(read[1])):
+        raise ConfigError(f"{lab}: control variates need the items' gradients not to read the model's aux, "
+                          f"which {aux_movers[0].label} may change: their sums would go stale")
+    flat = ravel_pytree(row_v)[0]
+    f = self._item_fn(model, values, aux)
+    row1 = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape[1:]), a.dtype), data)
+    lab0 = jnp.zeros((), jnp.int32)
+    try:
+        if self.control_variates.order == 2:
+            jax.eval_shape(lambda r, rw: jax.jacfwd(jax.grad(f))(r, lab0, rw), flat, row1)
+        else:
+            jax.eval_shape(lambda r, rw: jax.grad(f)(r, lab0, rw), flat, row1)
+    except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
+        raise ConfigError(f"{lab}: control variates need a local density JAX can differentiate "
+                          f"{'twice' if self.control_variates.order == 2 else 'once'} in {self.site!r}: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
 @dataclass(frozen=True)
 class SubsampledMH:
     """MH on a global site, accepted by an acceptance test over its local sections (paper Alg. 2-3).
@@ -179,7 +260,7 @@ class SubsampledMH:
         pstate = self.proposal.init(flat, n)
         if self.control_variates is None:
             return pstate
-        self._check_cv(model, values, aux, data, n, program)
+        _check_cv(self, model, values, aux, data, n, program)
         centers = self._centers0(values, flat.dtype)
         g, h = self._full_sums(model, values, aux, data, n, centers)
         # (the journal starts empty: its move count is 0 when these sums are made)
@@ -311,86 +392,6 @@ class SubsampledMH:
         if self.group_by is None:
             return ravel_pytree(v)[0].astype(dtype)[None]
         return jax.vmap(lambda r: ravel_pytree(r)[0])(v).astype(dtype)
-
-    def _check_cv(self, model, values, aux, data, n, program):
-        """One-line refusals of what the control variates cannot keep exact (see the class docstring)."""
-        lab = self.label
-        v = values[self.site]
-        if not all(jnp.issubdtype(a.dtype, jnp.floating) for a in jax.tree_util.tree_leaves(v)):
-            raise ConfigError(f"{lab}: control variates need a real-valued site; {self.site!r} is "
-                              f"{getattr(v, 'dtype', type(v).__name__)}")
-        has_local = getattr(model, "has_local_sections", None)
-        if callable(has_local) and not has_local(self.site):
-            raise ConfigError(f"{lab}: no item's density depends on {self.site!r}; control variates have nothing "
-                              "to expand (use MH)")
-        m = int(min(n, 2))
-        probe_idx = jnp.arange(m, dtype=jnp.int32)
-        rows = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((m,) + tuple(a.shape[1:]), a.dtype), data)
-        others = {k: jax.ShapeDtypeStruct(jnp.shape(x), jnp.asarray(x).dtype) for k, x in values.items()
-                  if k != self.site}
-        aux_s = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.asarray(x).dtype), aux)
-        site_s = jax.ShapeDtypeStruct(jnp.shape(v), v.dtype)
-        row_v = v[0] if self.group_by is not None else v
-        full = bool(getattr(model, "wants_full_site", False)) and self.group_by is not None
-
-        def dens(args):
-            o, a, rw, sv = args
-            val = sv if (full or self.group_by is None) else sv[0]
-            return model.local_log_density(self.site, val, {**o, self.site: sv}, a, rw, probe_idx)
-
-        try:
-            out = jax.eval_shape(dens, (others, aux_s, rows, site_s))
-        except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
-            raise ConfigError(f"{lab}: the local density cannot be evaluated on a sub-batch: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-        if tuple(out.shape) != (m,):
-            raise ConfigError(f"{lab}: control variates need one local density per item; local_log_density gave "
-                              f"shape {tuple(out.shape)} for {m} items")
-        order = self.control_variates.order
-
-        def terms(args):  # what the sums are made of: the items' gradients (and Hessians) in the site
-            o, a, rw, sv = args
-
-            def total(x):
-                return jnp.sum(dens((o, a, rw, x)))
-
-            g = jax.grad(total)(sv)
-            return (g, jax.jacfwd(jax.grad(total))(sv)) if order == 2 else g
-
-        try:
-            read, tree = _inputs_read(terms, (others, aux_s, rows, site_s))
-        except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
-            raise ConfigError(f"{lab}: control variates need a local density JAX can differentiate "
-                              f"{'twice' if order == 2 else 'once'} in {self.site!r}: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-        read = jax.tree_util.tree_unflatten(tree, read)
-        updated = program.updated_sites(exclude=self) if program is not None else set()
-        stale = sorted(k for k in others if k != self.group_by and k in updated
-                       and any(jax.tree_util.tree_leaves(read[0][k])))
-        if stale:
-            raise ConfigError(f"{lab}: control variates need the items' gradients in {self.site!r} to read no site "
-                              f"another block updates, but they read {', '.join(map(repr, stale))}: their sums "
-                              "would go stale at every step")
-        from .mh import MH
-
-        aux_movers = [b for b in (program.blocks if program is not None else ())
-                      if not isinstance(getattr(b, "block", b), (SubsampledMH, MH))]  # (these leave aux as it is)
-        if aux_movers and any(jax.tree_util.tree_leaves(read[1])):
-            raise ConfigError(f"{lab}: control variates need the items' gradients not to read the model's aux, "
-                              f"which {aux_movers[0].label} may change: their sums would go stale")
-        flat = ravel_pytree(row_v)[0]
-        f = self._item_fn(model, values, aux)
-        row1 = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((1,) + tuple(a.shape[1:]), a.dtype), data)
-        lab0 = jnp.zeros((), jnp.int32)
-        try:
-            if self.control_variates.order == 2:
-                jax.eval_shape(lambda r, rw: jax.jacfwd(jax.grad(f))(r, lab0, rw), flat, row1)
-            else:
-                jax.eval_shape(lambda r, rw: jax.grad(f)(r, lab0, rw), flat, row1)
-        except Exception as e:  # noqa: BLE001 - re-raised as a one-line refusal
-            raise ConfigError(f"{lab}: control variates need a local density JAX can differentiate "
-                              f"{'twice' if self.control_variates.order == 2 else 'once'} in {self.site!r}: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
     audits = True  # its decisions can be audited against the exact test (``step(..., audit=True)``)
 

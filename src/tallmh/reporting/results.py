@@ -549,25 +549,7 @@ class Result:
         """
         from ..storage import checkpoint
 
-        d = self.flat_samples.shape[-1]
-        template = jax.tree_util.tree_map(np.asarray, self.unravel(np.zeros(d, self.flat_samples.dtype)))
-        payload = {
-            "flat_samples": self.flat_samples, "stats": self.stats, "flat_warmup": self.flat_warmup,
-            "warmup_stats": self.warmup_stats, "template": template, "n": int(self.n), "method": self.method,
-            "test": self.test, "proposal": self.proposal, "timings": {k: float(v) for k, v in self.timings.items()},
-            "setup_items": int(self.setup_items), "partial": bool(self.partial),
-            "final_state": self.final_state, "notes": list(self.notes),
-            "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
-            "coords": _plain_coords(self.coords),
-        }
-        streamed = isinstance(self.flat_samples, np.memmap) or isinstance(self.flat_warmup, np.memmap)
-        if self.stored_output is not None or (self.constrain is not None and not streamed):
-            # the named, constrained draws (the model's ``constrain`` itself cannot be stored)
-            payload["output"] = {"sampling": _plain_tree(self.samples), "warmup": _plain_tree(self.warmup_samples)}
-        elif self.constrain is not None:
-            # draws streamed to disk stay out of memory and out of the checkpoint: the loaded run names its
-            # coordinates as what they are (unconstrained) rather than by the constrained sites' names
-            payload["unconstrained_names"] = True
+        payload = _payload(self)
         return checkpoint.write(os.fspath(path), payload)
 
     def to_arviz(self):
@@ -577,56 +559,7 @@ class Result:
         ``sample_stats`` has ``is_accepted`` (bool), ``acceptance_rate`` (1.0 or 0.0: the realised
         decision; the approximate tests give no acceptance probability), ``n_data`` and ``data_fraction``.
         """
-        from .diagnostics import idata_from_dict, label_dim
-
-        samples = self.samples
-        if isinstance(samples, dict):
-            post = {str(k): np.asarray(v) for k, v in samples.items()}
-        else:
-            leaves = jax.tree_util.tree_leaves(samples)
-            post = {"theta": np.asarray(leaves[0])} if len(leaves) == 1 else {
-                f"theta_{i}": np.asarray(v) for i, v in enumerate(leaves)}
-
-        def stats_dict(st):
-            return {
-                "is_accepted": st["accepted"].astype(bool),
-                "acceptance_rate": st["accepted"].astype(float),
-                "n_data": st["n_data"].astype(np.int64),
-                "data_fraction": st["n_data"].astype(float) / self.n,
-                "rounds": st["rounds"].astype(np.int64),
-                **({"nonfinite_items": st["nonfinite"].astype(np.int64)} if "nonfinite" in st else {}),
-                **({"excess_error": st["excess_error"].astype(float)} if "excess_error" in st else {}),
-                **({"audited": st["audited"].astype(bool), "audit_exact": st["audit_exact"].astype(bool),
-                    "audit_items": st["audit_items"].astype(np.int64)} if "audited" in st else {}),
-            }
-
-        warm = self.warmup_samples
-        if isinstance(warm, dict):
-            wpost = {str(k): np.asarray(v) for k, v in warm.items()}
-        else:
-            leaves = jax.tree_util.tree_leaves(warm)
-            wpost = {"theta": np.asarray(leaves[0])} if len(leaves) == 1 else {
-                f"theta_{i}": np.asarray(v) for i, v in enumerate(leaves)}
-        groups = {"posterior": post, "sample_stats": stats_dict(self.stats)}
-        if self.flat_warmup.shape[1] > 0:
-            groups.update(warmup_posterior=wpost, warmup_sample_stats=stats_dict(self.warmup_stats))
-        attrs = {
-            "inference_library": "tallmh",
-            "method": self.method,
-            "N": int(self.n),
-            "partial": int(self.partial),
-            "setup_items": int(self.setup_items),
-            **{k: float(v) for k, v in self.timings.items()},
-            "label": self.label,
-            "verdict": self.verdict,
-        }
-        idata = idata_from_dict(groups, attrs=attrs, save_warmup=self.flat_warmup.shape[1] > 0)
-        for site, axes in (self.coords or {}).items():  # the entries' labels (e.g. a group term's levels)
-            shape = np.shape(post.get(site, ()))[2:]
-            for a, labels in enumerate(axes):
-                if labels is not None and a < len(shape) and len(labels) == shape[a]:
-                    idata = label_dim(idata, f"{site}_dim_{a}", f"{site}_dim_{a}", [str(v) for v in labels])
-        return idata
+        return _to_arviz(self)
 
 
 def _plain_coords(coords):
@@ -668,6 +601,91 @@ def error_target(test) -> Optional[float]:
     if name == "barker":
         return float(test.delta)
     return None
+
+
+def _payload(self) -> dict:
+    """What :meth:`Result.save` writes: the run's parts as plain arrays, trees and settings."""
+    d = self.flat_samples.shape[-1]
+    template = jax.tree_util.tree_map(np.asarray, self.unravel(np.zeros(d, self.flat_samples.dtype)))
+    payload = {
+        "flat_samples": self.flat_samples, "stats": self.stats, "flat_warmup": self.flat_warmup,
+        "warmup_stats": self.warmup_stats, "template": template, "n": int(self.n), "method": self.method,
+        "test": self.test, "proposal": self.proposal, "timings": {k: float(v) for k, v in self.timings.items()},
+        "setup_items": int(self.setup_items), "partial": bool(self.partial),
+        "final_state": self.final_state, "notes": list(self.notes),
+        "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
+        "coords": _plain_coords(self.coords),
+    }
+    streamed = isinstance(self.flat_samples, np.memmap) or isinstance(self.flat_warmup, np.memmap)
+    if self.stored_output is not None or (self.constrain is not None and not streamed):
+        # the named, constrained draws (the model's ``constrain`` itself cannot be stored)
+        payload["output"] = {"sampling": _plain_tree(self.samples), "warmup": _plain_tree(self.warmup_samples)}
+    elif self.constrain is not None:
+        # draws streamed to disk stay out of memory and out of the checkpoint: the loaded run names its
+        # coordinates as what they are (unconstrained) rather than by the constrained sites' names
+        payload["unconstrained_names"] = True
+    return payload
+
+
+def _to_arviz(self):
+    """:meth:`Result.to_arviz`."""
+    from .diagnostics import idata_from_dict
+
+    samples = self.samples
+    if isinstance(samples, dict):
+        post = {str(k): np.asarray(v) for k, v in samples.items()}
+    else:
+        leaves = jax.tree_util.tree_leaves(samples)
+        post = {"theta": np.asarray(leaves[0])} if len(leaves) == 1 else {
+            f"theta_{i}": np.asarray(v) for i, v in enumerate(leaves)}
+
+    def stats_dict(st):
+        return {
+            "is_accepted": st["accepted"].astype(bool),
+            "acceptance_rate": st["accepted"].astype(float),
+            "n_data": st["n_data"].astype(np.int64),
+            "data_fraction": st["n_data"].astype(float) / self.n,
+            "rounds": st["rounds"].astype(np.int64),
+            **({"nonfinite_items": st["nonfinite"].astype(np.int64)} if "nonfinite" in st else {}),
+            **({"excess_error": st["excess_error"].astype(float)} if "excess_error" in st else {}),
+            **({"audited": st["audited"].astype(bool), "audit_exact": st["audit_exact"].astype(bool),
+                "audit_items": st["audit_items"].astype(np.int64)} if "audited" in st else {}),
+        }
+
+    warm = self.warmup_samples
+    if isinstance(warm, dict):
+        wpost = {str(k): np.asarray(v) for k, v in warm.items()}
+    else:
+        leaves = jax.tree_util.tree_leaves(warm)
+        wpost = {"theta": np.asarray(leaves[0])} if len(leaves) == 1 else {
+            f"theta_{i}": np.asarray(v) for i, v in enumerate(leaves)}
+    groups = {"posterior": post, "sample_stats": stats_dict(self.stats)}
+    if self.flat_warmup.shape[1] > 0:
+        groups.update(warmup_posterior=wpost, warmup_sample_stats=stats_dict(self.warmup_stats))
+    attrs = {
+        "inference_library": "tallmh",
+        "method": self.method,
+        "N": int(self.n),
+        "partial": int(self.partial),
+        "setup_items": int(self.setup_items),
+        **{k: float(v) for k, v in self.timings.items()},
+        "label": self.label,
+        "verdict": self.verdict,
+    }
+    return _label_levels(idata_from_dict(groups, attrs=attrs, save_warmup=self.flat_warmup.shape[1] > 0), post,
+                         self.coords)
+
+
+def _label_levels(idata, post, coords):
+    """``idata`` with each site's axes labelled by ``coords`` (e.g. a group term's levels) where they fit."""
+    from .diagnostics import label_dim
+
+    for site, axes in (coords or {}).items():
+        shape = np.shape(post.get(site, ()))[2:]
+        for a, labels in enumerate(axes):
+            if labels is not None and a < len(shape) and len(labels) == shape[a]:
+                idata = label_dim(idata, f"{site}_dim_{a}", f"{site}_dim_{a}", [str(v) for v in labels])
+    return idata
 
 
 def load_result(path: str) -> Result:

@@ -54,22 +54,23 @@ def files_changed(fingerprint):
 class Bar:
     """A tqdm progress bar over all steps of a chain (warmup + sampling), with acceptance and data fraction."""
 
-    def __init__(run, total, initial, name):
+    def __init__(self, total, initial, name):
         from tqdm.auto import tqdm
 
-        run.bar = tqdm(total=total, initial=initial, desc=f"tallmh[{name}]", unit="step", file=sys.stderr,
+        self.bar = tqdm(total=total, initial=initial, desc=f"tallmh[{name}]", unit="step", file=sys.stderr,
                         dynamic_ncols=True, mininterval=0.5, smoothing=0.1)
 
-    def update(run, k, phase, info, n):
+    def update(self, k, phase, info, n):
         acc = float(np.mean(info["accepted"])) if np.size(info["accepted"]) else float("nan")
         frac = float(np.mean(info["n_data"])) / n if np.size(info["n_data"]) else float("nan")
-        run.bar.set_postfix_str(f"{phase}, accept {acc:.2f}, data/step {frac:.3g}", refresh=False)
-        run.bar.update(k)
+        self.bar.set_postfix_str(f"{phase}, accept {acc:.2f}, data/step {frac:.3g}", refresh=False)
+        self.bar.update(k)
 
-    def close(run):
-        run.bar.close()
+    def close(self):
+        self.bar.close()
 
-# ---- the run -------------------------------------------------------------------------------------
+
+# ---- the run --------------------------------------------------------------------------------------
 
 
 def go(run, init, init_jitter, progress):

@@ -226,7 +226,7 @@ def options(run, test, proposal, num_samples, num_warmup, control_variates, audi
     if run.auto_warmup:
         if num_warmup != "auto":
             raise ConfigError(f"num_warmup must be an integer >= 0 or 'auto'; got {num_warmup!r}")
-        num_warmup = AUTO_WARMUP  # (until the set-up shows what the start is: see _warmup_of_start)
+        num_warmup = AUTO_WARMUP  # (until the set-up shows what the start is: see start.warmup_of_start)
     for name, v, lo in (("num_samples", num_samples, 0), ("num_warmup", num_warmup, 0),
                         ("num_chains", run.num_chains, 1)):
         if int(v) != v or v < lo:
@@ -282,7 +282,7 @@ def method(run, data, init):
     run.flat0, run.unravel = ravel_pytree(init)
     run.init_tree = init
     # an approximate test without control variates on a model that could have them: said after the first
-    # chunk, with the fraction of the data it measured per step (see _warn_without_cv)
+    # chunk, with the fraction of the data it measured per step (see chunks.warn_without_cv)
     run.cv_advice = (not run.is_exact and control_variates is None and getattr(test, "name", "") in
                       ("austerity", "confidence", "barker") and differentiable(model, run.data, n, init))
     run.n, run.test, run.proposal, run.control_variates = n, test, proposal, control_variates
@@ -315,7 +315,7 @@ def set_keys(run, dtype, d):
     run.dtype, run.d = dtype, d
     run.chain_keys, run.k_jit, run.k_audit = rng.run_keys(run.seed, run.num_chains)
 
-# ---- devices, resume, draws on disk ---------------------------------------------------------------
+# ---- devices -------------------------------------------------------------------------------------
 
 
 def plan_devices(run, mesh):

@@ -27,7 +27,7 @@ from ..proposals import AdaptiveMetropolis
 from ..cache_keys import shape_key as _shape_key, value_key as _value_key
 from . import rng, runstate, threads
 
-AUDIT_SLOTS = 8  # slots of num_chains audited chain-steps per call of the deferred audit's program (_audit_runner)
+AUDIT_SLOTS = 8  # slots of num_chains audited chain-steps per call of the deferred audit's program (audit_runner)
 RUNNERS: dict = {}
 
 
@@ -232,7 +232,7 @@ def compile_chunk(run, early=None):
         def arg(v, dt):
             return to_device(np.asarray(v, dt))  # (jnp.asarray(v, dt) compiles a conversion)
 
-        run.run_data, run.run_stats = run.data, run.stats  # (the step keys: per chunk, _chunk_keys)
+        run.run_data, run.run_stats = run.data, run.stats  # (the step keys: per chunk, rng.chunk_keys)
     else:  # lay the chains, keys and data out over the mesh (the set-up above ran on local devices)
         def arg(v, dt):
             return distributed.scalar(plan, v, dt)

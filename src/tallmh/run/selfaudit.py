@@ -58,7 +58,7 @@ def audit_rates(run):
     passes = test.audit_passes() if callable(getattr(test, "audit_passes", None)) else 1  # (a program's blocks)
     by_items = DEFAULT_AUDIT_ITEMS // max(1, n * passes)
     # where audited decisions can be certified without reading the data, the items are counted as they are
-    # read (_audit_chunk stops the audit at the budget) instead of cutting the plan to N items per audit
+    # read (audit_chunk stops the audit at the budget) instead of cutting the plan to N items per audit
     run.audit_budget = DEFAULT_AUDIT_ITEMS if by_items < wanted and certifiable(run) else None
     n_audits = wanted if run.audit_budget is not None else min(wanted, by_items)
     rate = min(MAX_AUDIT_RATE, n_audits / steps)
@@ -300,7 +300,7 @@ def take_audits(run, info, args, mask):
         items[first[0], first[1]] += np.int32(run.n)
         run.cert_counted = True
     audited = (np.asarray(info["audited"], bool) & ~asked) | certified | waiting
-    # (a step waiting for its pass agrees with the chain until then: _audit_counts)
+    # (a step waiting for its pass agrees with the chain until then: audit_counts)
     now = np.where(certified, exact, waiting & np.asarray(info["accepted"], bool))
     info["audit_exact"], info["audit_items"], info["audited"] = np.where(asked, now, exact), items, audited
     pairs = np.argwhere(waiting)  # (chain, step): their exact passes wait in audit_pending
