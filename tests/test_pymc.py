@@ -434,6 +434,7 @@ def test_bambi_logistic_with_group_intercept():
     out = model.constrain(model.init())
     assert {"Intercept", "x", "C(g)", "1|site", "1|site_sigma"} <= set(out)
     assert np.shape(out["1|site"]) == (5,)
+    assert model.coords["1|site"] == [list("uvwxy")]  # the levels, as Bambi names them, for the output's names
     m = bm.backend.model
     assert isinstance(model, tm.pymc_model.RecentredPyMCModel) and "1|site_centred__" in model.init()
     assert recentred_matches_pymc(model, data, m, random_points(model))

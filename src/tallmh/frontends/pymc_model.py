@@ -98,6 +98,7 @@ class PyMCModel(Model):
         self._init = init_point
         self._dtypes = dtypes
         self.name = getattr(pm_model, "name", "") or "pymc"
+        self.coords = _output_coords(pm_model, self.output_names)
         self.log_prior = jax.jit(self._log_prior)
         self.log_lik = jax.jit(self._log_lik)
         self.constrain = jax.jit(self._constrain)
@@ -123,6 +124,20 @@ class PyMCModel(Model):
     def __repr__(self):
         return (f"PyMCModel({self.name!r}, N = {self.n} rows of {self.observed_names}, globals "
                 f"{self.free_names}, data {self.data_names})")
+
+
+def _output_coords(pm_model, output_names):
+    """``{output: [labels of axis 0, ...]}`` for the outputs whose dims have coordinates in the model
+    (``pm.Model(coords=...)``; a Bambi group term's levels, ``g000, ...``); an axis without is ``None``."""
+    dims = getattr(pm_model, "named_vars_to_dims", None) or {}
+    coords = getattr(pm_model, "coords", None) or {}
+    out = {}
+    for name in output_names:
+        axes = [None if d is None or coords.get(d) is None else [str(v) for v in coords[d]]
+                for d in (dims.get(name) or ())]
+        if any(a is not None for a in axes):
+            out[name] = axes
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

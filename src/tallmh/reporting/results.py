@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -148,23 +148,64 @@ def _wilson(k: int, m: int, z: float = 1.96):
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def _param_names(unravel, d):
-    """Names of the flat coordinates, like ``theta[0]`` or ``w[1, 2]``."""
-    return _tree_names(jax.eval_shape(unravel, jax.ShapeDtypeStruct((d,), np.float32)))  # (shapes only)
+def _param_names(unravel, d, coords=None):
+    """Names of the flat coordinates, like ``theta[0]`` or ``w[1, 2]`` (or ``a[g000]`` with ``coords``)."""
+    return _tree_names(jax.eval_shape(unravel, jax.ShapeDtypeStruct((d,), np.float32)), coords)  # (shapes only)
 
 
-def _tree_names(template):
-    """Names of the coordinates of a parameter pytree, in ``ravel_pytree`` order."""
+def _tree_names(template, coords=None):
+    """Names of the coordinates of a parameter pytree, in ``ravel_pytree`` order. ``coords`` (``{site: [labels of
+    axis 0, labels of axis 1, ...]}``, e.g. a Bambi group term's levels) names a site's entries by label
+    (``1|g[g000]``) instead of by position (``1|g[0]``); an axis whose labels do not match its length keeps
+    positions."""
+    coords = coords or {}
     names = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(template)[0]:
         base = jax.tree_util.keystr(path).strip("[]'\"") or "theta"
         shape = np.shape(leaf)
         if shape == ():
             names.append(base)
-        else:
-            for idx in np.ndindex(*shape):
-                names.append(f"{base}[{', '.join(map(str, idx))}]")
+            continue
+        labels = list(coords.get(base) or [])
+        axes = [[str(v) for v in labels[a]] if a < len(labels) and labels[a] is not None
+                and len(labels[a]) == k else [str(i) for i in range(k)] for a, k in enumerate(shape)]
+        for idx in np.ndindex(*shape):
+            names.append(f"{base}[{', '.join(axes[a][i] for a, i in enumerate(idx))}]")
     return names
+
+
+SUMMARY_LEVELS = 10  # a site with more entries than this is summarised in one line of the printed summary
+
+
+def _site_of(name: str) -> str:
+    """The site of a coordinate's name: ``1|g`` for ``1|g[g000]``, ``x1`` for ``x1``."""
+    return name.split("[", 1)[0] if name.endswith("]") else name
+
+
+def group_lines(rows) -> Tuple[list, list]:
+    """``(rows shown one by one, [summary of each large site])``: the rows of sites with at most
+    ``SUMMARY_LEVELS`` entries (fixed effects, scales) in their order, and for each larger site (group-level
+    effects) its number of entries, the worst R-hat and the smallest bulk and tail ESS over them, and its
+    largest ``|mean|`` with that entry's name."""
+    sites: Dict[str, list] = {}
+    for r in rows:
+        sites.setdefault(_site_of(r["param"]), []).append(r)
+    small, large = [], []
+    for site, rs in sites.items():
+        if len(rs) <= SUMMARY_LEVELS:
+            small.extend(rs)
+            continue
+
+        def worst(key, fn):
+            vals = np.array([r[key] for r in rs], float)
+            return float(fn(vals)) if np.any(np.isfinite(vals)) else float("nan")
+
+        means = np.abs(np.array([r["mean"] for r in rs], float))
+        top = int(np.nanargmax(means)) if np.any(np.isfinite(means)) else 0
+        large.append({"site": site, "levels": len(rs), "r_hat_max": worst("r_hat", np.nanmax),
+                      "ess_bulk_min": worst("ess_bulk", np.nanmin), "ess_tail_min": worst("ess_tail", np.nanmin),
+                      "max_abs_mean": float(means[top]), "at": rs[top]["param"]})
+    return small, large
 
 
 class Summary:
@@ -185,6 +226,18 @@ class Summary:
             self._table = pd.DataFrame(self._table).set_index("param")
         return self._table
 
+    @property
+    def groups(self):
+        """One row per site with more than ``SUMMARY_LEVELS`` entries (group-level effects): ``site``,
+        ``levels``, ``r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``, ``max_abs_mean`` and the entry ``at``
+        which it is; ``table`` keeps every entry's row."""
+        return group_lines(self._rows())[1]
+
+    def _rows(self):
+        if isinstance(self._table, list):
+            return self._table
+        return [{"param": k, **v} for k, v in self._table.to_dict("index").items()]
+
     def __str__(self):
         o = self.overall
         head = (
@@ -196,7 +249,18 @@ class Summary:
             f", R-hat max {o['rhat_max']:.3f}\n{audit_line(o)}{o['verdict']}\nsampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
             f"compile {o['compile_s']:.2f}s, set-up items {o['setup_items']}\n"
         )
-        return head + self.table.to_string(float_format=lambda v: f"{v:.4g}")
+        small, large = group_lines(self._rows())
+        if not large:
+            return head + self.table.to_string(float_format=lambda v: f"{v:.4g}")
+        import pandas as pd
+
+        text = head + (pd.DataFrame(small).set_index("param").to_string(float_format=lambda v: f"{v:.4g}")
+                       if small else "")
+        for g in large:
+            text += (f"\n{g['site']}: {g['levels']} entries (summary().table has each), R-hat max {g['r_hat_max']:.3f}, "
+                     f"ESS bulk min {g['ess_bulk_min']:.1f}, tail min {g['ess_tail_min']:.1f}, largest |mean| "
+                     f"{g['max_abs_mean']:.4g} at {g['at']}")
+        return text
 
     def _repr_html_(self):  # pragma: no cover - notebook display
         return "<pre>" + str(self) + "</pre>"
@@ -236,6 +300,9 @@ class Result:
     # a loaded run's reported draws ({"sampling": tree, "warmup": tree}), saved because ``constrain`` (a
     # model's function) is not: ``load_result`` keeps the named, constrained view of the run it reads
     stored_output: Optional[Dict[str, Any]] = field(default=None, repr=False)
+    # labels of a site's entries ({site: [labels of axis 0, ...]}, e.g. a Bambi group term's levels): the names of
+    # ``output_names``, the summary's rows and ``to_arviz()``'s coordinates
+    coords: Optional[Dict[str, Any]] = None
     _names: Any = field(default=None, repr=False)
     _cache: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -263,7 +330,7 @@ class Result:
     @property
     def param_names(self):
         if self._names is None:
-            self._names = _param_names(self.unravel, self.flat_samples.shape[-1])
+            self._names = _param_names(self.unravel, self.flat_samples.shape[-1], self.coords)
         return self._names
 
     @property
@@ -290,7 +357,7 @@ class Result:
             else:
                 template = jax.tree_util.tree_map(
                     np.asarray, self.constrain(self.unravel(np.zeros(d, self.flat_samples.dtype))))
-            self._cache["output_names"] = _tree_names(template)
+            self._cache["output_names"] = _tree_names(template, self.coords)
         return self._cache["output_names"]
 
     @property
@@ -523,6 +590,13 @@ class Result:
         return _to_arviz(self)
 
 
+def _plain_coords(coords):
+    """``coords`` as lists of strings (what a checkpoint's JSON holds), or None."""
+    if not coords:
+        return None
+    return {str(k): [None if ax is None else [str(v) for v in ax] for ax in axes] for k, axes in coords.items()}
+
+
 def _more_draws(draws: int, ess: float, goal: float = 400.0) -> int:
     """Draws per chain that should reach bulk ESS ``goal``, from this run's ESS per draw (rounded up)."""
     if not np.isfinite(ess) or ess <= 0:
@@ -568,6 +642,7 @@ def _payload(self) -> dict:
         "setup_items": int(self.setup_items), "partial": bool(self.partial),
         "final_state": self.final_state, "notes": list(self.notes),
         "resume_info": dict(self.resume_info), "control_variates": self.control_variates,
+        "coords": _plain_coords(self.coords),
     }
     streamed = isinstance(self.flat_samples, np.memmap) or isinstance(self.flat_warmup, np.memmap)
     if self.stored_output is not None or (self.constrain is not None and not streamed):
@@ -625,7 +700,20 @@ def _to_arviz(self):
         "label": self.label,
         "verdict": self.verdict,
     }
-    return idata_from_dict(groups, attrs=attrs, save_warmup=self.flat_warmup.shape[1] > 0)
+    return _label_levels(idata_from_dict(groups, attrs=attrs, save_warmup=self.flat_warmup.shape[1] > 0), post,
+                         self.coords)
+
+
+def _label_levels(idata, post, coords):
+    """``idata`` with each site's axes labelled by ``coords`` (e.g. a group term's levels) where they fit."""
+    from .diagnostics import label_dim
+
+    for site, axes in (coords or {}).items():
+        shape = np.shape(post.get(site, ()))[2:]
+        for a, labels in enumerate(axes):
+            if labels is not None and a < len(shape) and len(labels) == shape[a]:
+                idata = label_dim(idata, f"{site}_dim_{a}", f"{site}_dim_{a}", [str(v) for v in labels])
+    return idata
 
 
 def load_result(path: str) -> Result:
@@ -654,6 +742,7 @@ def load_result(path: str) -> Result:
                       test=p["test"], proposal=p["proposal"], timings=p["timings"] or {},
                       setup_items=int(p["setup_items"] or 0), partial=bool(p["partial"]),
                       final_state=p["final_state"], notes=list(p["notes"] or []), resume_info=p["resume_info"],
-                      control_variates=p["control_variates"], stored_output=p.get("output"))
+                      control_variates=p["control_variates"], stored_output=p.get("output"),
+                      coords=p.get("coords"))
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{path} is not a usable tallmh checkpoint ({type(e).__name__}: {e})") from None

@@ -198,7 +198,10 @@ def run_chunk(run, pname, phase, count) -> float:
                                     arg(run.done[pname], jnp.int32), arg(count, jnp.int32), arg(phase, jnp.int32),
                                     arg(run.rates[phase], jnp.float32), run.run_data, run.run_stats)
     threads.wait(new_states)
-    theta, info, *deferred = jax.tree_util.tree_map(lambda a: distributed.to_host(a)[:, :count], out)
+    # the chunk's outputs are buffers of ``run.length`` steps; a view of their first ``count`` would keep each
+    # whole buffer alive (on a CPU, NumPy's view of a JAX array holds its buffer): copied, memory grows with
+    # the draws kept, not with the number of chunks times the buffer
+    theta, info, *deferred = jax.tree_util.tree_map(lambda a: np.array(distributed.to_host(a)[:, :count]), out)
     info = dict(info)
     if deferred:
         selfaudit.audits_of_chunk(run, phase, info, *deferred)

@@ -117,10 +117,12 @@ def make_result(run):
                 control_variates=run.control_variates, start_info=run.start_info,
                 fingerprint=run.fingerprint, program=run.program is not None, chosen=run.chosen,
                 audit_design=selfaudit.audit_design_as_run(run))
-    return assemble({p: runstate.parts(run, p) for p in ("warmup", "sampling")}, run.num_chains, run.d, run.dtype,
-                     run.unravel, run.n, run.test, run.proposal, run.timings, run.setup_items,
-                     run.partial, host_states, run.notes, info, run.t0, run.control_variates,
-                     run.constrain, runstate.empty_stats(run))
+    result = assemble({p: runstate.parts(run, p) for p in ("warmup", "sampling")}, run.num_chains, run.d, run.dtype,
+                      run.unravel, run.n, run.test, run.proposal, run.timings, run.setup_items,
+                      run.partial, host_states, run.notes, info, run.t0, run.control_variates,
+                      run.constrain, runstate.empty_stats(run))
+    result.coords = getattr(run.model, "coords", None) or None  # labels of a site's entries (a group's levels)
+    return result
 
 
 def finish(run) -> Result:

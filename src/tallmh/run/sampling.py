@@ -44,6 +44,7 @@ from ..storage.data import num_items, validate_data
 from ..kernel import make_problem
 from ..reporting.results import Result
 
+from .. import hierarchical
 from . import chunks, configure, finish, restore, runstate, threads
 
 _cache.setup_default()  # JAX's persistent compilation cache, before the runner first compiles
@@ -172,10 +173,15 @@ def sample(
     resumed. SIGTERM and SIGHUP do the same when ``sample`` runs in the main thread and their handlers are
     the default ones (the previous handlers are restored on return).
     """
+    # a model with group-level terms and nothing about the method chosen: its blocked program (hierarchical.py)
+    model, program, auto_note = hierarchical.default_program(model, data, test, proposal, control_variates,
+                                                             program, resume)
     run = runstate.Run(model, num_chains=num_chains, seed=seed, callback=callback, checkpoint=checkpoint,
                        checkpoint_every_s=checkpoint_every_s, chunk_seconds=chunk_seconds, chunk_size=chunk_size,
                        budget_s=budget_s, min_ess=min_ess)
     configure.options(run, test, proposal, num_samples, num_warmup, control_variates, audit, resume, program)
+    if auto_note is not None:
+        run.notes.extend([m for m in model.notes if m not in run.notes] + [auto_note])
     run.t0 = time.perf_counter()
     if run.program is not None:
         configure.method_of_program(run, data, init)

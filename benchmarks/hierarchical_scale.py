@@ -1,0 +1,111 @@
+"""A hierarchical logistic regression at scale, from a fresh process, with every default: time, memory and
+accuracy against the simulated truth.
+
+``y ~ x1 + x2 + (1|g)`` (Bambi, Bernoulli): N rows (default 10^6), two standard-normal slopes, a group intercept
+over G groups (default 100) of log-uniform sizes (50 to 50,000 rows at the defaults), group sd 0.5, intercept
+-0.5, slopes 0.8 and -0.5 (known truth). ``tm.from_bambi(bm)`` then ``tm.sample(model, data, program="auto")``
+(the automatic blocks for group-level models) with every other default (``num_samples="auto"``: min bulk ESS 400 and R-hat <=
+1.01 within the 600-s budget). Printed: the whole-process time (from the script's first line to the result),
+the set-up's and the sampling's, min bulk ESS, max R-hat, the verdict, the process's peak memory (resident,
+``getrusage``) and after each stage, and the z-scores of the fixed effects and the group sd against the truth
+((posterior mean - truth) / posterior sd) and of the group effects (largest |z| and the share within 2).
+
+Usage::
+
+    python benchmarks/hierarchical_scale.py                      # 10^6 rows x 100 groups
+    python benchmarks/hierarchical_scale.py --rows 10000000 --groups 1000
+    python benchmarks/hierarchical_scale.py --smoke
+"""
+
+import time
+
+T0 = time.perf_counter()
+
+import os  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import _common  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def simulate(n, groups, seed):
+    rng = np.random.default_rng(seed)
+    lo, hi = 50, 50_000
+    w = np.exp(rng.uniform(np.log(lo), np.log(hi), groups))
+    sizes = np.maximum(1, np.round(w / w.sum() * n).astype(int))
+    sizes[np.argmax(sizes)] += n - sizes.sum()
+    g = np.repeat(np.arange(groups), sizes)
+    x = rng.normal(size=(n, 2))
+    a = rng.normal(0, 0.5, groups)
+    truth = {"Intercept": -0.5, "x1": 0.8, "x2": -0.5, "1|g_sigma": 0.5}
+    eta = truth["Intercept"] + x @ np.array([truth["x1"], truth["x2"]]) + a[g]
+    y = (rng.random(n) < 1 / (1 + np.exp(-eta))).astype(np.int8)
+    return g, x, y, a, truth, sizes
+
+
+def main(argv=None):
+    ap = _common.parser(__doc__)
+    _common.add_run_options(ap, os.path.join(REPO, "benchmarks", "results"))
+    _common.add_options(ap, rows=1_000_000, groups=100)
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.rows, a.groups = 3000, 12
+    import pandas as pd
+
+    sys.path.insert(0, os.path.join(REPO, "src"))
+    import bambi as bmb
+
+    import tallmh as tm
+
+    meta = _common.machine_info(sys.argv)
+    _common.header("hierarchical_scale", meta)
+    mem = {"imports": peak_mb()}
+    g, x, y, a_true, truth, sizes = simulate(a.rows, a.groups, a.seed)
+    df = pd.DataFrame({"y": y, "x1": x[:, 0], "x2": x[:, 1],
+                       "g": pd.Categorical.from_codes(g, [f"g{j:0{len(str(a.groups - 1))}d}" for j in range(a.groups)])})
+    del g, x, y
+    mem["table"] = peak_mb()
+    t1 = time.perf_counter()
+    bm = bmb.Model("y ~ x1 + x2 + (1|g)", df, family="bernoulli")
+    model, data = tm.from_bambi(bm)
+    mem["from_bambi"] = peak_mb()
+    t2 = time.perf_counter()
+    r = tm.sample(model, data, seed=a.seed, progress=False, program="auto",
+                  **({"budget_s": 30.0} if a.smoke else {}))
+    t3 = time.perf_counter()
+    mem["sample"] = peak_mb()
+    s = r.summary()
+    o = s.overall
+    z = {}
+    for k, v in truth.items():
+        d = np.asarray(r.samples[k]).reshape(-1)
+        z[k] = float((d.mean() - v) / d.std(ddof=1))
+    eff = np.asarray(r.samples["1|g"]).reshape(-1, a.groups)
+    zg = (eff.mean(0) - a_true) / eff.std(0, ddof=1)
+    row = {"rows": a.rows, "groups": a.groups, "group sizes": f"{sizes.min()}-{sizes.max()}",
+           "whole process s": t3 - T0, "from_bambi s": t2 - t1, "sample s": t3 - t2,
+           "sampling s": r.timings.get("sampling_s"), "min bulk ESS": o["ess_min"], "max R-hat": o["rhat_max"],
+           "trusted": bool(o["trusted"]), "verdict": o["verdict"], "peak MB": mem["sample"], "peak MB by stage": mem,
+           "z (fixed, sigma)": z, "group z max |z|": float(np.max(np.abs(zg))),
+           "group z share within 2": float(np.mean(np.abs(zg) < 2)), "data fraction": r.data_fraction,
+           "notes": r.notes}
+    print(str(s))
+    for k in ("rows", "groups", "group sizes", "whole process s", "from_bambi s", "sample s", "sampling s",
+              "min bulk ESS", "max R-hat", "trusted", "peak MB", "peak MB by stage", "z (fixed, sigma)",
+              "group z max |z|", "group z share within 2", "data fraction"):
+        v = row[k]
+        print(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}", flush=True)
+    _common.write_json(a.out, "hierarchical_scale_smoke.json" if a.smoke else
+                       f"hierarchical_scale_{a.rows}x{a.groups}.json", {"meta": meta, "result": row})
+
+
+if __name__ == "__main__":
+    main()

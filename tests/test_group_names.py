@@ -1,0 +1,67 @@
+"""Group-level effects keep their levels' names; the printed summary shows the fixed effects and scales row by
+row and each group-level term in one line (``summary().table`` keeps every row)."""
+
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh.results import SUMMARY_LEVELS, _tree_names, group_lines
+
+pm = pytest.importorskip("pymc")
+
+
+def test_tree_names_use_labels_where_they_fit():
+    tpl = {"a": np.zeros(()), "b": np.zeros(3), "c": np.zeros((2, 2))}
+    names = _tree_names(tpl, {"b": [["x", "y", "z"]], "c": [["p", "q"], None]})
+    assert names == ["a", "b[x]", "b[y]", "b[z]", "c[p, 0]", "c[p, 1]", "c[q, 0]", "c[q, 1]"]
+    # labels of the wrong length are not used (positions instead)
+    assert _tree_names(tpl, {"b": [["x", "y"]]})[1:4] == ["b[0]", "b[1]", "b[2]"]
+
+
+def test_group_lines_summarise_large_sites():
+    rows = [{"param": "sigma", "mean": 0.5, "sd": 0.1, "ess_bulk": 900.0, "ess_tail": 800.0, "r_hat": 1.001}]
+    k = SUMMARY_LEVELS + 5
+    for j in range(k):
+        rows.append({"param": f"a[g{j:03d}]", "mean": (-1.0) ** j * j / 10, "sd": 0.1, "ess_bulk": 500.0 + j,
+                     "ess_tail": 450.0 + j, "r_hat": 1.0 + j / 1000})
+    small, large = group_lines(rows)
+    assert [r["param"] for r in small] == ["sigma"]
+    (g,) = large
+    assert g["site"] == "a" and g["levels"] == k and g["at"] == f"a[g{k - 1:03d}]"
+    assert g["max_abs_mean"] == pytest.approx((k - 1) / 10) and g["r_hat_max"] == pytest.approx(1 + (k - 1) / 1000)
+    assert g["ess_bulk_min"] == 500.0 and g["ess_tail_min"] == 450.0
+
+
+@pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
+def test_pymc_levels_named_in_draws_summary_arviz_and_checkpoint(tmp_path):
+    rng = np.random.default_rng(0)
+    levels = [f"g{j:03d}" for j in range(SUMMARY_LEVELS + 2)]
+    g = rng.integers(0, len(levels), 600)
+    y = 0.3 + rng.normal(0, 0.5, len(levels))[g] + rng.normal(size=g.size)
+    with pm.Model(coords={"grp": levels}) as m:
+        gi = pm.Data("g_idx", g)
+        mu = pm.Normal("Intercept", 0, 5)
+        s = pm.HalfNormal("1|g_sigma", 1)
+        z = pm.Normal("1|g_offset", 0, 1, dims="grp")
+        a = pm.Deterministic("1|g", z * s, dims="grp")
+        pm.Normal("y", mu + a[gi], 1.0, observed=y)
+    model, data = tm.from_pymc(m)
+    assert model.coords["1|g"] == [levels]
+    r = tm.sample(model, data, num_samples=100, num_warmup=100, num_chains=2, seed=0, progress=False)
+    names = r.output_names
+    assert [f"1|g[{lv}]" for lv in levels] == [n for n in names if n.startswith("1|g[")]
+    sm = r.summary()
+    assert len(sm.table) == len(names) and "1|g[g003]" in sm.table.index  # every row kept
+    text = str(sm)
+    assert "1|g[g003]" not in text.split("\n1|g:")[0]  # the levels are not printed one by one ...
+    assert f"1|g: {len(levels)} entries" in text  # ... but summarised
+    tab = sm.table
+    row = [x for x in sm.groups if x["site"] == "1|g"][0]
+    lv = tab.loc[[f"1|g[{v}]" for v in levels]]
+    assert row["r_hat_max"] == pytest.approx(lv["r_hat"].max()) and row["ess_bulk_min"] == pytest.approx(lv["ess_bulk"].min())
+    assert row["max_abs_mean"] == pytest.approx(lv["mean"].abs().max()) and row["at"] == lv["mean"].abs().idxmax()
+    assert text.index("Intercept") < text.index("1|g:")  # fixed effects and scales first
+    idata = r.to_arviz()
+    assert list(idata.posterior["1|g"].coords["1|g_dim_0"].values) == levels
+    r.save(str(tmp_path / "run.npz"))
+    assert tm.load_result(str(tmp_path / "run.npz")).output_names == names
