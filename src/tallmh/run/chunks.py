@@ -94,9 +94,11 @@ def go(run, init, init_jitter, progress):
             ts = time.perf_counter()
             run.states = threads.wait(start.set_up(run, init_jitter, early))
             start.resolve_stats(run)
+            start.factor_table(run)
             run.timings["setup_s"] = time.perf_counter() - ts
             start.warmup_of_start(run)
         start.resolve_stats(run)
+        start.factor_table(run)  # (the exact subsampled test's: also for a resumed run)
         selfaudit.audit_rates(run)
         programs.compile_chunk(run, early)
         if progress is None:

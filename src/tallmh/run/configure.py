@@ -45,10 +45,6 @@ TEST_NAMES = ("exact", "austerity", "confidence", "barker")
 def as_test(test):
     """A test object from ``test``: an object with ``decide`` (as given), a name (its default settings), or
     None (the recommended default, chosen once the data and model are known)."""
-    if getattr(test, "needs_factor_table", False):  # (the exact subsampled test: its table is not built here yet)
-        raise ConfigError(f"tm.sample cannot run the {test.name} test yet: it runs on the kernel, with the table of "
-                          "tallmh.factor_bounds.prepare in the step's statistics (see docs/methods.md, 'The exact "
-                          "subsampled test')")
     if test is None or callable(getattr(test, "decide", None)):
         return test
     if isinstance(test, str) and test.lower() in TEST_NAMES:
@@ -276,7 +272,10 @@ def method(run, data, init):
                      f"test=tm.acceptance.Exact() is the oracle")
     elif control_variates is False:
         control_variates = None
-    run.is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none"
+    if getattr(test, "needs_factor_table", False):
+        control_variates = factor_test_settings(run, model, test, control_variates)
+    run.is_exact = bool(getattr(test, "tracks_log_lik", False)) or getattr(test, "name", "") == "none" \
+        or bool(getattr(test, "needs_factor_table", False))  # (the exact subsampled test: nothing to audit)
     if control_variates is not None and getattr(test, "tracks_log_lik", False) \
             and not (run.proposal is None or getattr(run.proposal, "needs_data", False)):
         raise ConfigError("with the exact test, control variates serve only the Langevin proposal's gradient "
@@ -302,6 +301,32 @@ def method(run, data, init):
     run.cv_order = control_variates.order if control_variates is not None else None
     run.kernel = build_kernel(model, proposal, test, n, run.unravel, None, run.cv_order)
     set_keys(run, run.flat0.dtype, run.flat0.shape[0])
+
+
+def factor_test_settings(run, model, test, control_variates):
+    """The exact subsampled test's settings (:class:`tallmh.acceptance.PoissonThinning`): second-order control
+    variates (on by default), a model that states a bound on its Taylor remainders (``factor_bound``), and by
+    default a proposal that reads no data (adaptive Metropolis from the Laplace covariance). Returns the control
+    variates; the item table is built after the set-up (:func:`.start.factor_table`)."""
+    from ..control_variates import ControlVariates
+    from ..model import own_method
+
+    name = getattr(model, "name", type(model).__name__)
+    if own_method(model, "factor_bound") is None:
+        raise ConfigError(f"the {test.name} test needs a model that bounds its Taylor remainders (a factor_bound() "
+                          f"method: the built-in logistic, Poisson and fixed-noise linear regressions); {name!r} has none")
+    if control_variates is False or run.control_variates is False:
+        raise ConfigError(f"the {test.name} test decides from second-order Taylor control variates: leave "
+                          "control_variates on")
+    if control_variates is None:
+        control_variates = ControlVariates(order=2)
+    if control_variates.order != 2:
+        raise ConfigError(f"the {test.name} test needs ControlVariates(order=2); got order {control_variates.order}")
+    if run.proposal is None:
+        run.proposal = AdaptiveMetropolis()
+        run.notes.append(f"{test.name} test: adaptive Metropolis from the Laplace covariance (it reads no data; the "
+                         "Langevin proposal would read a minibatch per step for its gradient)")
+    return control_variates
 
 
 def method_of_program(run, data, init):
@@ -348,7 +373,8 @@ def plan_devices(run, mesh):
     if run.program is not None and run.plan is not None and run.plan.rows > 1:
         raise ConfigError("a program's blocks read items by index over the whole data: split its chains over "
                           "devices (make_mesh(chains=k, rows=1)), not its rows")
-    if run.plan is not None and run.plan.rows > 1 and (getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None))):
-        raise ConfigError(f"the {getattr(run.test, 'name', type(run.test).__name__)} test brings its own kernel, "
-                          "which reads the data directly: row sharding (a mesh with rows > 1) is not supported "
-                          "for it")
+    reads_by_index = getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None)) \
+        or getattr(run.test, "needs_factor_table", False)
+    if run.plan is not None and run.plan.rows > 1 and reads_by_index:
+        raise ConfigError(f"the {getattr(run.test, 'name', type(run.test).__name__)} test reads rows by their index "
+                          "over the whole data: row sharding (a mesh with rows > 1) is not supported for it")

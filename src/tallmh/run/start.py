@@ -19,6 +19,7 @@ from ..storage.data import to_device
 from ..kernel import tracks_log_lik
 from ..proposals import AdaptiveMetropolis
 from ..console import first_line
+from ..errors import ConfigError
 from . import configure, rng, threads
 
 
@@ -173,3 +174,27 @@ def warmup_of_start(run):
         run.num_warmup = configure.AUTO_WARMUP_LAPLACE
         run.notes.append(f"num_warmup='auto': {configure.AUTO_WARMUP_LAPLACE} steps per chain (preconditioned Langevin "
                           f"from the Laplace approximation at the mode tunes only its step size)")
+
+
+def factor_table(run):
+    """The exact subsampled test's item table (:func:`tallmh.factor_bounds.prepare`: one pass of N items for the
+    remainder bound's weights, counted in ``setup_items``) in the step's statistics, built from the chains'
+    control-variate centre: after the set-up, and again for a resumed run (the table is not stored). Nothing
+    for another test."""
+    from .. import factor_bounds as fbm
+
+    if not getattr(run.test, "needs_factor_table", False):
+        return
+    if run.stats is not None and not isinstance(run.stats, dict):
+        raise ConfigError(f"the {run.test.name} test keeps its table in the model's set-up statistics, which must be "
+                          f"a dict (this model's setup() returned a {type(run.stats).__name__})")
+    if isinstance(run.stats, dict) and fbm.FACTOR_KEY in run.stats:
+        return
+    cv = jax.tree_util.tree_map(lambda a: np.asarray(a)[0], run.states.cv)  # (every chain's centre is the same)
+    table, items = fbm.prepare(run.model, run.data, run.n, run.unravel, cv)
+    run.stats = {**(run.stats or {}), fbm.FACTOR_KEY: table}
+    run.setup_items += items
+    note = (f"{run.test.name} test: its table of the items' remainder bounds made in one pass of N = {run.n:,} items "
+            "(counted in the set-up's items)")
+    if note not in run.notes:
+        run.notes.append(note)
