@@ -316,7 +316,10 @@ def _plt():
     return plt
 
 
-COLORS = {"exact": "#000000", "austerity": "#1f77b4", "confidence": "#2ca02c", "barker": "#d62728"}
+COLORS = {"exact": "#000000", "austerity": "#1f77b4", "confidence": "#2ca02c", "barker": "#d62728",
+          "recommended": "#ff7f0e"}
+# other methods: matplotlib's cycle without the colours above (a method never shares one with another)
+_OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 def _n(count: int, word: str) -> str:
@@ -325,7 +328,7 @@ def _n(count: int, word: str) -> str:
 
 
 def _color(name, i):
-    return COLORS.get(name, f"C{i % 10}")
+    return COLORS.get(name, _OTHER_COLORS[i % len(_OTHER_COLORS)])
 
 
 FIG_WIDTH = 9.6  # inches: at 110 dpi, 1,056 px, which fits the report's 1,100 px column at its natural size
