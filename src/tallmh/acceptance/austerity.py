@@ -12,7 +12,8 @@ from jax.scipy.special import betainc, ndtr, ndtri
 from ..errors import ConfigError
 from ..storage.data import make_permutation
 from ._sequential import per_look_level, worst_case_error
-from .base import Decision, Moments, Problem, StreamReader, draw_u
+from .base import Decision, MomentsSum, Problem, StreamReader, draw_u
+from .exact import exact_accept
 
 __all__ = ["Austerity", "student_t_sf", "student_t_isf", "skew_adjusted_t"]
 
@@ -125,7 +126,9 @@ class Austerity:
     (eq. 4) and decides once the p-value ``1 - phi_{n-1}(|t|)`` is below the per-look level (as ``|t|`` beyond
     the t quantile, :func:`student_t_isf`, where looks have at least 30 items). When the
     sample standard deviation ``s_l`` is 0 the t-test is skipped and more data is read (the guard of
-    Alg. 2 of Chen, Mansinghka & Ghahramani), and at n = N the decision is exact.
+    Alg. 2 of Chen, Mansinghka & Ghahramani), and at n = N the decision is exact: taken from the compensated
+    sum of the items read, by the rule :class:`~tallmh.acceptance.Exact` uses (a float running mean compared
+    with ``mu0`` rounds twice and could land on the other side of a close call).
 
     Per-look versus per-step error. In the epsilon form the per-look level is epsilon: a look that stops
     is wrong with probability at most epsilon (under the CLT), but a step makes up to ceil(N/m) - 1 looks
@@ -268,8 +271,9 @@ class Austerity:
         expansion = isinstance(n, int) and m >= T_EXPANSION_MIN
 
         def body(c):
-            acc, _, _, rounds, _ = c
-            acc = reader.advance(perm, acc, jnp.minimum(acc.read + m, n))
+            both, _, _, rounds, _ = c
+            both = reader.advance(perm, both, jnp.minimum(both.read + m, n))
+            acc = both.m
             tf = acc.t.astype(dtype)
             var = acc.var()
             f = jnp.minimum(tf / nf, 1.0)
@@ -294,15 +298,19 @@ class Austerity:
             confident = ((var > 0) & (s > 0) & beyond & (acc.nonfinite == 0) & (acc.read < n)
                          & ((doubt <= self.max_skew_correction) | far))
             done = confident | (acc.nonfinite > 0) | (acc.read >= n)
-            return acc, done, confident, rounds + 1, jnp.where(confident, excess, 0.0).astype(dtype)
+            return both, done, confident, rounds + 1, jnp.where(confident, excess, 0.0).astype(dtype)
 
-        init = (Moments.zero(dtype), impossible, jnp.bool_(False), jnp.int32(0), jnp.zeros((), dtype))
+        init = (MomentsSum.zero(dtype), impossible, jnp.bool_(False), jnp.int32(0), jnp.zeros((), dtype))
         # every carry tied to a per-chain value (the same numbers): under vmap over chains the loop's batching
         # then needs no search for which carries vary by chain, a search that traced the body (and the reader's
         # loop inside it) several times over (0.15 s of a fresh process's chain trace)
         init = jax.tree_util.tree_map(lambda x: jnp.where(impossible, x, x), init)
-        acc, _, by_t_test, rounds, excess = jax.lax.while_loop(cond, body, init)
-        accept = (acc.mean > mu0) & (acc.nonfinite == 0) & ~impossible
+        both, _, by_t_test, rounds, excess = jax.lax.while_loop(cond, body, init)
+        acc = both.m
+        # all N read: the exact decision from the compensated sum, as Exact() takes it (the float running mean
+        # compared with mu0 rounds twice and can land on the other side of a close call)
+        exact = exact_accept("metropolis", u, problem.log_base, (both.s.hi, both.s.lo))
+        accept = jnp.where(by_t_test, acc.mean > mu0, exact) & (acc.nonfinite == 0) & ~impossible
         # the estimated error inflation of the look that decided (tail_excess); 0 when the decision did not
         # lean on the CLT (all N items read, a non-finite item, or no data read)
         excess = jnp.where(by_t_test, excess, jnp.zeros((), dtype))
