@@ -41,6 +41,7 @@ class CVState(NamedTuple):
     center: jax.Array  # flat theta_hat
     grad_sum: jax.Array  # G = sum_i grad ell_i(theta_hat)
     hess_sum: jax.Array  # H = sum_i hess ell_i(theta_hat)  (zeros for order 1)
+    exact_rows: Any = None  # int32 (k,): the stratum the austerity test sums exactly (tallmh.strata), or None
 
 
 @dataclass(frozen=True)
@@ -50,17 +51,34 @@ class ControlVariates:
     ``order``: 1 or 2. ``center``: a parameter pytree for ``theta_hat``, or None to find the posterior
     mode by damped Newton on the full data (one counted pass per iteration). ``recenter``: after warmup,
     move ``theta_hat`` to the mean of the warmup draws of all chains and recompute the sums (one more
-    counted pass).
+    counted pass). ``exact_rows``: the number of items the austerity test sums exactly at every step, those of
+    largest Taylor-remainder weight (:mod:`tallmh.strata`; one more counted pass chooses them), while it
+    subsamples the rest (:func:`tallmh.acceptance.austerity.stratified_decide`); 0: none, ``"auto"``:
+    ``EXACT_ROWS_AUTO`` (at most N / 20). Other tests ignore it.
     """
 
     order: int = 2
     center: Any = None
     recenter: bool = False
     max_newton: int = 30
+    exact_rows: Any = 0
 
     def __post_init__(self):
         if self.order not in (1, 2):
             raise ConfigError(f"ControlVariates order must be 1 or 2; got {self.order}")
+        k = self.exact_rows
+        if not (k == "auto" or (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0)):
+            raise ConfigError(f"ControlVariates exact_rows must be a non-negative integer or 'auto'; got {k!r}")
+
+    def exact_row_count(self, n: int) -> int:
+        """The stratum's size at N = n items (static: the chain's shapes depend on it)."""
+        if self.exact_rows == "auto":
+            return int(min(EXACT_ROWS_AUTO, n // 20))
+        return int(min(int(self.exact_rows), n))
+
+
+# ControlVariates(exact_rows="auto"): a few hundred items, next to the ~300-900 a default step reads
+EXACT_ROWS_AUTO = 256
 
 
 _PROXY_FNS: dict = {}  # per-chunk functions of proxy_sums (see _proxy_chunk_fn)

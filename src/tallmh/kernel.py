@@ -157,7 +157,8 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
             return ratio(jax.tree_util.tree_map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), data))
 
     base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
-    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows)
+    strat = getattr(cv, "exact_rows", None) if cv is not None else None
+    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows, strat)
 
 
 def _plain_rows(data) -> bool:

@@ -12,10 +12,10 @@ from jax.scipy.special import betainc, ndtr, ndtri
 from ..errors import ConfigError
 from ..storage.data import make_permutation
 from ._sequential import per_look_level, worst_case_error
-from .base import Decision, MomentsSum, Problem, StreamReader, draw_u
+from .base import CompSum, Decision, MomentsSum, Problem, StreamReader, df_add, draw_u
 from .exact import exact_accept
 
-__all__ = ["Austerity", "student_t_sf", "student_t_isf", "skew_adjusted_t"]
+__all__ = ["Austerity", "student_t_sf", "student_t_isf", "skew_adjusted_t", "stratified_decide", "rest_item"]
 
 
 def student_t_sf(t, nu):
@@ -246,10 +246,21 @@ class Austerity:
             raise ConfigError(f"Austerity batch_size {self.batch_size} exceeds the number of data items N = {n}")
 
     def decide(self, key, problem: Problem) -> Decision:
+        u, k_perm, _ = draw_u(key)
+        if problem.exact_rows is not None:
+            return stratified_decide(self, u, k_perm, problem)
+        return self.sequential(u, k_perm, problem)
+
+    def sequential(self, u, k_perm, problem: Problem, full_sum=None) -> Decision:
+        """The sequential test on ``problem``'s N items with the uniform ``u`` and the permutation key ``k_perm``.
+
+        ``full_sum``: a double-float pair ``(hi, lo)`` added to the items' compensated sum in the exact decision
+        taken once all N are read, compared with the threshold ``log u - log_base0`` of ``log_base0 = full_sum[2]``
+        (a stratum summed exactly, :func:`stratified_decide`, whose float sum is already in ``problem.log_base``).
+        """
         n = problem.n
         # n may be a traced population size (tallmh.blocks: a cluster's current members); reads stop at n
         m = min(self.batch_size, n) if isinstance(n, int) else self.batch_size
-        u, k_perm, _ = draw_u(key)
         dtype = problem.log_base.dtype
         mu0 = (jnp.log(u) - problem.log_base) / n
         perm = make_permutation(k_perm)
@@ -309,9 +320,60 @@ class Austerity:
         acc = both.m
         # all N read: the exact decision from the compensated sum, as Exact() takes it (the float running mean
         # compared with mu0 rounds twice and can land on the other side of a close call)
-        exact = exact_accept("metropolis", u, problem.log_base, (both.s.hi, both.s.lo))
+        if full_sum is None:
+            exact = exact_accept("metropolis", u, problem.log_base, (both.s.hi, both.s.lo))
+        else:
+            exact = exact_accept("metropolis", u, full_sum[2], df_add((both.s.hi, both.s.lo), full_sum[:2]))
         accept = jnp.where(by_t_test, acc.mean > mu0, exact) & (acc.nonfinite == 0) & ~impossible
         # the estimated error inflation of the look that decided (tail_excess); 0 when the decision did not
         # lean on the CLT (all N items read, a non-finite item, or no data read)
         excess = jnp.where(by_t_test, excess, jnp.zeros((), dtype))
         return Decision(accept, acc.read, rounds, n_nonfinite=acc.nonfinite, excess_error=excess)
+
+
+def rest_item(exact_rows, j):
+    """The item index of position ``j`` among the items not in ``exact_rows`` (sorted, distinct int32), in
+    index order: ``j + #{k : exact_rows[k] - k <= j}``, by a binary search over the K rows (O(log K))."""
+    k = exact_rows.shape[0]
+    shifted = exact_rows - jnp.arange(k, dtype=exact_rows.dtype)
+    return j + jnp.searchsorted(shifted, j, side="right").astype(j.dtype)
+
+
+def stratified_decide(test: Austerity, u, k_perm, problem: Problem) -> Decision:
+    """Stratified austerity: the items of ``problem.exact_rows`` summed exactly at every step, the rest subsampled.
+
+    The log ratio is ``Lambda = S_E + sum_{i not in E} l_i`` with ``S_E`` the stratum's sum, computed exactly
+    (compensated, :class:`~tallmh.acceptance.base.CompSum`) from its K items. Exact MH accepts iff
+    ``mean_{i not in E} l_i > (log u - log_base - S_E) / (N - K)``: austerity's test (Korattikara, Chen & Welling
+    2014, eq. 2-4) on the N - K other items with ``log_base + S_E`` as the data-free part. The sequential
+    t-test, its per-step error design and its skewness correction then apply unchanged to the rest, whose
+    variance (eq. 3, with the finite-population correction of N - K items) no longer holds the stratum's
+    items: rows whose Taylor remainders dominate the sum (a rare feature's rows, rows with large features:
+    :mod:`tallmh.strata` chooses them by their remainder weight) are never left to the t-test's
+    normal approximation, which cannot see an item it has not read. With all N - K read, the decision is
+    exact (the two compensated sums added). ``n_data`` counts the K items at every step.
+    """
+    n = problem.n
+    if not isinstance(n, int):
+        raise ValueError("stratified austerity needs a static number of items N")
+    rows = problem.exact_rows
+    k = int(rows.shape[0])
+    dtype = problem.log_base.dtype
+    impossible = ~(problem.log_base > -jnp.inf)
+    stratum = CompSum.zero(dtype).merge(problem.lik_ratio(rows), jnp.ones((k,), bool))
+    bad_e = stratum.nonfinite
+    s_e = stratum.value()
+    rest_n = n - k
+    if rest_n <= 0:
+        accept = exact_accept("metropolis", u, problem.log_base, (stratum.hi, stratum.lo)) & (bad_e == 0)
+        read = jnp.where(impossible, 0, k).astype(jnp.int32)
+        return Decision(accept & ~impossible, read, jnp.int32(1), n_nonfinite=jnp.where(impossible, 0, bad_e),
+                        excess_error=jnp.zeros((), dtype))
+    lik = problem.lik_ratio
+    base = jnp.where(impossible | (bad_e > 0), -jnp.inf, problem.log_base + jnp.where(jnp.isfinite(s_e), s_e, 0.0))
+    sub = problem._replace(n=rest_n, log_base=base, lik_ratio=lambda j: lik(rest_item(rows, j)), exact_rows=None,
+                           lik_ratio_rows=None, log_lik_current=None)
+    dec = test.sequential(u, k_perm, sub, (stratum.hi, stratum.lo, problem.log_base))
+    read_e = jnp.where(impossible, 0, k).astype(jnp.int32)
+    bad = jnp.where(impossible, 0, bad_e) + dec.n_nonfinite
+    return dec._replace(accept=dec.accept & (bad == 0), n_data=dec.n_data + read_e, n_nonfinite=bad.astype(jnp.int32))

@@ -35,6 +35,8 @@ class Problem(NamedTuple):
     ``log_lik_current`` is the current full-data log-likelihood when the kernel tracks it, else None.
     ``lik_ratio_rows(start, size)``, where the items are rows of arrays in memory, returns ``l_i`` for the
     contiguous items ``[start, start + size)`` by slicing them (no gather); None otherwise.
+    ``exact_rows``: items that :class:`~tallmh.acceptance.Austerity` sums exactly at every step (the stratum of
+    large remainders, :mod:`tallmh.strata`) while it subsamples the rest; other tests ignore it.
     """
 
     n: int
@@ -44,6 +46,8 @@ class Problem(NamedTuple):
     bound: Optional[Callable]
     log_lik_current: Optional[jax.Array] = None
     lik_ratio_rows: Optional[Callable] = None
+    # sorted, distinct int32 item indices that a stratified test sums exactly at every step (None: none)
+    exact_rows: Optional[jax.Array] = None
 
 
 class Decision(NamedTuple):
