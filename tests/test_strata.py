@@ -28,12 +28,12 @@ class _GenericLogistic(tm.models.LogisticRegression):
         return -jnp.logaddexp(0.0, jnp.where(batch["y"] > 0.5, -z, z))
 
 
-def _stratum(model, data, k):
+def _stratum(model, data, k, min_share=0.0):
     n = data["y"].shape[0]
     center, _ = setup.find_center(model, data, n, lambda x: x, jnp.zeros(5))
     cv = cvm.proxy_sums(model, data, n, lambda x: x, center, 2)
     cov = setup.laplace_cov(model, lambda x: x, cv)
-    return strata.choose(model, data, n, lambda x: x, center, cov, k)
+    return strata.choose(model, data, n, lambda x: x, center, cov, k, min_share)
 
 
 @pytest.mark.parametrize("model", [tm.models.LogisticRegression(prior_scale=10.0), _GenericLogistic(prior_scale=10.0)],
@@ -60,8 +60,21 @@ def test_exact_rows_option_checked():
         tm.ControlVariates(exact_rows=-1)
     with pytest.raises(tm.errors.ConfigError):
         tm.ControlVariates(exact_rows="most")
-    assert tm.ControlVariates(exact_rows="auto").exact_row_count(10**6) == cvm.EXACT_ROWS_AUTO
-    assert tm.ControlVariates(exact_rows="auto").exact_row_count(1000) == 50
+    assert tm.ControlVariates(exact_rows="auto").exact_row_cap(10**6) == cvm.EXACT_ROWS_AUTO
+    assert tm.ControlVariates(exact_rows="auto").exact_row_cap(1000) == 50
+    assert tm.ControlVariates(exact_rows="auto").exact_row_count(10**6) == 0  # known only from the data
+    assert tm.ControlVariates(exact_rows=7).exact_row_count(5) == 5
+
+
+def test_auto_takes_the_rows_that_hold_the_weight():
+    data, where = _rare()
+    model = tm.models.LogisticRegression(prior_scale=10.0)
+    st = _stratum(model, data, 64, cvm.AUTO_RATIO / 5000)
+    assert np.array_equal(st.rows, where)  # the 10 rare rows, and no other
+    plain, _ = _rare(coef=0.0)
+    plain = {"X": plain["X"].at[:, -1].set(jnp.asarray(np.random.default_rng(1).standard_normal(5000), jnp.float32)),
+             "y": plain["y"]}
+    assert len(_stratum(model, plain, 64, cvm.AUTO_RATIO / 5000).rows) == 0  # negative control: no row stands out
 
 
 def _sample(data, cvo):
@@ -72,9 +85,9 @@ def _sample(data, cvo):
 @pytest.mark.filterwarnings("ignore::tallmh.errors.TrustWarning")
 def test_sample_reads_the_stratum_at_every_step():
     data, _ = _rare()
-    r = _sample(data, tm.ControlVariates(exact_rows=16))
-    assert any("16 rows read exactly at every step" in n for n in r.notes)
-    assert np.all(np.asarray(r.stats["n_data"]) >= 16)
+    r = _sample(data, tm.ControlVariates(exact_rows="auto"))
+    assert any("10 rows read exactly at every step" in n for n in r.notes)
+    assert np.all(np.asarray(r.stats["n_data"]) >= 10)
 
 
 @pytest.mark.slow
@@ -82,9 +95,16 @@ def test_sample_reads_the_stratum_at_every_step():
 def test_the_pass_choosing_the_stratum_is_counted():
     data, _ = _rare()
     r = _sample(data, tm.ControlVariates(exact_rows=16))
+    assert any("16 rows read exactly at every step" in n for n in r.notes)
     plain = _sample(data, tm.ControlVariates())
     assert not any("read exactly" in n for n in plain.notes)
     assert r.setup_items == plain.setup_items + 5000
+    # "auto" where no row stands out: the pass is made and counted, no stratum, the unstratified test
+    flat, _ = _rare(coef=0.0)
+    flat = {"X": flat["X"].at[:, -1].set(1.0), "y": flat["y"]}
+    none = _sample(flat, tm.ControlVariates(exact_rows="auto"))
+    assert any("none is read exactly" in n for n in none.notes)
+    assert none.setup_items == _sample(flat, tm.ControlVariates()).setup_items + 5000
 
 
 def test_exact_rows_refused_with_another_test():

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .control_variates import AUTO_RATIO
 from .model import own_method
 from .setup_passes import full_pass, pass_chunk
 
@@ -40,6 +41,7 @@ class Stratum(NamedTuple):
     rows: np.ndarray  # int32 (k,): the items read exactly at every step, sorted
     share: float  # their share of the sum of all items' weights
     total: float  # sum of all items' weights
+    top: float  # the largest item's share
 
 
 def item_weights_fn(model, unravel, center, chol):
@@ -64,8 +66,9 @@ def item_weights_fn(model, unravel, center, chol):
     return weights
 
 
-def choose(model, data, n: int, unravel, center, cov, k: int) -> Stratum:
-    """The ``k`` items of largest remainder weight (one pass over the data, to be counted by the caller)."""
+def choose(model, data, n: int, unravel, center, cov, k: int, min_share: float = 0.0) -> Stratum:
+    """The ``k`` items of largest remainder weight, less those holding under ``min_share`` of the weights' sum
+    (one pass over the data, to be counted by the caller)."""
     k = int(min(k, n))
     chol = jnp.asarray(np.linalg.cholesky(np.asarray(cov, np.float64)), center.dtype)
     weights = item_weights_fn(model, unravel, center, chol)
@@ -89,22 +92,30 @@ def choose(model, data, n: int, unravel, center, cov, k: int) -> Stratum:
     keep = (idx < n) & (val >= 0)
     val, idx = val[keep], idx[keep]
     order = np.argsort(-val, kind="stable")[:k]
+    if min_share > 0.0:
+        order = order[val[order] >= min_share * total]
     rows = np.sort(idx[order]).astype(np.int32)
     share = float(np.sum(val[order]) / total) if total > 0 else 0.0
-    return Stratum(rows, share, total)
+    top = float(np.max(val) / total) if total > 0 and val.size else 0.0
+    return Stratum(rows, share, total, top)
 
 
 def attach(cvopt, model, data, n: int, unravel, cv, cov, notes):
     """``cv`` with the stratum ``cvopt`` asks for (``ControlVariates(exact_rows=...)``) and the passes it took
     (0 or 1); a note says how many rows are read exactly and their share of the remainders' weight."""
-    k = cvopt.exact_row_count(n) if cvopt is not None else 0
+    k = cvopt.exact_row_cap(n) if cvopt is not None else 0
     if not k:
         return cv, 0
+    auto = cvopt.exact_rows == "auto"
     if cov is None:  # no Laplace covariance: the weights in the parameters' own coordinates
         cov = np.eye(cv.center.shape[0])
         notes.append("exact rows chosen without a Laplace covariance (its Hessian is not negative definite): "
                      "weights in the parameters' own coordinates")
-    st = choose(model, data, n, unravel, cv.center, cov, k)
+    st = choose(model, data, n, unravel, cv.center, cov, k, AUTO_RATIO / n if auto else 0.0)
+    if not len(st.rows):
+        notes.append(f"stratified austerity: no row's Taylor-remainder weight is {AUTO_RATIO:g} times the mean, so "
+                     f"none is read exactly (the largest is {st.top * n:.3g} times the mean)")
+        return cv, 1
     notes.append(f"stratified austerity: {len(st.rows)} rows read exactly at every step (those of largest "
                  f"Taylor-remainder weight, {100 * st.share:.1f}% of its sum); the rest subsampled")
     return cv._replace(exact_rows=jax.device_put(st.rows)), 1

@@ -268,7 +268,7 @@ def method(run, data, init):
             and not (run.proposal is None or getattr(run.proposal, "needs_data", False)):
         raise ConfigError("with the exact test, control variates serve only the Langevin proposal's gradient "
                           "(the test reads all data); use proposal=tm.proposals.Langevin() or drop them")
-    if control_variates is not None and control_variates.exact_row_count(n) and getattr(test, "name", "") != "austerity":
+    if control_variates is not None and control_variates.exact_row_cap(n) and getattr(test, "name", "") != "austerity":
         raise ConfigError(f"ControlVariates(exact_rows=...) stratifies the austerity test; the "
                           f"{getattr(test, 'name', type(test).__name__)} test does not read a stratum")
     if getattr(test, "batch_auto", False):
