@@ -199,6 +199,10 @@ class Austerity:
     counts the items read, ``n_data`` includes them). A subsample cannot see a data-dependent support
     (a NaN among unread items): such constraints belong in the prior.
 
+    Stratified: where the problem names ``exact_rows`` (``ControlVariates(exact_rows=...)``: the items whose
+    Taylor remainders can dominate the sum), those are summed exactly at every step and the test runs on the
+    others (:func:`stratified_decide`).
+
     ``error`` in (0, 0.5); ``epsilon`` in (0, 1); ``batch_size`` between 2 and N.
     """
 
