@@ -137,3 +137,14 @@ def test_certificate_scripts_smoke(tmp_path, name):
     on, off = (next(r for r in rows if r["certify"] == c) for c in ("on", "off"))
     assert on["certified"] > 0 and off["certified"] == 0 and on["audited"] == off["audited"] > 0
     assert on["audit_items"] < off["audit_items"] and on["B"] > 0 and on["R"] > 0
+
+
+def test_stratified_austerity_smoke(tmp_path):
+    """``stratified_austerity.py`` runs exact MH, unstratified and stratified austerity and writes every run."""
+    cmd = [sys.executable, os.path.join(BENCH, "stratified_austerity.py"), "--smoke", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3 * TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "stratified_austerity_smoke.json").read_text())
+    assert [r["method"] for r in res["runs"]] == ["exact", "austerity", "stratified"]
+    strat = res["runs"][-1]
+    assert strat["exact_rows"] == 30 and strat["items_per_step"] >= 30  # the rare feature's rows

@@ -158,7 +158,8 @@ def make_problem(model, data, n, unravel, stats, theta, theta_p, log_base, log_l
 
     base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
     factors = _factor_view(model, data, unravel, stats, cv, theta, theta_p, reader)
-    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows, factors)
+    strat = getattr(cv, "exact_rows", None) if cv is not None else None
+    return Problem(n, base, lik_ratio, log_lik_prop, bound, log_lik_current, rows, factors=factors, exact_rows=strat)
 
 
 def _factor_view(model, data, unravel, stats, cv, theta, theta_p, reader):

@@ -29,10 +29,15 @@ from .storage.data import take, to_device
 from .errors import ModelError
 from .model import own_method
 
-__all__ = ["ModeSearch", "find_center", "full_pass", "laplace_cov", "mode_search", "positive_part", "start_cov",
+__all__ = ["ModeSearch", "find_center", "full_pass", "pass_chunk", "laplace_cov", "mode_search", "positive_part", "start_cov",
            "warm_rows", "warm_sizes"]
 
 _CHUNK = 8192
+
+
+def pass_chunk(n: int) -> int:
+    """The rows of each chunk :func:`full_pass` gives its function (chunk c holds rows ``[c size, (c + 1) size)``)."""
+    return _CHUNK if n > _CHUNK else n
 
 
 def _chunks(n, size=_CHUNK):
@@ -68,7 +73,7 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
     """
     from .storage import datasource as ds
 
-    size = _CHUNK if n > _CHUNK else n
+    size = pass_chunk(n)
     nchunks = -(-n // size)
     k = min(nchunks, _BLOCK_CHUNKS)
     read = ds.host_reader(data) if ds.in_files(data) else None

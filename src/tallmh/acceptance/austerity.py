@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +12,40 @@ from jax.scipy.special import betainc, ndtr, ndtri
 from ..errors import ConfigError
 from ..storage.data import make_permutation
 from ._sequential import per_look_level, worst_case_error
-from .base import Decision, Moments, Problem, StreamReader, draw_u
+from .base import CompSum, Decision, Moments, Problem, StreamReader, df_add, df_sum, draw_u
+from .exact import exact_accept
 
-__all__ = ["Austerity", "student_t_sf", "student_t_isf", "skew_adjusted_t"]
+__all__ = ["Austerity", "student_t_sf", "student_t_isf", "skew_adjusted_t", "stratified_decide", "rest_item"]
+
+
+class MomentsPair(NamedTuple):
+    """:class:`~tallmh.acceptance.base.Moments` and a compensated sum ``hi + lo`` of the same finite items, for the
+    exact decision once all N are read. Each batch is summed by :func:`~tallmh.acceptance.base.df_sum`'s pairwise
+    TwoSum tree (elementwise work) and added by double-float addition: about as exact as
+    :class:`~tallmh.acceptance.base.CompSum` (whose sequential reduction made a default step ~35% slower at
+    N = 10^6, all of it spent on decisions that seldom read all N)."""
+
+    m: Moments
+    hi: jax.Array
+    lo: jax.Array
+
+    @staticmethod
+    def zero(dtype):
+        z = jnp.zeros((), dtype)
+        return MomentsPair(Moments.zero(dtype), z, z)
+
+    @property
+    def read(self):
+        return self.m.read
+
+    @property
+    def nonfinite(self):
+        return self.m.nonfinite
+
+    def merge(self, l, mask):
+        ok = mask & jnp.isfinite(l)
+        hi, lo = df_add((self.hi, self.lo), df_sum(jnp.where(ok, l, jnp.zeros_like(l))))
+        return MomentsPair(self.m.merge(l, mask), hi, lo)
 
 
 def student_t_sf(t, nu):
@@ -125,7 +156,9 @@ class Austerity:
     (eq. 4) and decides once the p-value ``1 - phi_{n-1}(|t|)`` is below the per-look level (as ``|t|`` beyond
     the t quantile, :func:`student_t_isf`, where looks have at least 30 items). When the
     sample standard deviation ``s_l`` is 0 the t-test is skipped and more data is read (the guard of
-    Alg. 2 of Chen, Mansinghka & Ghahramani), and at n = N the decision is exact.
+    Alg. 2 of Chen, Mansinghka & Ghahramani), and at n = N the decision is exact: taken from the compensated
+    sum of the items read, by the rule :class:`~tallmh.acceptance.Exact` uses (a float running mean compared
+    with ``mu0`` rounds twice and could land on the other side of a close call).
 
     Per-look versus per-step error. In the epsilon form the per-look level is epsilon: a look that stops
     is wrong with probability at most epsilon (under the CLT), but a step makes up to ceil(N/m) - 1 looks
@@ -165,6 +198,10 @@ class Austerity:
     without reading data; an item whose l_i is NaN or infinite rejects at once (``Decision.n_nonfinite``
     counts the items read, ``n_data`` includes them). A subsample cannot see a data-dependent support
     (a NaN among unread items): such constraints belong in the prior.
+
+    Stratified: where the problem names ``exact_rows`` (``ControlVariates(exact_rows=...)``: the items whose
+    Taylor remainders can dominate the sum), those are summed exactly at every step and the test runs on the
+    others (:func:`stratified_decide`).
 
     ``error`` in (0, 0.5); ``epsilon`` in (0, 1); ``batch_size`` between 2 and N.
     """
@@ -243,10 +280,21 @@ class Austerity:
             raise ConfigError(f"Austerity batch_size {self.batch_size} exceeds the number of data items N = {n}")
 
     def decide(self, key, problem: Problem) -> Decision:
+        u, k_perm, _ = draw_u(key)
+        if problem.exact_rows is not None:
+            return stratified_decide(self, u, k_perm, problem)
+        return self.sequential(u, k_perm, problem)
+
+    def sequential(self, u, k_perm, problem: Problem, full_sum=None) -> Decision:
+        """The sequential test on ``problem``'s N items with the uniform ``u`` and the permutation key ``k_perm``.
+
+        ``full_sum``: a double-float pair ``(hi, lo)`` added to the items' compensated sum in the exact decision
+        taken once all N are read, compared with the threshold ``log u - log_base0`` of ``log_base0 = full_sum[2]``
+        (a stratum summed exactly, :func:`stratified_decide`, whose float sum is already in ``problem.log_base``).
+        """
         n = problem.n
         # n may be a traced population size (tallmh.blocks: a cluster's current members); reads stop at n
         m = min(self.batch_size, n) if isinstance(n, int) else self.batch_size
-        u, k_perm, _ = draw_u(key)
         dtype = problem.log_base.dtype
         mu0 = (jnp.log(u) - problem.log_base) / n
         perm = make_permutation(k_perm)
@@ -268,8 +316,9 @@ class Austerity:
         expansion = isinstance(n, int) and m >= T_EXPANSION_MIN
 
         def body(c):
-            acc, _, _, rounds, _ = c
-            acc = reader.advance(perm, acc, jnp.minimum(acc.read + m, n))
+            both, _, _, rounds, _ = c
+            both = reader.advance(perm, both, jnp.minimum(both.read + m, n))
+            acc = both.m
             tf = acc.t.astype(dtype)
             var = acc.var()
             f = jnp.minimum(tf / nf, 1.0)
@@ -294,16 +343,71 @@ class Austerity:
             confident = ((var > 0) & (s > 0) & beyond & (acc.nonfinite == 0) & (acc.read < n)
                          & ((doubt <= self.max_skew_correction) | far))
             done = confident | (acc.nonfinite > 0) | (acc.read >= n)
-            return acc, done, confident, rounds + 1, jnp.where(confident, excess, 0.0).astype(dtype)
+            return both, done, confident, rounds + 1, jnp.where(confident, excess, 0.0).astype(dtype)
 
-        init = (Moments.zero(dtype), impossible, jnp.bool_(False), jnp.int32(0), jnp.zeros((), dtype))
+        init = (MomentsPair.zero(dtype), impossible, jnp.bool_(False), jnp.int32(0), jnp.zeros((), dtype))
         # every carry tied to a per-chain value (the same numbers): under vmap over chains the loop's batching
         # then needs no search for which carries vary by chain, a search that traced the body (and the reader's
         # loop inside it) several times over (0.15 s of a fresh process's chain trace)
         init = jax.tree_util.tree_map(lambda x: jnp.where(impossible, x, x), init)
-        acc, _, by_t_test, rounds, excess = jax.lax.while_loop(cond, body, init)
-        accept = (acc.mean > mu0) & (acc.nonfinite == 0) & ~impossible
+        both, _, by_t_test, rounds, excess = jax.lax.while_loop(cond, body, init)
+        acc = both.m
+        # all N read: the exact decision from the compensated sum, as Exact() takes it (the float running mean
+        # compared with mu0 rounds twice and can land on the other side of a close call)
+        if full_sum is None:
+            exact = exact_accept("metropolis", u, problem.log_base, (both.hi, both.lo))
+        else:
+            exact = exact_accept("metropolis", u, full_sum[2], df_add((both.hi, both.lo), full_sum[:2]))
+        accept = jnp.where(by_t_test, acc.mean > mu0, exact) & (acc.nonfinite == 0) & ~impossible
         # the estimated error inflation of the look that decided (tail_excess); 0 when the decision did not
         # lean on the CLT (all N items read, a non-finite item, or no data read)
         excess = jnp.where(by_t_test, excess, jnp.zeros((), dtype))
         return Decision(accept, acc.read, rounds, n_nonfinite=acc.nonfinite, excess_error=excess)
+
+
+def rest_item(exact_rows, j):
+    """The item index of position ``j`` among the items not in ``exact_rows`` (sorted, distinct int32), in
+    index order: ``j + #{k : exact_rows[k] - k <= j}``, by a binary search over the K rows (O(log K))."""
+    k = exact_rows.shape[0]
+    shifted = exact_rows - jnp.arange(k, dtype=exact_rows.dtype)
+    return j + jnp.searchsorted(shifted, j, side="right").astype(j.dtype)
+
+
+def stratified_decide(test: Austerity, u, k_perm, problem: Problem) -> Decision:
+    """Stratified austerity: the items of ``problem.exact_rows`` summed exactly at every step, the rest subsampled.
+
+    The log ratio is ``Lambda = S_E + sum_{i not in E} l_i`` with ``S_E`` the stratum's sum, computed exactly
+    (compensated, :class:`~tallmh.acceptance.base.CompSum`) from its K items. Exact MH accepts iff
+    ``mean_{i not in E} l_i > (log u - log_base - S_E) / (N - K)``: austerity's test (Korattikara, Chen & Welling
+    2014, eq. 2-4) on the N - K other items with ``log_base + S_E`` as the data-free part. The sequential
+    t-test, its per-step error design and its skewness correction then apply unchanged to the rest, whose
+    variance (eq. 3, with the finite-population correction of N - K items) no longer holds the stratum's
+    items: rows whose Taylor remainders dominate the sum (a rare feature's rows, rows with large features:
+    :mod:`tallmh.strata` chooses them by their remainder weight) are never left to the t-test's
+    normal approximation, which cannot see an item it has not read. With all N - K read, the decision is
+    exact (the two compensated sums added). ``n_data`` counts the K items at every step.
+    """
+    n = problem.n
+    if not isinstance(n, int):
+        raise ValueError("stratified austerity needs a static number of items N")
+    rows = problem.exact_rows
+    k = int(rows.shape[0])
+    dtype = problem.log_base.dtype
+    impossible = ~(problem.log_base > -jnp.inf)
+    stratum = CompSum.zero(dtype).merge(problem.lik_ratio(rows), jnp.ones((k,), bool))
+    bad_e = stratum.nonfinite
+    s_e = stratum.value()
+    rest_n = n - k
+    if rest_n <= 0:
+        accept = exact_accept("metropolis", u, problem.log_base, (stratum.hi, stratum.lo)) & (bad_e == 0)
+        read = jnp.where(impossible, 0, k).astype(jnp.int32)
+        return Decision(accept & ~impossible, read, jnp.int32(1), n_nonfinite=jnp.where(impossible, 0, bad_e),
+                        excess_error=jnp.zeros((), dtype))
+    lik = problem.lik_ratio
+    base = jnp.where(impossible | (bad_e > 0), -jnp.inf, problem.log_base + jnp.where(jnp.isfinite(s_e), s_e, 0.0))
+    sub = problem._replace(n=rest_n, log_base=base, lik_ratio=lambda j: lik(rest_item(rows, j)), exact_rows=None,
+                           lik_ratio_rows=None, log_lik_current=None)
+    dec = test.sequential(u, k_perm, sub, (stratum.hi, stratum.lo, problem.log_base))
+    read_e = jnp.where(impossible, 0, k).astype(jnp.int32)
+    bad = jnp.where(impossible, 0, bad_e) + dec.n_nonfinite
+    return dec._replace(accept=dec.accept & (bad == 0), n_data=dec.n_data + read_e, n_nonfinite=bad.astype(jnp.int32))

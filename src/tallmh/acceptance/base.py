@@ -37,6 +37,8 @@ class Problem(NamedTuple):
     contiguous items ``[start, start + size)`` by slicing them (no gather); None otherwise.
     ``factors``: with control variates and the table of :func:`tallmh.factor_bounds.prepare` in the step's
     statistics, the per-item remainder bound and remainders the exact subsampled test thins with.
+    ``exact_rows``: items that :class:`~tallmh.acceptance.Austerity` sums exactly at every step (the stratum of
+    large remainders, :mod:`tallmh.strata`) while it subsamples the rest; other tests ignore it.
     """
 
     n: int
@@ -49,6 +51,8 @@ class Problem(NamedTuple):
     # the remainders' bound at (theta, theta') and its sampling table, for the exact subsampled test
     # (:class:`tallmh.factor_bounds.FactorView`); None where there are no control variates or no table
     factors: Optional[object] = None
+    # sorted, distinct int32 item indices that a stratified test sums exactly at every step (None: none)
+    exact_rows: Optional[jax.Array] = None
 
 
 class Decision(NamedTuple):

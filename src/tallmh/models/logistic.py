@@ -195,6 +195,13 @@ class LogisticRegression(Model):
         # log sigmoid(z) if y = 1, log sigmoid(-z) if y = 0
         return -jax.nn.softplus(jnp.where(y > 0.5, -z, z))
 
+    def remainder_weight(self, center, chol, batch):
+        """``rho_i^3 = (x_i^T Sigma x_i)^(3/2)`` with ``Sigma = chol chol^T`` the Laplace covariance: the weight
+        of item i's second-order Taylor remainder, ``|r_i| <= M_3 / 6 rho_i^3 ||v||^3`` in the whitened
+        coordinates ``v`` (:mod:`tallmh.strata`; the same bound as :mod:`tallmh.certify`'s)."""
+        rho2 = jnp.sum((batch["X"] @ chol) ** 2, axis=-1)
+        return rho2 * jnp.sqrt(rho2)
+
     def log_lik_ratio(self, theta, theta_prop, batch):
         """``l_i = log sigmoid(s_i z'_i) - log sigmoid(s_i z_i) = -(softplus(-s_i z'_i) - softplus(-s_i z_i))`` with
         ``s_i = 2 y_i - 1``, ``z_i = x_i . theta`` and the step ``d_i = x_i . (theta' - theta)`` formed directly;

@@ -142,8 +142,9 @@ def recenter(run):
     center = jnp.asarray(warm[:, warm.shape[1] // 2:].reshape(-1, warm.shape[-1]).mean(axis=0))
     cv_new = cvm.proxy_sums(run.model, run.data, run.n, run.unravel, center, cvo.order)
     run.setup_items += run.n
+    rows = run.states.cv.exact_rows  # the stratum stays (chosen at the mode's Laplace approximation)
     run.states = run.states._replace(cv=jax.tree_util.tree_map(
-        lambda a: jnp.broadcast_to(a, (run.num_chains,) + a.shape), cv_new))
+        lambda a: jnp.broadcast_to(a, (run.num_chains,) + a.shape), cv_new)._replace(exact_rows=rows))
     if run.plan is not None:
         run.states = distributed.place_inputs(run.plan, run.states, run.chain_keys, run.k_audit,
                                                None, None)[0]

@@ -280,6 +280,9 @@ def method(run, data, init):
             and not (run.proposal is None or getattr(run.proposal, "needs_data", False)):
         raise ConfigError("with the exact test, control variates serve only the Langevin proposal's gradient "
                           "(the test reads all data); use proposal=tm.proposals.Langevin() or drop them")
+    if control_variates is not None and control_variates.exact_row_cap(n) and getattr(test, "name", "") != "austerity":
+        raise ConfigError(f"ControlVariates(exact_rows=...) stratifies the austerity test; the "
+                          f"{getattr(test, 'name', type(test).__name__)} test does not read a stratum")
     if getattr(test, "batch_auto", False):
         notes.append(f"batch_size='auto': {min(test.batch_size, n)} items per look (the skewness-corrected "
                      f"boundary keeps the error promise at any batch; where the items need more, it reads more)")

@@ -170,7 +170,9 @@ def compile_early(run):
         if cvo is None and getattr(run.test, "wants_mode", False):
             return None
         shaped = lambda *s: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
-        cv = None if cvo is None else cvm.CVState(shaped(d), shaped(d), shaped(d, d))
+        k = 0 if cvo is None else cvo.exact_row_count(run.n)
+        rows = jax.ShapeDtypeStruct((k,), jnp.int32) if k else None
+        cv = None if cvo is None else cvm.CVState(shaped(d), shaped(d), shaped(d, d), rows)
         hint = shaped(d, d) if (isinstance(run.proposal, AdaptiveMetropolis)
                                 or getattr(run.proposal, "uses_cov_hint", False)) else None
         init_v = jax.vmap(run.kernel.init, in_axes=(0, None, None, None))

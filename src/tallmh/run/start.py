@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import control_variates as cvm
 from .. import setup_passes as setup
+from .. import strata
 from ..storage import datasource as ds
 from ..storage.data import to_device
 from ..kernel import tracks_log_lik
@@ -92,9 +93,11 @@ def start_points(model, data, n, unravel, flat0, control_variates, num_chains, i
             cv0, passes, extra = cvm.prepare(control_variates, model, data, n, unravel, flat0)
             out["passes"] += passes
             out["extra_items"] += extra
-        out["cv"] = cv0
         if out["cov"] is None and control_variates.order == 2:
             out["cov"] = setup.laplace_cov(model, unravel, cv0)
+        cv0, passes = strata.attach(control_variates, model, data, n, unravel, cv0, out["cov"], notes)
+        out["passes"] += passes
+        out["cv"] = cv0
         if init_given is None and center is None:
             center = cv0.center
     base = center if (init_given is None and center is not None) else flat0
