@@ -301,12 +301,6 @@ def test_default_method_fails_the_same_check_on_the_rare_feature(rare):
     assert not ok, report
 
 
-def test_tm_sample_refuses_it_with_a_clear_error():
-    data, _ = tm.models.LogisticRegression.simulate(500)
-    with pytest.raises(tm.ConfigError, match="kernel"):
-        tm.sample(MODEL, data, test=PoissonThinning(), progress=False, num_samples=10)
-
-
 def test_table_from_device_arrays_matches_the_host_ones(small):
     """The set-up pass on device arrays (working precision, weights inflated by 1e-3) gives the host's table."""
     data, unravel, cv, stats = small
