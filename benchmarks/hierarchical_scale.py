@@ -14,6 +14,7 @@ Usage::
 
     python benchmarks/hierarchical_scale.py                      # 10^6 rows x 100 groups
     python benchmarks/hierarchical_scale.py --rows 10000000 --groups 1000
+    python benchmarks/hierarchical_scale.py --effects approximate   # austerity + control variates instead
     python benchmarks/hierarchical_scale.py --smoke
 """
 
@@ -55,6 +56,10 @@ def main(argv=None):
     ap = _common.parser(__doc__)
     _common.add_run_options(ap, os.path.join(REPO, "benchmarks", "results"))
     _common.add_options(ap, rows=1_000_000, groups=100)
+    ap.add_argument("--effects", choices=("exact-glm", "approximate"), default="exact-glm",
+                    help="the effects block: the exact one for a logistic GLM (glm_effects.py) or austerity with "
+                         "control variates")
+    ap.add_argument("--pcn", type=float, default=None, help="the exact block's Crank-Nicolson parameter")
     a = ap.parse_args(argv)
     if a.smoke:
         a.rows, a.groups = 3000, 12
@@ -64,6 +69,11 @@ def main(argv=None):
     import bambi as bmb
 
     import tallmh as tm
+    from tallmh import hierarchical
+
+    hierarchical.EXACT_GLM = a.effects == "exact-glm"
+    if a.pcn is not None:
+        hierarchical.GLM_PCN = a.pcn
 
     meta = _common.machine_info(sys.argv)
     _common.header("hierarchical_scale", meta)
@@ -90,7 +100,9 @@ def main(argv=None):
         z[k] = float((d.mean() - v) / d.std(ddof=1))
     eff = np.asarray(r.samples["1|g"]).reshape(-1, a.groups)
     zg = (eff.mean(0) - a_true) / eff.std(0, ddof=1)
-    row = {"rows": a.rows, "groups": a.groups, "group sizes": f"{sizes.min()}-{sizes.max()}",
+    per_step = {k: float(np.mean(v)) for k, v in r.stats.items() if k.endswith("_n_data")}
+    row = {"effects block": a.effects, "pcn": hierarchical.GLM_PCN, "load": open("/proc/loadavg").read().split()[:3],
+           "rows per step by block": per_step, "rows": a.rows, "groups": a.groups, "group sizes": f"{sizes.min()}-{sizes.max()}",
            "whole process s": t3 - T0, "from_bambi s": t2 - t1, "sample s": t3 - t2,
            "sampling s": r.timings.get("sampling_s"), "min bulk ESS": o["ess_min"], "max R-hat": o["rhat_max"],
            "trusted": bool(o["trusted"]), "verdict": o["verdict"], "peak MB": mem["sample"], "peak MB by stage": mem,
@@ -98,13 +110,13 @@ def main(argv=None):
            "group z share within 2": float(np.mean(np.abs(zg) < 2)), "data fraction": r.data_fraction,
            "notes": r.notes}
     print(str(s))
-    for k in ("rows", "groups", "group sizes", "whole process s", "from_bambi s", "sample s", "sampling s",
+    for k in ("effects block", "load", "rows per step by block", "rows", "groups", "group sizes", "whole process s", "from_bambi s", "sample s", "sampling s",
               "min bulk ESS", "max R-hat", "trusted", "peak MB", "peak MB by stage", "z (fixed, sigma)",
               "group z max |z|", "group z share within 2", "data fraction"):
         v = row[k]
         print(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}", flush=True)
     _common.write_json(a.out, "hierarchical_scale_smoke.json" if a.smoke else
-                       f"hierarchical_scale_{a.rows}x{a.groups}.json", {"meta": meta, "result": row})
+                       f"hierarchical_scale_{a.rows}x{a.groups}_{a.effects}.json", {"meta": meta, "result": row})
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ PILOT_ROWS = 2**16  # rows (drawn at random) of the Hessian that sets the effect
 DENSE_MAX = 400  # above this many effects the proposal uses the Hessian's diagonal only
 CV_ORDER2_MAX = 400  # above this many effects no control variates (their sums are effects x effects)
 LANGEVIN = True
+EXACT_GLM = True  # a logistic GLM's effects by the exact block of glm_effects.py (else austerity + control variates)
+GLM_TEST = "thinning"  # that block's decision: "thinning" (exact, subsampled) or "exact" (every row)
+GLM_PCN = 0.5  # its Crank-Nicolson parameter
 EXACT_BELOW = 1000  # rows: up to this many the effects block decides exactly (a subsample would not read fewer)
 
 __all__ = ["split_sites", "centred_view", "BlockedModel", "auto_program", "effects_block"]
@@ -382,10 +385,15 @@ def auto_program(model, data):
     # (a recentred Bambi model's hyperparameters start at its pilot fit's estimate, kept)
     start = _conditional_start(cm, data, n, start, hyper, rounds=1 if isinstance(cm, RecentredPyMCModel) else 3)
     bm0 = BlockedModel(cm, hyper, effects, start, {"hyper": 0.0, "effects": 0.0})
-    try:
-        eblock, sd_e = effects_block(bm0, data, n)
-    except Exception:  # noqa: BLE001 - e.g. a likelihood JAX cannot differentiate: run as before
-        return None
+    glm = _exact_glm_block(bm0, data, n) if EXACT_GLM else None
+    if glm is not None:
+        eblock, sd_e, extra = glm
+    else:
+        extra = {}
+        try:
+            eblock, sd_e = effects_block(bm0, data, n)
+        except Exception:  # noqa: BLE001 - e.g. a likelihood JAX cannot differentiate: run as before
+            return None
     # the hyperparameters' random walk: sd 1 / sqrt(2 J) on a log scale with J effects (the conditional of
     # log sigma given J effects), at most 0.5
     n_eff = max(1, int(sum(np.size(start[k]) for k in effects)))
@@ -393,14 +401,51 @@ def auto_program(model, data):
     hblock = Repeat(MH("hyper", proposal=RandomWalk(h_sd)), times=HYPER_STEPS)
     jitter = {"hyper": np.full(bm0.start["hyper"].shape, h_sd), "effects": np.asarray(sd_e)}
     bm = BlockedModel(cm, hyper, effects, start, jitter)
+    bm.extra_data = extra
     program = Cycle([hblock, eblock])
     note = (f"automatic blocks (group-level model): the data-free parameters {hyper} by exact MH ({HYPER_STEPS} "
             f"steps per cycle, no data read; {how}), then the {n_eff} effects {_short(effects)} by one subsampled "
-            f"MH step ({eblock.label}; {_proposal_words(eblock.proposal)}); program=... replaces it")
+            f"MH step ({eblock.label}; {_proposal_words(getattr(eblock, 'proposal', eblock))}); program=... replaces it")
     return bm, program, note
 
 
+def _exact_glm_block(bm, data, n):
+    """``(GLMEffects block, jitter sds, its data arrays)`` where the effects' likelihood is a logistic GLM with one
+    group key (:mod:`tallmh.glm_effects`), else None."""
+    from . import glm_effects as ge
+
+    try:
+        view = ge.recognise(bm, jax.tree_util.tree_map(jnp.asarray, data), n)
+        if view is None:
+            return None
+        setup, order = ge.glm_setup(bm, view, bm.start["effects"])
+    except Exception:  # noqa: BLE001 - a likelihood the recognition cannot read keeps the approximate block
+        return None
+    block = ge.GLMEffects(setup, view.fixed, view.group, test=GLM_TEST, r=GLM_PCN)
+    sd = np.zeros(int(bm.start["effects"].shape[0]))
+    sd[view.group] = np.asarray(setup.s, np.float64)
+    if view.fixed.size:
+        lt = np.asarray(setup.lstf, np.float64)
+        sd[view.fixed] = np.sqrt(np.diag(np.linalg.inv(lt.T @ lt)))
+    extra = dict(zip(ge.DATA_KEYS, (view.x, view.g, view.c, view.b, order)))
+    return block, sd, extra
+
+
+def data_for(model, data):
+    """The data the program reads: ``data`` and, for an exact GLM effects block, the design arrays it made
+    (:mod:`tallmh.glm_effects`) under their own keys."""
+    extra = getattr(model, "extra_data", None)
+    if not extra or not isinstance(data, dict):
+        return data
+    return {**data, **extra}
+
+
 def _proposal_words(p) -> str:
+    from .glm_effects import GLMEffects
+
+    if isinstance(p, GLMEffects):
+        return (f"preconditioned Crank-Nicolson (r = {p.r}) on the surrogate's Gaussian at the current "
+                "hyperparameters; per-group remainder bounds")
     if isinstance(p, _PreconditionedLangevin):
         return (f"Langevin proposal with the control variates' gradient on {p.inner.batch_size} rows, preconditioned "
                 f"by the effects' Laplace covariance at the start, step {p.inner.step_size:.3g}")

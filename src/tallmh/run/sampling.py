@@ -176,6 +176,7 @@ def sample(
     # a model with group-level terms and nothing about the method chosen: its blocked program (hierarchical.py)
     model, program, auto_note = hierarchical.default_program(model, data, test, proposal, control_variates,
                                                              program, resume)
+    data = hierarchical.data_for(model, data)
     run = runstate.Run(model, num_chains=num_chains, seed=seed, callback=callback, checkpoint=checkpoint,
                        checkpoint_every_s=checkpoint_every_s, chunk_seconds=chunk_seconds, chunk_size=chunk_size,
                        budget_s=budget_s, min_ess=min_ess)

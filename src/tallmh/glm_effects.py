@@ -1,0 +1,518 @@
+"""The exact effects block of a hierarchical logistic GLM: fixed and group effects by exact subsampled MH.
+
+Given the hyperparameters, the fixed effects ``beta`` and the group effects ``u`` of a hierarchical logistic
+regression reach the likelihood only through ``eta_i = x_i . beta + c_i u_{g(i)} + o_i``: a logistic
+regression on the design ``[X, c * onehot(g)]``, whose prior on ``u`` (``N(0, sigma^2)``) moves with the
+hyperparameters. The exact subsampled test (Cornish, Vanetti, Bouchard-Cote, Deligiannidis & Doucet, *Scalable
+Metropolis-Hastings for exact Bayesian inference with large datasets*, ICML 2019, "SMH", eq. 4 and Alg. 2; see
+:mod:`tallmh.acceptance.thinning`) thins on the likelihood's Taylor remainders only; the prior is evaluated
+exactly at every step, so one set-up serves every value of ``sigma``.
+
+**Recognition** (:func:`recognise`): the model's per-row log-likelihood in the flat effects ``e`` must be
+``log sigmoid(a_i . e + b_i)`` with ``a_i`` zero outside the fixed effects and one entry of the largest effect key
+(the group key). With ``l_i = log sigmoid(v_i)``, ``v_i = -log(expm1(-l_i))`` and ``a_i = grad l_i / (1 -
+exp(l_i))``: one pass of per-row gradients gives the design (the response's sign folded into it), the group
+index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
+the start and at a moved point (the model's value against the reconstruction); anything else (a probit link,
+two group terms on one row, a family parameter) is not recognised and keeps the approximate block.
+
+**The bound, per group** (SMH eq. 8 in a per-group product form). With ``delta_i = a_i . (e - c)`` at the centre
+``c`` and ``|(log sigmoid)'''| <= M = sqrt(3)/18``, ``|R_i(e') - R_i(e)| <= (M/6) |delta_i'^3 - delta_i^3| <=
+(M/6) |delta_i' - delta_i| (delta_i^2 + |delta_i delta_i'| + delta_i'^2)``. Write ``L L^T = S`` (the fixed
+effects' marginal precision at the centre), ``s_j`` the group effect's conditional sd and ``r_i = ||L^-1 x_i||``:
+then ``|delta_i| <= lam r_i ||L^T d_beta|| / lam + |c_i| s_j |d_u_j| / s_j <= kappa_i t_j`` with ``kappa_i =
+lam r_i + |c_i| s_{g(i)}`` and ``t_j = max(||L^T d_beta|| / lam, |d_u_j| / s_j)`` (likewise ``t_j'`` at ``e'`` and
+``d_j`` for the step), so ``|Delta R_i| <= kappa_i^3 phi_j``, ``phi_j = (M/6) d_j (t_j^2 + t_j t_j' + t_j'^2)``:
+symmetric in ``e, e'`` and data-free. A small, uncertain group has a large ``s_j`` but few rows; a large group
+many rows of tiny ``kappa_i``: each costs in proportion to its own contribution. The Poisson process of rate
+``phi_j rate_i`` (``rate_i >= kappa_i^3``) is drawn as in SMH Alg. 2: ``K ~ Poisson(sum_j phi_j T_j)``, each
+point in group ``j`` with probability ``phi_j T_j / Lambda``, then a bucket of like weights within the group by
+an integer threshold table and an item uniformly in it (the rate it gets is known exactly, as in
+:func:`tallmh.factor_bounds.build_table`). Where ``Lambda > N/4`` the step takes the exact decision from all
+rows (a symmetric condition: still exact).
+
+**The proposal**: preconditioned Crank-Nicolson on the Gaussian that the surrogate gives *at the current
+hyperparameters*: precision ``P = -H + Lambda0`` (``H`` the likelihood's Hessian sum at the centre, arrow-shaped:
+fixed x fixed dense, fixed x group, group diagonal; ``Lambda0`` the prior's curvature, ``-hess log p0 . 1``, exact
+for a separable Gaussian prior) and mean ``mu = c + P^-1 (G + grad log p0(c))``; ``e' = mu + sqrt(1 - r^2) (e -
+mu) + r P^-1/2 xi``. As ``sigma`` moves, ``mu`` and ``P`` move with it (``O(p^2 G)`` per step, no d x d array).
+The proposal is reversible for that Gaussian, so ``log_base = log p0(e') - log p0(e) + Q(e') - Q(e) + (1/2)
+[(e' - mu)^T P (e' - mu) - (e - mu)^T P (e - mu)]`` (zero for a Gaussian prior up to rounding): what is left to
+decide is the remainders' factor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .blocks.state import BlockInfo
+from .factor_bounds import SAFETY
+from .models.logistic import M3_LOGISTIC, logistic_remainder_diff, softplus_diff
+
+__all__ = ["recognise", "GLMEffects", "glm_setup", "DATA_KEYS"]
+
+DATA_KEYS = ("_glm_x", "_glm_g", "_glm_c", "_glm_b", "_glm_order")  # the design's arrays, beside the data
+MAX_FIXED = 64  # fixed-effect columns the arrow structure keeps dense
+_BUCKET_BITS = 20  # integer draw range per group
+_CHUNK_BYTES = 1 << 25
+
+
+class GLMView(NamedTuple):
+    """A recognised logistic GLM in the flat effects: ``l_i(e) = log sigmoid(x_i . e[fixed] + c_i e[group][g_i] +
+    b_i)`` (host arrays)."""
+
+    x: np.ndarray  # (N, p) float32
+    g: np.ndarray  # (N,) int32
+    c: np.ndarray  # (N,) float32
+    b: np.ndarray  # (N,) float32
+    fixed: np.ndarray  # (p,) positions of the fixed effects in the flat effects
+    group: np.ndarray  # (G,) positions of the group effects
+
+
+def _positions(bm):
+    e0 = bm.start["effects"]
+    d = int(e0.shape[0])
+    pos = bm._unravel_e(jnp.arange(d, dtype=e0.dtype))
+    return {k: np.rint(np.asarray(v, np.float64)).astype(np.int64).reshape(-1) for k, v in pos.items()}
+
+
+def _row_fn(bm):
+    h0 = bm.start["hyper"]
+
+    def ell(e, row):
+        return bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), row)[0]
+
+    return ell
+
+
+def recognise(bm, data, n) -> Optional[GLMView]:
+    """The effects' GLM structure (see the module), or None where the likelihood is not a logistic GLM with one
+    group key (checked on every row at two points). One pass of per-row gradients and two of values, in chunks."""
+    from .storage.data import take
+
+    pos = _positions(bm)
+    gkey = max(pos, key=lambda k: pos[k].size)
+    group = pos[gkey]
+    fixed = np.sort(np.concatenate([pos[k] for k in pos if k != gkey] or [np.zeros(0, np.int64)]))
+    if group.size < 2 or fixed.size > MAX_FIXED:
+        return None
+    e0 = bm.start["effects"]
+    d = int(e0.shape[0])
+    ell = _row_fn(bm)
+    fj, gj = jnp.asarray(fixed), jnp.asarray(group)
+
+    @jax.jit
+    def chunk(idx):
+        rows = take(data, idx)
+        one = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
+        val, grad = one(e0, jax.tree_util.tree_map(lambda a: a[:, None], rows))
+        a = grad / (-jnp.expm1(val))[:, None]
+        v = -jnp.log(jnp.expm1(-val))
+        ag = a[:, gj]
+        gi = jnp.argmax(jnp.abs(ag), axis=1).astype(jnp.int32)
+        ci = jnp.take_along_axis(ag, gi[:, None], axis=1)[:, 0]
+        xf = a[:, fj]
+        b = v - xf @ e0[fj] - ci * e0[gj][gi]
+        nnz = jnp.sum(ag != 0, axis=1)
+        ok = (nnz <= 1) & jnp.all(jnp.isfinite(a), axis=1) & jnp.isfinite(b)
+        return xf, gi, ci, b, jnp.all(ok)
+
+    size = int(max(256, min(8192, _CHUNK_BYTES // (4 * max(d, 1)))))
+    parts = []
+    for s in range(0, n, size):
+        idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
+        xf, gi, ci, b, ok = chunk(idx)
+        if not bool(ok):
+            return None
+        m = min(size, n - s)
+        parts.append(tuple(np.asarray(t)[:m] for t in (xf, gi, ci, b)))
+    view = GLMView(np.concatenate([p[0] for p in parts]).astype(np.float32),
+                   np.concatenate([p[1] for p in parts]).astype(np.int32),
+                   np.concatenate([p[2] for p in parts]).astype(np.float32),
+                   np.concatenate([p[3] for p in parts]).astype(np.float32), fixed, group)
+    shift = 0.3 * np.random.default_rng(3).standard_normal(d)
+    for e in (e0, e0 + jnp.asarray(shift, e0.dtype)):
+        if not _matches(bm, data, n, view, e, size):
+            return None
+    return view
+
+
+def _matches(bm, data, n, view, e, size) -> bool:
+    """Whether the model's per-row log-likelihood at ``e`` equals the reconstruction's on every row (to 1e-4,
+    relative above 1)."""
+    from .storage.data import take
+
+    h0 = bm.start["hyper"]
+    fj, gj = jnp.asarray(view.fixed), jnp.asarray(view.group)
+    arrays = {k: jnp.asarray(v) for k, v in zip(("x", "g", "c", "b"), view[:4])}
+
+    @jax.jit
+    def differs(idx):
+        a = bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), take(data, idx))
+        eta = arrays["x"][idx] @ e[fj] + arrays["c"][idx] * e[gj][arrays["g"][idx]] + arrays["b"][idx]
+        r = -jax.nn.softplus(-eta)
+        return jnp.any(~jnp.isfinite(a) | (jnp.abs(r - a) > 1e-4 * jnp.maximum(1.0, jnp.abs(a))))
+
+    size = max(size, 1 << 14)
+    for s in range(0, n, size):
+        idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
+        if bool(differs(idx)):
+            return False
+    return True
+
+
+# --- the set-up (host, float64) -------------------------------------------------------------------------------
+
+class Arrow(NamedTuple):
+    """A symmetric matrix over (fixed, group) effects: ``[[A, B], [B^T, diag(D)]]``."""
+
+    A: Any  # (p, p)
+    B: Any  # (p, G)
+    D: Any  # (G,)
+
+
+def arrow_solve(P: Arrow, rf, rg, xp=np):
+    """``P^-1 [rf; rg]`` by the Schur complement of the diagonal block."""
+    Bd = P.B / P.D
+    S = P.A - Bd @ P.B.T
+    yf = xp.linalg.solve(S, rf - Bd @ rg) if rf.shape[0] else rf
+    return yf, (rg - P.B.T @ yf) / P.D
+
+
+def arrow_quad(P: Arrow, xf, xg, yf, yg):
+    """``x^T P y``."""
+    return xf @ P.A @ yf + xf @ P.B @ yg + yf @ P.B @ xg + (xg * P.D) @ yg
+
+
+def _glm_sums(view, ef, eg):
+    """``(sum l_i, gradient (fixed, group), likelihood precision Arrow)`` at ``(ef, eg)`` over all rows (float64)."""
+    x = view.x.astype(np.float64)
+    c = view.c.astype(np.float64)
+    G = view.group.size
+    m = x @ ef + c * eg[view.g] + view.b
+    e = np.exp(-np.abs(m))
+    val = float(np.sum(np.minimum(m, 0.0) - np.log1p(e)))
+    d1 = np.where(m >= 0, e / (1 + e), 1 / (1 + e))  # sigmoid(-m)
+    w = e / (1 + e) ** 2
+    gf = x.T @ d1
+    gg = np.bincount(view.g, weights=c * d1, minlength=G)
+    A = (x * w[:, None]).T @ x
+    B = np.stack([np.bincount(view.g, weights=x[:, k] * c * w, minlength=G) for k in range(x.shape[1])]) \
+        if x.shape[1] else np.zeros((0, G))
+    D = np.bincount(view.g, weights=c * c * w, minlength=G)
+    return val, gf, gg, Arrow(A, B, D)
+
+
+def _prior_fns(bm):
+    """``lp(h, e)``, and ``pieces(h, e) -> (grad_e log p0, -hess_e log p0 . 1)`` (the curvature, exact for a
+    separable prior)."""
+
+    def lp(h, e):
+        return bm.model.log_prior(bm.theta({"hyper": h, "effects": e}))
+
+    def pieces(h, e):
+        g = jax.grad(lambda x: lp(h, x))
+        return g(e), -jax.jvp(g, (e,), (jnp.ones_like(e),))[1]
+
+    return lp, pieces
+
+
+def _newton_centre(bm, view, e0, rounds=40):
+    """The effects' conditional mode given the hyperparameters at their start (damped Newton with the prior's
+    curvature as in :func:`_prior_fns`), float64 on the host."""
+    lp, pieces = _prior_fns(bm)
+    lpj, pj = jax.jit(lp), jax.jit(pieces)
+    h0 = bm.start["hyper"]
+    e = np.asarray(e0, np.float64)
+    F, Gp = view.fixed, view.group
+
+    def obj(e):
+        return _glm_sums(view, e[F], e[Gp])[0] + float(lpj(h0, jnp.asarray(e, e0.dtype)))
+
+    cur = obj(e)
+    for _ in range(rounds):
+        _, gf, gg, P = _glm_sums(view, e[F], e[Gp])
+        g0, l0 = (np.asarray(t, np.float64) for t in pj(h0, jnp.asarray(e, e0.dtype)))
+        l0 = np.maximum(l0, 1e-10)
+        P = Arrow(P.A + np.diag(l0[F]), P.B, P.D + l0[Gp])
+        yf, yg = arrow_solve(P, gf + g0[F], gg + g0[Gp])
+        step = np.zeros_like(e)
+        step[F], step[Gp] = yf, yg
+        t = 1.0
+        while t > 1e-4:
+            new = obj(e + t * step)
+            if np.isfinite(new) and new >= cur - 1e-9 * abs(cur):
+                break
+            t *= 0.5
+        e, old, cur = e + t * step, cur, new
+        if abs(cur - old) < 1e-10 * max(1.0, abs(cur)):
+            break
+    return e
+
+
+class GLMSetup(NamedTuple):
+    """What the block's steps need besides the rows (small: O(p^2 + p G + buckets))."""
+
+    center: Any  # (d,)
+    gl: Any  # (d,) likelihood gradient sum at the centre
+    P: Arrow  # likelihood precision at the centre
+    lstf: Any  # (p, p) L^T of the fixed effects' marginal precision (whitening)
+    s: Any  # (G,) group effects' conditional sds (whitening)
+    lam: float
+    T: Any  # (G,) per-group total rate / phi_j
+    bstart: Any  # (NB,) first position of each bucket in the order
+    bcount: Any  # (NB,)
+    cumk: Any  # (NB,) within-group cumulative integer range
+    gfirst: Any  # (G + 1,) first bucket of each group
+    K: Any  # (G,) integer range of each group
+    search_steps: int
+
+
+def glm_setup(bm, view, e0):
+    """``(GLMSetup, order)``: the centre (the effects' conditional mode at the start), the likelihood's sums there,
+    the whitening, the per-item weights ``kappa_i^3`` and the per-group bucket tables (``order``: the items with
+    a positive weight, by group and bucket; it goes with the data). Several passes over N rows, float64."""
+    c = _newton_centre(bm, view, e0)
+    F, Gp = view.fixed, view.group
+    _, gf, gg, P = _glm_sums(view, c[F], c[Gp])
+    _, pieces = _prior_fns(bm)
+    _, l0 = (np.asarray(t, np.float64) for t in jax.jit(pieces)(bm.start["hyper"], jnp.asarray(c, e0.dtype)))
+    l0 = np.maximum(l0, 1e-10)
+    Pw = Arrow(P.A + np.diag(l0[F]), P.B, P.D + l0[Gp])
+    S = Pw.A - (Pw.B / Pw.D) @ Pw.B.T
+    p = F.size
+    L = np.linalg.cholesky(0.5 * (S + S.T)) if p else np.zeros((0, 0))
+    s = 1.0 / np.sqrt(Pw.D)
+    lam = 2.0 * math.sqrt(max(p, 1))
+    r = np.sqrt(np.sum(np.linalg.solve(L, view.x.astype(np.float64).T) ** 2, axis=0)) if p else 0.0
+    kappa = (lam * r + np.abs(view.c.astype(np.float64)) * s[view.g]) * (1 + 1e-5)
+    w = kappa**3
+    gl = np.zeros_like(c)
+    gl[F], gl[Gp] = gf, gg
+    return _tables(c, gl, P, L.T, s, lam, w, view.g, Gp.size)
+
+
+def _tables(c, gl, P, lstf, s, lam, w, g, G):
+    """The per-group bucket tables for weights ``w`` (see :class:`GLMSetup`)."""
+    items = np.nonzero(w > 0)[0]
+    wk = w[items]
+    key = np.floor(8.0 * np.log2(wk)).astype(np.int64)
+    o = np.lexsort((key, g[items]))
+    gs, ks = g[items][o], key[o]
+    brk = np.concatenate([[0], np.nonzero((np.diff(gs) != 0) | (np.diff(ks) != 0))[0] + 1]) if o.size else \
+        np.zeros(0, np.int64)
+    bcount = np.diff(np.concatenate([brk, [o.size]]))
+    bmax = np.maximum.reduceat(wk[o], brk) if o.size else np.zeros(0)
+    bgroup = gs[brk] if o.size else np.zeros(0, np.int64)
+    mass = bmax * bcount
+    msum = np.bincount(bgroup, weights=mass, minlength=G)
+    k = np.maximum(np.ceil(mass / msum[bgroup] * 2**_BUCKET_BITS), 1).astype(np.int64)
+    K = np.bincount(bgroup, weights=k, minlength=G).astype(np.int64)
+    T = np.zeros(G)
+    np.maximum.at(T, bgroup, mass * K[bgroup] / k)
+    T *= 1 + 1e-5
+    gfirst = np.searchsorted(bgroup, np.arange(G + 1))
+    cumk = np.cumsum(k) - np.concatenate([[0], np.cumsum(K)])[bgroup]
+    steps = int(math.ceil(math.log2(max(2, int(np.max(np.diff(gfirst))) + 1)))) + 1
+    f32 = np.float32
+    setup = GLMSetup(c.astype(f32), gl.astype(f32), Arrow(*(a.astype(f32) for a in P)), lstf.astype(f32),
+                     s.astype(f32), float(lam), np.nextafter(T.astype(f32), np.inf), brk.astype(np.int32),
+                     bcount.astype(np.int32), cumk.astype(np.int32), gfirst.astype(np.int32),
+                     np.maximum(K, 1).astype(np.int32), steps)
+    return setup, items[o].astype(np.int32)
+
+
+# --- the block -----------------------------------------------------------------------------------------------
+
+def _row_terms(data, idx, e, ep, c, F, Gp):
+    """``(m_i, delta_i, delta_i')`` of rows ``idx``: the margin at the centre and the steps to ``e`` and ``e'``."""
+    x, gi, ci, b = (data[k][idx] for k in DATA_KEYS[:4])
+    cols = jnp.stack([c[F], e[F] - c[F], ep[F] - c[F]], axis=-1)
+    u = jnp.stack([c[Gp][gi], e[Gp][gi] - c[Gp][gi], ep[Gp][gi] - c[Gp][gi]], axis=-1)
+    md = x @ cols + ci[:, None] * u
+    return md[:, 0] + b, md[:, 1], md[:, 2]
+
+
+@dataclass(frozen=True, eq=False)
+class GLMEffects:
+    """Exact MH on the ``"effects"`` site of a :class:`~tallmh.hierarchical.BlockedModel` whose likelihood is a
+    logistic GLM (:func:`recognise`): the preconditioned Crank-Nicolson proposal and the per-group bound of the
+    module, decided by Poisson thinning (``test="thinning"``) or from every row (``test="exact"``: plain MH on
+    the reconstructed likelihood). ``shrink`` (< 1) scales the bound down: a wrong sampler, for tests' negative
+    controls only. ``n_data`` counts every row read: one per lane of each chunk of points, N per full decision."""
+
+    setup: GLMSetup
+    fixed: Any
+    group: Any
+    test: str = "thinning"
+    r: float = 0.5
+    chunk: int = 8
+    shrink: float = 1.0
+    site: str = "effects"
+
+    def __post_init__(self):
+        st = self.setup
+        conv = {k: (v if isinstance(v, (int, float)) else
+                    Arrow(*(jnp.asarray(a) for a in v)) if isinstance(v, Arrow) else jnp.asarray(v))
+                for k, v in st._asdict().items()}
+        object.__setattr__(self, "setup", GLMSetup(**conv))
+        object.__setattr__(self, "fixed", np.asarray(self.fixed))
+        object.__setattr__(self, "group", np.asarray(self.group))
+
+    @property
+    def label(self):
+        return f"glm_effects({self.site}, {'exact-subsampled' if self.test == 'thinning' else 'exact'}, pcn)"
+
+    def validate(self, model, values, n):
+        from .errors import ConfigError
+
+        missing = [k for k in DATA_KEYS if k not in getattr(model, "extra_data", {})]
+        if self.site not in values or missing:
+            raise ConfigError(f"{self.label}: needs a BlockedModel with its GLM arrays ({missing})")
+
+    def init(self, model, values, aux, data, n):
+        return ()
+
+    def _gaussian(self, model, h):
+        """``(P, mu)``: the surrogate's Gaussian at the hyperparameters ``h`` (the module's proposal)."""
+        st = self.setup
+        F, Gp = self.fixed, self.group
+        _, pieces = _prior_fns(model)
+        g0, l0 = pieces(h, st.center)
+        l0 = jnp.maximum(l0, 1e-10)
+        P = Arrow(st.P.A + jnp.diag(l0[F]), st.P.B, st.P.D + l0[Gp])
+        r = st.gl + g0
+        yf, yg = arrow_solve(P, r[F], r[Gp], jnp)
+        mu = st.center.at[F].add(yf).at[Gp].add(yg)
+        return P, mu
+
+    def _propose(self, key, P, mu, e):
+        F, Gp = self.fixed, self.group
+        kf, kg = jax.random.split(key)
+        xf = jax.random.normal(kf, (F.shape[0],), e.dtype)
+        xg = jax.random.normal(kg, (Gp.shape[0],), e.dtype)
+        # P^-1/2 xi by the block Cholesky factor of P (group block first): fixed part L_S^-T xi_f, then the group's
+        Bd = P.B / P.D
+        S = P.A - Bd @ P.B.T
+        zf = jax.scipy.linalg.solve_triangular(jnp.linalg.cholesky(S), xf, lower=True, trans=1) if F.shape[0] else xf
+        zg = (xg - (P.B / jnp.sqrt(P.D)).T @ zf) / jnp.sqrt(P.D)
+        z = jnp.zeros_like(e).at[F].set(zf).at[Gp].set(zg)
+        a = math.sqrt(1.0 - self.r**2)
+        return mu + a * (e - mu) + self.r * z
+
+    def _phi(self, e, ep):
+        """Per-group ``phi_j`` (the module's bound) at ``(e, e')``."""
+        st = self.setup
+        F, Gp = self.fixed, self.group
+        c = st.center
+        nf = lambda v: jnp.linalg.norm(st.lstf @ v) / st.lam if F.shape[0] else jnp.zeros((), e.dtype)  # noqa: E731
+        t = jnp.maximum(nf(e[F] - c[F]), jnp.abs(e[Gp] - c[Gp]) / st.s)
+        tp = jnp.maximum(nf(ep[F] - c[F]), jnp.abs(ep[Gp] - c[Gp]) / st.s)
+        dd = jnp.maximum(nf(ep[F] - e[F]), jnp.abs(ep[Gp] - e[Gp]) / st.s)
+        return (SAFETY * M3_LOGISTIC / 6.0 * self.shrink) * dd * (t * t + t * tp + tp * tp)
+
+    def _draw(self, key, cum_mass, lam_total, m, data):
+        """``m`` points: (items, their per-point rate divided by phi of their group, their groups)."""
+        st = self.setup
+        k1, k2, k3 = jax.random.split(key, 3)
+        G = st.T.shape[0]
+        j = jnp.minimum(jnp.searchsorted(cum_mass, jax.random.uniform(k1, (m,)) * lam_total, side="right"), G - 1)
+        r = jax.random.randint(k2, (m,), 0, st.K[j])
+        lo, hi = st.gfirst[j], st.gfirst[j + 1] - 1
+
+        def bisect(_, lh):  # the first bucket of the group whose cumulative range exceeds r
+            lo, hi = lh
+            mid = (lo + hi) // 2
+            right = st.cumk[mid] <= r
+            return jnp.where(right, mid + 1, lo), jnp.where(right, hi, mid)
+
+        b, _ = jax.lax.fori_loop(0, st.search_steps, bisect, (lo, hi))
+        k_b = st.cumk[b] - jnp.where(b > st.gfirst[j], st.cumk[jnp.maximum(b - 1, 0)], 0)
+        item = data["_glm_order"][st.bstart[b] + jax.random.randint(k3, (m,), 0, st.bcount[b])]
+        rate = st.T[j] * k_b.astype(st.T.dtype) / (st.K[j].astype(st.T.dtype) * st.bcount[b].astype(st.T.dtype))
+        return item, rate, j
+
+    def _full(self, data, n, e, ep, go):
+        """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``)."""
+        from .acceptance.base import CompSum, StreamReader
+
+        c = self.setup.center
+
+        def rem(idx):
+            m, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
+            return logistic_remainder_diff(m, d, dp)
+
+        reader = StreamReader(n, 4096, rem, permuted=False, stop_on_nonfinite=True)
+        return reader.advance(None, CompSum.zero(e.dtype), jnp.where(go, n, 0))
+
+    def step(self, key, model, values, aux, members, bstate, data, n):
+        from .acceptance.base import draw_u
+        from .acceptance.exact import exact_accept
+
+        st = self.setup
+        F, Gp = self.fixed, self.group
+        h, e = values["hyper"], values[self.site]
+        k_prop, k_dec = jax.random.split(key)
+        P, mu = self._gaussian(model, h)
+        ep = self._propose(k_prop, P, mu, e)
+        lp, _ = _prior_fns(model)
+        a, ap = e - st.center, ep - st.center
+        dq = st.gl @ (ap - a) - 0.5 * arrow_quad(st.P, ap[F] + a[F], ap[Gp] + a[Gp], ap[F] - a[F], ap[Gp] - a[Gp])
+        dg = 0.5 * arrow_quad(P, ep[F] + e[F] - 2 * mu[F], ep[Gp] + e[Gp] - 2 * mu[Gp], ep[F] - e[F], ep[Gp] - e[Gp])
+        log_base = lp(h, ep) - lp(h, e) + dq + dg
+        log_base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
+        u, k_count, k_points = draw_u(k_dec)
+        if self.test == "exact":
+            fallback, lam_total, count = jnp.bool_(True), jnp.zeros((), e.dtype), jnp.zeros((), jnp.int32)
+            mass = None
+        else:
+            phi = self._phi(e, ep)
+            mass = phi * st.T
+            lam_total = jnp.sum(mass)
+            fallback = ~(lam_total <= max(64.0, n / 4.0))
+            go = (jnp.log(u) < log_base) & ~fallback
+            count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam_total, 0.0)), 0).astype(jnp.int32)
+        thin_ok, touched, rounds = self._thin(k_points, count, mass, lam_total, phi if mass is not None else None,
+                                              data, e, ep)
+        full = fallback & jnp.isfinite(log_base)
+        acc = self._full(data, n, e, ep, full)
+        full_ok = full & (acc.nonfinite == 0) & exact_accept("metropolis", u, log_base, (acc.hi, acc.lo))
+        accept = jnp.where(fallback, full_ok, (jnp.log(u) < log_base) & thin_ok)
+        new = jnp.where(accept, ep, e)
+        info = BlockInfo(touched + acc.read, jnp.int32(1), accept.astype(jnp.int32))
+        return {**values, self.site: new}, aux, members, bstate, info
+
+    def _thin(self, key, count, mass, lam_total, phi, data, e, ep):
+        """SMH Alg. 2 on the per-group process: ``(no point kept, rows read, rounds)``."""
+        if mass is None:
+            z = jnp.zeros((), jnp.int32)
+            return jnp.bool_(True), z, z
+        m = int(self.chunk)
+        cum = jnp.cumsum(mass)
+        c = self.setup.center
+
+        def cond(s):
+            done, rejected, _, _ = s
+            return (done < count) & ~rejected
+
+        def body(s):
+            done, rejected, k, touched = s
+            k, k1, k2 = jax.random.split(k, 3)
+            idx, rate, j = self._draw(k1, cum, lam_total, m, data)
+            live = jnp.arange(m) < count - done
+            mm, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
+            dr = logistic_remainder_diff(mm, d, dp)
+            bad = live & ~jnp.isfinite(dr)
+            p = jnp.where(live & ~bad, jnp.maximum(-dr, 0.0) / (phi[j] * rate), 0.0)
+            kept = (jax.random.uniform(k2, (m,), e.dtype) < p) | bad
+            return done + jnp.minimum(m, count - done), rejected | jnp.any(kept), k, touched + m
+
+        z = jnp.zeros((), jnp.int32)
+        done, rejected, _, touched = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), key, z))
+        return ~rejected, touched, (done + m - 1) // m
