@@ -33,7 +33,8 @@ def test_blocks_of_a_centred_pymc_model():
     bm, program, note = hierarchical.auto_program(model, data)
     assert bm.hyper_keys == ["s_log__"]
     assert sorted(bm.effect_keys) == ["a", "b", "mu"]
-    assert [type(getattr(b, "block", b)).__name__ for b in program.blocks] == ["MH", "SubsampledMH"]
+    # (a logistic GLM: the effects by the exact block of tallmh.glm_effects; tests/test_glm_effects.py)
+    assert [type(getattr(b, "block", b)).__name__ for b in program.blocks] == ["MH", "GLMEffects"]
     assert "s_log__" in note and "automatic blocks" in note
 
 
@@ -147,22 +148,27 @@ class _Counting:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
-def test_ten_thousand_groups_set_up_without_a_loop_over_levels():
+@pytest.mark.parametrize("exact_glm", [False, True])
+def test_ten_thousand_groups_set_up_without_a_loop_over_levels(exact_glm, monkeypatch):
+    monkeypatch.setattr(hierarchical, "EXACT_GLM", exact_glm)
     counts = {}
     for groups in (2_000, 10_000):  # (both above DENSE_MAX: the same code path)
         model, data = _many_groups_model(groups)
         c = _Counting(model)
         bm, program, _ = hierarchical.auto_program(model, data)
         assert bm.hyper_keys == ["s_log__"] and bm.start["effects"].shape == (groups + 1,)
-        r = tm.sample(bm, data, program=program, seed=0, progress=False, num_samples=5, num_warmup=0,
-                      num_chains=2)
+        r = tm.sample(bm, hierarchical.data_for(bm, data), program=program, seed=0, progress=False, num_samples=5,
+                      num_warmup=0, num_chains=2)
         assert r.samples["a"].shape == (2, 5, groups)
         counts[groups] = dict(c.calls)
     # the model is called (traced) as often with 10,000 levels as with 2,000: no Python loop over the levels
     assert counts[2_000] == counts[10_000], counts
     # above DENSE_MAX effects the proposal is diagonal (no d x d array) and there are no d x d control variates
     eff = program.blocks[1]
-    assert isinstance(eff.proposal, hierarchical.DiagonalRandomWalk) and eff.control_variates is None
+    if exact_glm:  # the exact block: arrays of rows, groups and buckets, none groups x groups
+        assert type(eff).__name__ == "GLMEffects" and eff.setup.P.B.shape == (1, groups)
+    else:
+        assert isinstance(eff.proposal, hierarchical.DiagonalRandomWalk) and eff.control_variates is None
 
 
 def test_a_coefficient_read_by_few_rows_is_not_data_free():
