@@ -15,6 +15,7 @@ Usage::
     python benchmarks/hierarchical_scale.py                      # 10^6 rows x 100 groups
     python benchmarks/hierarchical_scale.py --rows 10000000 --groups 1000
     python benchmarks/hierarchical_scale.py --effects approximate   # austerity + control variates instead
+    python benchmarks/hierarchical_scale.py --effects single-block  # no automatic blocks
     python benchmarks/hierarchical_scale.py --smoke
 """
 
@@ -56,9 +57,9 @@ def main(argv=None):
     ap = _common.parser(__doc__)
     _common.add_run_options(ap, os.path.join(REPO, "benchmarks", "results"))
     _common.add_options(ap, rows=1_000_000, groups=100)
-    ap.add_argument("--effects", choices=("exact-glm", "approximate"), default="exact-glm",
+    ap.add_argument("--effects", choices=("exact-glm", "approximate", "single-block"), default="exact-glm",
                     help="the effects block: the exact one for a logistic GLM (glm_effects.py) or austerity with "
-                         "control variates")
+                         "control variates; single-block: no automatic blocks (tm.sample's default method)")
     ap.add_argument("--pcn", type=float, default=None, help="the exact block's Crank-Nicolson parameter")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -88,7 +89,7 @@ def main(argv=None):
     model, data = tm.from_bambi(bm)
     mem["from_bambi"] = peak_mb()
     t2 = time.perf_counter()
-    r = tm.sample(model, data, seed=a.seed, progress=False, program="auto",
+    r = tm.sample(model, data, seed=a.seed, progress=False, program=None if a.effects == "single-block" else "auto",
                   **({"budget_s": 30.0} if a.smoke else {}))
     t3 = time.perf_counter()
     mem["sample"] = peak_mb()

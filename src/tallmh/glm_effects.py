@@ -509,7 +509,8 @@ class GLMEffects:
             mm, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
             dr = logistic_remainder_diff(mm, d, dp)
             bad = live & ~jnp.isfinite(dr)
-            p = jnp.where(live & ~bad, jnp.maximum(-dr, 0.0) / (phi[j] * rate), 0.0)
+            lam_i = phi[j] * rate  # (positive for a drawn point; a rounding edge that lands on a zero rate: no point)
+            p = jnp.where(live & ~bad & (lam_i > 0), jnp.maximum(-dr, 0.0) / jnp.where(lam_i > 0, lam_i, 1.0), 0.0)
             kept = (jax.random.uniform(k2, (m,), e.dtype) < p) | bad
             return done + jnp.minimum(m, count - done), rejected | jnp.any(kept), k, touched + m
 

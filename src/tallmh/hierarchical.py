@@ -383,10 +383,20 @@ def auto_program(model, data):
     start = {k: np.asarray(v) for k, v in start.items()}
     # the control variates' centre and the chains' start: the effects' mode given the hyperparameters on all rows
     # (a recentred Bambi model's hyperparameters start at its pilot fit's estimate, kept)
-    start = _conditional_start(cm, data, n, start, hyper, rounds=1 if isinstance(cm, RecentredPyMCModel) else 3)
-    bm0 = BlockedModel(cm, hyper, effects, start, {"hyper": 0.0, "effects": 0.0})
-    glm = _exact_glm_block(bm0, data, n) if EXACT_GLM else None
+    # (a recentred Bambi model recognised as a logistic GLM: the exact block's own Newton on the arrow-shaped
+    # precision finds that mode, in place of the dense one)
+    recentred = isinstance(cm, RecentredPyMCModel)
+    zero = {"hyper": 0.0, "effects": 0.0}
+    glm = _exact_glm_block(BlockedModel(cm, hyper, effects, start, zero), data, n) if EXACT_GLM and recentred \
+        else None
+    if glm is None:
+        start = _conditional_start(cm, data, n, start, hyper, rounds=1 if recentred else 3)
+        if EXACT_GLM and not recentred:
+            glm = _exact_glm_block(BlockedModel(cm, hyper, effects, start, zero), data, n)
+    bm0 = BlockedModel(cm, hyper, effects, start, zero)
     if glm is not None:
+        centre = bm0._unravel_e(jnp.asarray(np.asarray(glm[0].setup.center), bm0.start["effects"].dtype))
+        start = {**start, **{k: np.asarray(v, start[k].dtype) for k, v in centre.items()}}
         eblock, sd_e, extra = glm
     else:
         extra = {}
