@@ -50,6 +50,19 @@ def pymc_glm(X, y, family, **kw):
     return tm.from_pymc(m, **kw)
 
 
+def numpyro_glm(X, y):
+    numpyro = pytest.importorskip("numpyro")
+    import numpyro.distributions as dist
+
+    def model(X, y=None):
+        a = numpyro.sample("a", dist.Normal(0, 5))
+        b = numpyro.sample("b", dist.Normal(0, 5).expand([X.shape[1]]))
+        with numpyro.plate("rows", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=a + X @ b), obs=y)
+
+    return tm.from_numpyro(model, X.astype(np.float32), y.astype(np.float32))
+
+
 # --- which models get a bound --------------------------------------------------------------------------------
 
 def test_affinity_analysis():
@@ -63,7 +76,8 @@ def test_affinity_analysis():
     assert not affine_in(lambda t, x: jnp.where(t[0] > 0, x @ t[:2], 0.0), t, x)[0]  # a predicate on theta
 
 
-def test_which_pymc_and_bambi_models_get_a_bound():
+@pytest.mark.slow
+def test_which_bambi_models_get_a_bound():
     bmb = pytest.importorskip("bambi")
     import pandas as pd
 
@@ -79,6 +93,11 @@ def test_which_pymc_and_bambi_models_get_a_bound():
     for centre in (True, False):  # group-level terms: no bound
         model, _ = tm.from_bambi(bmb.Model("y ~ x1 + (1|g)", df, family="bernoulli"), centre_groups=centre)
         assert not has_bound(model)
+
+
+def test_which_pymc_models_get_a_bound():
+    X, y = glm_data(600, "bernoulli")
+    assert has_bound(pymc_glm(X, y, "bernoulli")[0])
     with pm.Model() as m:  # a scale parameter in the predictor (exp of its unconstrained value)
         s = pm.HalfNormal("s", 1.0)
         b = pm.Normal("b", 0, 5, shape=2)
@@ -90,6 +109,50 @@ def test_which_pymc_and_bambi_models_get_a_bound():
         pm.Bernoulli("y", p=pm.math.invprobit(pm.math.dot(X[:, :2], b)), observed=y)
     model, _ = tm.from_pymc(m)
     assert not has_bound(model)
+
+
+def test_which_numpyro_models_get_a_bound():
+    numpyro = pytest.importorskip("numpyro")
+    import numpyro.distributions as dist
+
+    X, y = glm_data(500, "bernoulli")
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    assert has_bound(numpyro_glm(X, y)[0])
+
+    def scaled(X, y=None):
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        b = numpyro.sample("b", dist.Normal(0, 5).expand([X.shape[1]]))
+        with numpyro.plate("rows", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=s * (X @ b)), obs=y)
+
+    def probs(X, y=None):
+        b = numpyro.sample("b", dist.Normal(0, 5).expand([X.shape[1]]))
+        with numpyro.plate("rows", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(probs=jax.nn.sigmoid(X @ b)), obs=y)
+
+    for fn in (scaled, probs):
+        model, _ = tm.from_numpyro(fn, X, y)
+        assert not has_bound(model), fn.__name__
+
+
+@pytest.mark.slow
+def test_bambi_glm_through_sample_with_the_exact_test():
+    """A Bambi logistic regression sampled by ``tm.sample`` with the exact subsampled test: few items per step, the
+    same posterior mean as exact MH within Monte Carlo error (short chains: a loose check; the slow tests below
+    are the tight ones)."""
+    bmb = pytest.importorskip("bambi")
+    import pandas as pd
+
+    X, y = glm_data(20_000, "bernoulli", seed=6)
+    df = pd.DataFrame({"x1": X[:, 0], "x2": X[:, 1], "y": y})
+    model, data = tm.from_bambi(bmb.Model("y ~ x1 + x2", df, family="bernoulli"))
+    kw = dict(num_samples=800, num_warmup=300, num_chains=2, seed=0, progress=False)
+    res = tm.sample(model, data, test=tm.acceptance.PoissonThinning(), **kw)
+    ref = tm.sample(model, data, test=tm.acceptance.Exact(), **kw)
+    assert float(np.mean(res.stats["n_data"])) < 5.0
+    ok, zm, zs, report = compare(np.asarray(res.flat_samples, np.float64), np.asarray(ref.flat_samples, np.float64),
+                                 z=5.0)
+    assert ok, report
 
 
 # --- the bound against the true remainder differences ------------------------------------------------------
@@ -109,10 +172,12 @@ def _true_remainder(family, X, y, flat_c, flat):
     return -(np.exp(e) - mu - mu * t - 0.5 * mu * t * t)
 
 
-@pytest.mark.parametrize("family", ["bernoulli", "poisson"])
+@pytest.mark.parametrize("family", ["bernoulli", "poisson", "numpyro"])
 def test_bound_holds_on_random_pairs_near_and_far(family):
-    X, y = glm_data(3000, family, seed=2, rare=20 if family == "bernoulli" else 0)
-    model, data = pymc_glm(X, y, family)
+    fam = "poisson" if family == "poisson" else "bernoulli"
+    X, y = glm_data(3000, fam, seed=2, rare=20 if fam == "bernoulli" else 0)
+    model, data = numpyro_glm(X, y) if family == "numpyro" else pymc_glm(X, y, family)
+    family = fam
     assert has_bound(model)
     unravel, cv, stats, _ = setup(model, data)
     T = stats[fbm.FACTOR_KEY]

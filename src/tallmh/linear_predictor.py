@@ -92,7 +92,13 @@ def _states(jaxpr, in_states, dep_ops):
     def read(v):
         return env.get(v, _CONST) if not hasattr(v, "val") else _CONST  # (a literal is a constant)
 
-    for eqn in jaxpr.eqns:
+    live = {v for v in jaxpr.outvars if not hasattr(v, "val")}
+    needed = []
+    for eqn in reversed(jaxpr.eqns):  # only what the outputs depend on (the rest of a traced program is ignored)
+        if any(v in live for v in eqn.outvars):
+            needed.append(eqn)
+            live.update(v for v in eqn.invars if not hasattr(v, "val"))
+    for eqn in reversed(needed):
         ins = [read(v) for v in eqn.invars]
         s = _eqn_state(eqn, ins, dep_ops)
         if s is None:
@@ -124,7 +130,7 @@ class LinearPredictorBound:
     """A built-in GLM bound (logistic or Poisson) whose design rows come from an affine linear predictor.
 
     ``eta(theta_flat, batch) -> (b,)`` is affine in ``theta_flat`` (checked by :func:`affine_in` before this is
-    made); ``y_key`` names the response in the batch. The batch is turned into ``{"X": Jacobian of eta (b, d),
+    made); ``y_key`` names the response in the batch (or is a function of the batch giving it). The batch is turned into ``{"X": Jacobian of eta (b, d),
     "y": response, "_a": eta(0)}`` and handed to the built-in bound; weights computed in the working precision
     are inflated by 1e-3 for their rounding (as :func:`tallmh.factor_bounds.prepare` does on the device).
     """
@@ -150,7 +156,8 @@ class LinearPredictorBound:
 
         a = eta_b(zero)
         X = jax.jacfwd(eta_b)(zero)
-        return {"X": X, "y": jnp.asarray(batch[self.y_key]).astype(dt), "_a": a}
+        y = self.y_key(batch) if callable(self.y_key) else batch[self.y_key]
+        return {"X": X, "y": jnp.reshape(jnp.asarray(y), (b,)).astype(dt), "_a": a}
 
     def weights(self, center, rinv, batch):
         return self.base.weights(center, rinv, self.design(batch, center.dtype)) * (1 + 1e-3)

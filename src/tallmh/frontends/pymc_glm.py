@@ -119,17 +119,16 @@ def _cross_check(model, family, eta_flat, unravel, flat0, data, y_key) -> bool:
     return True
 
 
-def attach_bound(model, observed, obs_graphs, repl, value_vars, placeholders, data):
+def attach_bound(model, observed, obs_graphs, repl, value_vars, placeholders, data, compile_fn):
     """Give ``model`` (a fresh :class:`~tallmh.frontends.pymc_model.PyMCModel`) a ``factor_bound`` when its
     likelihood is a GLM the built-in bounds cover (see the module); set ``model.factor_bound_reason`` to why
-    not otherwise. ``placeholders`` are the batch inputs in ``model.data_names`` order."""
-    import jax
+    not otherwise. ``placeholders`` are the batch inputs in ``model.data_names`` order; ``compile_fn(inputs,
+    outputs)`` turns a PyTensor graph into a JAX function (the front end's)."""
     import jax.numpy as jnp
     from jax.flatten_util import ravel_pytree
     from pytensor.graph.replace import clone_replace
 
     from ..linear_predictor import LinearPredictorBound, affine_in
-    from .pymc_model import _jaxify, _quiet
 
     def refuse(why):
         model.factor_bound_reason = why
@@ -148,7 +147,7 @@ def attach_bound(model, observed, obs_graphs, repl, value_vars, placeholders, da
         return refuse("responses that do not fit the family")
     try:
         eta_b = clone_replace([eta], replace=repl, rebuild_strict=False)[0]
-        fn = _quiet(_jaxify(value_vars + list(placeholders), [eta_b], "linear predictor"))
+        fn = compile_fn(value_vars + list(placeholders), [eta_b])
     except Exception as e:  # noqa: BLE001 - no bound, not an error: the model runs as before
         return refuse(f"its linear predictor cannot be compiled ({type(e).__name__})")
     flat0, unravel = ravel_pytree(model.init())
@@ -177,5 +176,4 @@ def attach_bound(model, observed, obs_graphs, repl, value_vars, placeholders, da
     model.factor_bound = factor_bound
     model.factor_bound_reason = None
     model.glm_family = family
-    del jax
     return factor_bound

@@ -1,0 +1,94 @@
+"""A remainder bound for NumPyro models whose likelihood is a Bernoulli-logit GLM of an affine linear predictor.
+
+Read from the model's trace on a few rows (see :mod:`tallmh.linear_predictor` for why each condition is needed
+for the exact subsampled test to stay exact): no discrete latent summed out and no latent inside the data plate;
+exactly one sample site inside the data plate, observed, one value per row, without a scale or a mask; its
+distribution ``Bernoulli(logits=eta)`` (NumPyro's ``BernoulliLogits``); ``eta``, as a function of the flat
+unconstrained globals and the data, affine (:func:`tallmh.linear_predictor.affine_in`); and,
+as a cross-check of the reading, the model's per-row log-likelihood equal to the family's at two parameter
+values on up to 64 rows. A Poisson likelihood is given by its rate (``exp(eta)``), not its log: it is not
+recognised here, and such a model keeps no bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["attach_bound"]
+
+
+def _site(model, tr):
+    """The one sample site inside the data plate, or ``(None, why)``."""
+    sites = [(k, s) for k, s in tr.items() if s["type"] == "sample" and model._in_plate(s)]
+    if len(sites) != 1:
+        return None, "more than one site inside the data plate"
+    name, s = sites[0]
+    if not s.get("is_observed", False):
+        return None, "a latent site inside the data plate"
+    if type(s["fn"]).__name__ != "BernoulliLogits":
+        return None, f"a {type(s['fn']).__name__} likelihood (a bound exists here for Bernoulli(logits=...))"
+    if s.get("scale") is not None or s.get("mask") is not None or tuple(s["fn"].event_shape) != ():
+        return None, "a scaled, masked or multivariate likelihood site"
+    return name, s
+
+
+def attach_bound(model, data):
+    """Give ``model`` (a :class:`~tallmh.frontends.numpyro_model.NumPyroModel`) a ``factor_bound`` where its
+    likelihood is recognised (see the module); else set ``model.factor_bound_reason``."""
+    import jax.numpy as jnp
+    from jax.flatten_util import ravel_pytree
+
+    from ..linear_predictor import LinearPredictorBound, affine_in
+    from .pymc_glm import _family_loglik
+
+    def refuse(why):
+        model.factor_bound_reason = why
+        return None
+
+    if model.enumerated_sites or model.local_latent_sites:
+        return refuse("discrete or continuous latents inside the data plate")
+    n = model.n
+    rows = np.unique(np.linspace(0, n - 1, min(n, 64)).astype(np.int64))
+    few = {k: jnp.asarray(np.asarray(v)[rows]) for k, v in data.items()}
+    flat0, unravel = ravel_pytree(model.init())
+    try:
+        tr, _ = model._run(unravel(flat0), few)
+    except Exception as e:  # noqa: BLE001 - no bound, not an error
+        return refuse(f"its trace failed ({type(e).__name__})")
+    name, site = _site(model, tr)
+    if name is None:
+        return refuse(site)
+    b = rows.size
+    if tuple(site["fn"].batch_shape) != (b,) or np.shape(site["value"]) != (b,):
+        return refuse("a likelihood site without one value per row")
+
+    def eta_flat(t, batch):
+        tr, _ = model._run(unravel(t), batch)
+        bb = int(np.shape(next(iter(batch.values())))[0])
+        return jnp.broadcast_to(tr[name]["fn"].logits, (bb,))
+
+    def y_of(batch):
+        tr, _ = model._run(unravel(flat0), batch)
+        return tr[name]["value"]
+
+    ok, why = affine_in(eta_flat, flat0, {k: v[:2] for k, v in few.items()})
+    if not ok:
+        return refuse(why)
+    # (the responses need no check: the remainder of y eta - softplus(eta) does not depend on y)
+    rng = np.random.default_rng(1)
+    for t in (flat0, flat0 + 0.3 * jnp.asarray(rng.standard_normal(flat0.shape), flat0.dtype)):
+        ours = np.asarray(_family_loglik("bernoulli_logit", eta_flat(t, few), y_of(few).astype(t.dtype)), np.float64)
+        theirs = np.asarray(model.log_lik(unravel(t), few), np.float64)
+        if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-4, atol=1e-4):
+            return refuse("its log-likelihood differs from the family's (the reading is not trusted)")
+    dim = int(flat0.shape[0])
+
+    def factor_bound():
+        """The built-in logistic bound on the design rows of the affine linear predictor
+        (:class:`tallmh.linear_predictor.LinearPredictorBound`)."""
+        return LinearPredictorBound("bernoulli_logit", eta_flat, y_of, dim)
+
+    model.factor_bound = factor_bound
+    model.factor_bound_reason = None
+    model.glm_family = "bernoulli_logit"
+    return factor_bound
