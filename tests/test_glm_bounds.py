@@ -182,7 +182,7 @@ def test_bound_holds_on_random_pairs_near_and_far(family):
     unravel, cv, stats, _ = setup(model, data)
     T = stats[fbm.FACTOR_KEY]
     bound = model.factor_bound()
-    rinv = np.linalg.inv(np.asarray(T.chol_cov, np.float64).T)
+    rinv = np.asarray(T.chol_cov, np.float64).T  # (R^-1: chol_cov is R^-T)
     w = bound.weights_host(np.asarray(T.center, np.float64), rinv, data)
     L = np.asarray(T.chol_cov, np.float64)
     c = np.asarray(T.center, np.float64)

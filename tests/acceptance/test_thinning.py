@@ -180,7 +180,7 @@ def _bound_ratio(data, unravel, cv, stats, pairs):
     """Largest ``|R_i(theta') - R_i(theta)| / (w_i phi)`` over every item and the given whitened pairs, with the
     remainders in the working precision (float32) and the weights in float64."""
     T = stats[fbm.FACTOR_KEY]
-    rinv = np.linalg.inv(np.asarray(T.chol_cov, np.float64).T)
+    rinv = np.asarray(T.chol_cov, np.float64).T  # (R^-1: chol_cov is R^-T)
     w = LogisticCubicBound().weights_host(None, rinv, data)
     worst = 0.0
     for z, zp in pairs:
