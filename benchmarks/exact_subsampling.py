@@ -13,7 +13,13 @@ Langevin proposal, warmup and self-audit included; its sampling-stage time and i
 up to ``--default-max-n``. The set-up (mode search, control-variate sums, the bound's weights: counted items and
 seconds) is printed once per data set.
 
+``--unbalanced 1e5,1e6``: a case with about 1% positives (d = 11, ``unbalanced``), the exact subsampled test's
+proposals with the global remainder bound and with the local one (``LogisticRegression(remainder_bound="local")``:
+a trust region around the centre, the exact decision outside it); ``--only-unbalanced`` runs only that case
+(results in ``exact_subsampling_unbalanced.json``).
+
     python benchmarks/exact_subsampling.py --sizes 1e5,1e6,1e7
+    python benchmarks/exact_subsampling.py --only-unbalanced --unbalanced 1e5,1e6 --steps 2000
 """
 
 from __future__ import annotations
@@ -97,13 +103,25 @@ def show(r):
     print(C.table_row(r, COLUMNS), flush=True)
 
 
-def one_case(tm, name, data, args, rows):
+def unbalanced(n, seed=0, d=11, rate=0.01):
+    """About ``rate`` positives: an intercept at logit(rate), d - 1 features on scales 0.3 to 3."""
+    rng = np.random.default_rng(seed)
+    sc = np.geomspace(0.3, 3, d - 1)
+    X = np.concatenate([np.ones((n, 1)), rng.normal(size=(n, d - 1)) * sc], 1)
+    beta = np.r_[np.log(rate / (1 - rate)), rng.normal(size=d - 1) * 0.3 / sc]
+    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ beta)))).astype(np.float32)
+    return {"X": X.astype(np.float32), "y": y}
+
+
+def one_case(tm, name, data, args, rows, model=None, full=True):
+    """The methods on one data set; ``full=False``: the exact subsampled test's proposals only (no exact MH, no
+    default)."""
     from thinning_helpers import setup
 
     from tallmh import factor_bounds as fbm
 
     n = int(data["y"].shape[0])
-    model = tm.models.LogisticRegression()
+    model = model or tm.models.LogisticRegression()
     t0 = time.perf_counter()
     unravel, cv, stats, items = setup(model, data)
     setup_s = time.perf_counter() - t0
@@ -122,6 +140,8 @@ def one_case(tm, name, data, args, rows):
                 {"method": f"exact-subsampled, {pname}", "compile_s": comp, "setup_s": setup_s, "setup_items": items})
         rows.append(r)
         show(r)
+    if not full:
+        return
     # exact MH, independence proposal: a full pass per step
     steps = int(max(50, min(args.steps, args.exact_items / (n * args.chains))))
     draws, acc, nd, comp, secs = timed_chains(tm, model, data, tm.acceptance.Exact(), props["indep. (CN rho=0)"],
@@ -146,6 +166,9 @@ def main(argv=None):
     ap = C.parser(__doc__)
     C.add_options(ap, sizes="1e5,1e6,1e7", steps=5000, chains=4, exact_items=2e9, default_max_n=1e6)
     ap.add_argument("--no-rare", action="store_true")
+    ap.add_argument("--unbalanced", default="", help="sizes of a 1%%-positives case run with the global and the "
+                    "local remainder bound (LogisticRegression(remainder_bound=...)), e.g. 1e5,1e6")
+    ap.add_argument("--only-unbalanced", action="store_true", help="skip the other cases")
     C.add_run_options(ap, str(Path(__file__).parent / "results"))
     args = ap.parse_args(argv)
     if args.smoke:
@@ -156,15 +179,21 @@ def main(argv=None):
     C.header("exact subsampled MH", meta)
     print(C.table_header(COLUMNS))
     rows = []
-    for n in C.numbers(args.sizes, int):
+    for n in ([] if args.only_unbalanced else C.numbers(args.sizes, int)):
         X, y, _ = make_data(n, args.seed)
         one_case(tm, "unequal", {"X": X, "y": y}, args, rows)
         del X, y
-    if not args.no_rare and not args.smoke:
+    for n in (C.numbers(args.unbalanced, int) if args.unbalanced else []):
+        data = unbalanced(n, args.seed)
+        for bound in ("global", "local"):
+            one_case(tm, f"1%-pos {bound}", data, args, rows, tm.models.LogisticRegression(remainder_bound=bound),
+                     full=False)
+    if not args.no_rare and not args.smoke and not args.only_unbalanced:
         one_case(tm, "rare-feature", rare_feature(seed=args.seed), args, rows)
     meta["load_average_at_end"] = C.load_average()
     if not args.smoke:
-        C.write_json(args.out, "exact_subsampling.json", {"meta": meta, "rows": rows})
+        name = "exact_subsampling_unbalanced.json" if args.only_unbalanced else "exact_subsampling.json"
+        C.write_json(args.out, name, {"meta": meta, "rows": rows})
     return rows
 
 
