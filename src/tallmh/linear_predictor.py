@@ -143,6 +143,7 @@ class LinearPredictorBound:
             raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
         self.family, self.eta, self.y_key, self.dim = family, eta, y_key, int(dim)
         self.base = LogisticCubicBound() if family == "bernoulli_logit" else PoissonTrustBound(radius, offset="_a")
+        self._design_host = jax.jit(lambda batch: self.design(batch))  # (the set-up pass: compiled once per shape)
 
     def design(self, batch, dtype=None):
         """``{"X", "y", "_a"}`` of a batch (the Jacobian by forward differentiation: ``d`` passes of ``eta``)."""
@@ -163,7 +164,7 @@ class LinearPredictorBound:
         return self.base.weights(center, rinv, self.design(batch, center.dtype)) * (1 + 1e-3)
 
     def weights_host(self, center, rinv, batch):
-        d = self.design(jax.tree_util.tree_map(jnp.asarray, batch))
+        d = self._design_host(jax.tree_util.tree_map(jnp.asarray, batch))
         host = {k: np.asarray(v, np.float64) for k, v in d.items()}
         return self.base.weights_host(center, rinv, host) * (1 + 1e-3)
 
