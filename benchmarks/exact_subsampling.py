@@ -88,14 +88,16 @@ def timed_chains(tm, model, data, test, prop, unravel, cv, stats, steps, chains,
 def row(name, n, nd, acc, draws, secs, steps, chains, extra=None):
     ess = min_ess(draws)
     r = {"case": name, "n": n, "items_mean": float(nd.mean()), "items_p99": float(np.quantile(nd, 0.99)),
-         "accept": float(acc.mean()), "ess_per_step": ess / (steps * chains), "ess_per_s": ess / secs,
+         "full_pass_share": float(np.mean(nd >= n)), "accept": float(acc.mean()),
+         "ess_per_step": ess / (steps * chains), "ess_per_s": ess / secs,
          "sampling_s": secs, "steps": steps, "chains": chains}
     r.update(extra or {})
     return r
 
 
 COLUMNS = [("case", "<12", "case"), ("N", ">8.0e", "n"), ("method", "<34", "method"),
-           ("items/step", ">10.3g", "items_mean"), ("p99", ">6.0f", "items_p99"), ("accept", ">7.3f", "accept"),
+           ("items/step", ">10.3g", "items_mean"), ("p99", ">6.0f", "items_p99"), ("full", ">7.4f", "full_pass_share"),
+           ("accept", ">7.3f", "accept"),
            ("ESS/step", ">9.3f", "ess_per_step"), ("ESS/s", ">9.3g", "ess_per_s")]
 
 
