@@ -50,7 +50,7 @@ def pymc_glm(X, y, family, **kw):
     return tm.from_pymc(m, **kw)
 
 
-def numpyro_glm(X, y):
+def numpyro_glm(X, y, family="bernoulli"):
     numpyro = pytest.importorskip("numpyro")
     import numpyro.distributions as dist
 
@@ -58,7 +58,10 @@ def numpyro_glm(X, y):
         a = numpyro.sample("a", dist.Normal(0, 5))
         b = numpyro.sample("b", dist.Normal(0, 5).expand([X.shape[1]]))
         with numpyro.plate("rows", X.shape[0]):
-            numpyro.sample("y", dist.Bernoulli(logits=a + X @ b), obs=y)
+            if family == "bernoulli":
+                numpyro.sample("y", dist.Bernoulli(logits=a + X @ b), obs=y)
+            else:
+                numpyro.sample("y", dist.Poisson(jnp.exp(a + X @ b)), obs=y)
 
     return tm.from_numpyro(model, X.astype(np.float32), y.astype(np.float32))
 
@@ -130,7 +133,13 @@ def test_which_numpyro_models_get_a_bound():
         with numpyro.plate("rows", X.shape[0]):
             numpyro.sample("y", dist.Bernoulli(probs=jax.nn.sigmoid(X @ b)), obs=y)
 
-    for fn in (scaled, probs):
+    def rate_plus_one(X, y=None):  # a rate that is not exp(linear predictor)
+        b = numpyro.sample("b", dist.Normal(0, 5).expand([X.shape[1]]))
+        with numpyro.plate("rows", X.shape[0]):
+            numpyro.sample("y", dist.Poisson(jnp.exp(X @ b) + 1.0), obs=y)
+
+    assert has_bound(numpyro_glm(X, y, "poisson")[0])
+    for fn in (scaled, probs, rate_plus_one):
         model, _ = tm.from_numpyro(fn, X, y)
         assert not has_bound(model), fn.__name__
 
@@ -172,11 +181,11 @@ def _true_remainder(family, X, y, flat_c, flat):
     return -(np.exp(e) - mu - mu * t - 0.5 * mu * t * t)
 
 
-@pytest.mark.parametrize("family", ["bernoulli", "poisson", "numpyro"])
+@pytest.mark.parametrize("family", ["bernoulli", "poisson", "numpyro", "numpyro-poisson"])
 def test_bound_holds_on_random_pairs_near_and_far(family):
-    fam = "poisson" if family == "poisson" else "bernoulli"
+    fam = "poisson" if family.endswith("poisson") else "bernoulli"
     X, y = glm_data(3000, fam, seed=2, rare=20 if fam == "bernoulli" else 0)
-    model, data = numpyro_glm(X, y) if family == "numpyro" else pymc_glm(X, y, family)
+    model, data = numpyro_glm(X, y, fam) if family.startswith("numpyro") else pymc_glm(X, y, family)
     family = fam
     assert has_bound(model)
     unravel, cv, stats, _ = setup(model, data)
@@ -262,6 +271,23 @@ def test_pymc_logistic_chain_with_shrunk_bound_fails_the_same_check(rare_case):
 def test_pymc_poisson_chain_matches_exact_mh():
     X, y = glm_data(5000, "poisson", seed=5, rare=12)
     model, data = pymc_glm(X, y, "poisson")
+    unravel, cv, stats, _ = setup(model, data)
+    T = stats[fbm.FACTOR_KEY]
+    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
+    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
+                           cv_order=None)
+    draws, _, nd = run_chains(model, data, tm.acceptance.PoissonThinning(), prop, unravel, cv, stats, STEPS, seed=1)
+    ok, zm, zs, report = compare(draws, ref)
+    assert ok, report
+    assert nd.mean() < 50, nd.mean()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bernoulli", "poisson"])
+def test_numpyro_glm_chain_matches_exact_mh(family):
+    X, y = glm_data(5000, family, seed=4, rare=12)
+    model, data = numpyro_glm(X, y, family)
+    assert has_bound(model)
     unravel, cv, stats, _ = setup(model, data)
     T = stats[fbm.FACTOR_KEY]
     prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)

@@ -26,6 +26,7 @@ the rows a bound reads (the set-up pass: every row once; a step: the rows its th
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import jax
@@ -108,15 +109,23 @@ def _states(jaxpr, in_states, dep_ops):
     return [read(v) for v in jaxpr.outvars]
 
 
-def affine_in(fn: Callable, theta, *rest):
+def affine_in(fn: Callable, theta, *rest, outer: Optional[str] = None):
     """``(True, "")`` when ``fn(theta, *rest)`` is, as a program, affine in the flat vector ``theta`` (see the
-    module); else ``(False, why)``. Only the program's structure is read (``jax.make_jaxpr`` at these shapes)."""
+    module); else ``(False, why)``. Only the program's structure is read (``jax.make_jaxpr`` at these shapes).
+    ``outer="exp"``: the program's one output must be ``exp`` of a value affine in ``theta`` (a Poisson rate)."""
     try:
         closed = jax.make_jaxpr(fn)(theta, *rest)
     except Exception as e:  # noqa: BLE001 - a program that cannot be traced is not certified
         return False, f"the linear predictor cannot be traced ({type(e).__name__})"
     n_theta = len(jax.tree_util.tree_leaves(theta))
     jp = closed.jaxpr
+    if outer is not None:
+        last = [k for k, e in enumerate(jp.eqns) if any(v is jp.outvars[0] for v in e.outvars)]
+        if len(jp.outvars) != 1 or not last or jp.eqns[last[0]].primitive.name != outer:
+            return False, f"the rate is not {outer}(linear predictor) in the program"
+        k = last[0]
+        jp = SimpleNamespace(invars=jp.invars, constvars=jp.constvars, eqns=jp.eqns[:k],
+                             outvars=list(jp.eqns[k].invars))
     marks = [_AFFINE] * n_theta + [_CONST] * (len(jp.invars) - n_theta)
     dep_ops: set = set()
     out = _states(jp, marks, dep_ops)

@@ -120,6 +120,17 @@ def _cross_check(model, family, eta_flat, unravel, flat0, data, y_key) -> bool:
 
 
 def attach_bound(model, observed, obs_graphs, repl, value_vars, placeholders, data, compile_fn):
+    """Give ``model`` a ``factor_bound`` where its likelihood is recognised (see the module and :func:`_attach`);
+    otherwise, and on any failure of the reading itself, none (``model.factor_bound_reason`` says why): the model
+    then runs as it did without."""
+    try:
+        return _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, compile_fn)
+    except Exception as e:  # noqa: BLE001 - a reading that fails gives no bound, never a failed conversion
+        model.factor_bound_reason = f"the likelihood could not be read ({type(e).__name__}: {e})"
+        return None
+
+
+def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, compile_fn):
     """Give ``model`` (a fresh :class:`~tallmh.frontends.pymc_model.PyMCModel`) a ``factor_bound`` when its
     likelihood is a GLM the built-in bounds cover (see the module); set ``model.factor_bound_reason`` to why
     not otherwise. ``placeholders`` are the batch inputs in ``model.data_names`` order; ``compile_fn(inputs,
