@@ -98,6 +98,16 @@ def test_which_bambi_models_get_a_bound():
         assert not has_bound(model)
 
 
+def test_which_formula_families_have_a_bound():
+    """``tallmh run --formula``: bernoulli and poisson have the built-in bounds; negativebinomial (a sampled
+    dispersion) and gaussian with a sampled noise sd have none."""
+    from tallmh.frontends.formula import NegativeBinomialRegression, PoissonRegression
+
+    assert has_bound(tm.models.LogisticRegression()) and has_bound(PoissonRegression())
+    assert has_bound(tm.models.LinearRegression(noise_sd=1.0))
+    assert not has_bound(NegativeBinomialRegression()) and not has_bound(tm.models.LinearRegression(noise_sd=None))
+
+
 def test_which_pymc_models_get_a_bound():
     X, y = glm_data(600, "bernoulli")
     assert has_bound(pymc_glm(X, y, "bernoulli")[0])
