@@ -995,22 +995,6 @@ def test_posterior_nc_space_check_estimates_the_compressed_file(tmp_path):
     assert _compressed_size(stats) < 0.25 * stats.nbytes  # the old estimate: 4 times too much and more
 
 
-def test_readme_names_the_folders_and_chains_the_command_line_uses():
-    """The README's output folders and the run's chain count are the command line's defaults."""
-    from tallmh.cli import build_parser
-
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    parser = build_parser()
-    run = parser.parse_args(["run", "x.csv"])
-    demo = parser.parse_args(["demo"])
-    assert f"`{run.out}/`" in readme and f"`{demo.out}/`" in readme
-    assert f"but {run.chains} chains" in readme
-    import re
-
-    for folder in set(re.findall(r"`\./(tallmh-[a-z]+)/`", readme)):
-        assert f"./{folder}" in (run.out, demo.out), folder
-
-
 def test_a_huge_constant_column_is_named_as_constant(tmp_path, capsys):
     n = 2000
     rng = np.random.default_rng(0)
