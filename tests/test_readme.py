@@ -253,6 +253,13 @@ def test_stated_defaults_are_the_codes():
         assert float(n) == demo.budget
     for c, d in _one(r"(\d+) [×x] ([\d,]+) draws\)", cli, "the demo's reference size"):
         assert (int(c), int(d.replace(",", ""))) == (demo.reference_chains, demo.reference_draws)
+    # the demo's "accurate": the README's rule is the comparison's
+    from tallmh.reporting import compare
+
+    for mean_sd, pct in _one(r"max error ≤ ([\d.]+) sd \+ 3 MCSE and sd ratios within\s+(\d+)%", readme,
+                             "the rule for 'accurate'"):
+        assert float(mean_sd) == compare.ACCURATE_MEAN_SD
+        assert compare.ACCURATE_SD_RATIO == pytest.approx((1 - int(pct) / 100, 1 + int(pct) / 100))
     # --noise-prior-scale and the checkpoint interval
     for n in _one(r"`--noise-prior-scale`,\s+(\d+)\)", cli, "--noise-prior-scale's default"):
         assert float(n) == run.noise_prior_scale
