@@ -370,9 +370,12 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
             tell(f"{args.out} holds the settings of a run stopped before its first draw: starting it again")
         kw, mode = _fresh(args, argv, model, data, on_disk, test, digest, out, tell)
     ck = out.file(CHECKPOINT)
-    result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
-                       progress=False if args.quiet else None, checkpoint=ck,
-                       checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
+    from .run.data_notes import checked_by_caller
+
+    with checked_by_caller():  # (the table's degenerate columns were named by their names, above)
+        result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
+                           progress=False if args.quiet else None, checkpoint=ck,
+                           checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
     # the outputs: a stop signal now is recorded, never raised where it lands (the outputs are finished)
     prev = arm_second_interrupt() if result.partial else arm_deferred_stop()
     try:
