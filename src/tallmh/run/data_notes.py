@@ -62,7 +62,9 @@ def notes_of(X, y, binary: bool) -> list:
     if n < 2 or d == 0:
         return []
     names = [f"X[:, {j}]" for j in range(d)]
-    const = np.flatnonzero(np.all(X == X[:1], axis=0))
+    head = np.asarray(X[:BLOCK_ROWS])
+    maybe = np.flatnonzero(np.all(head == head[:1], axis=0))  # constant in the first block; then in all rows
+    const = np.array([j for j in maybe if np.all(np.asarray(X[:, j]) == head[0, j])], int)
     nonzero = [j for j in const if X[0, j] != 0]
     if len(const) > 1 or (len(const) == 1 and not nonzero):
         return [f"columns {', '.join(names[j] for j in const)} are exactly collinear (constant columns: one "
