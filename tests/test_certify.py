@@ -101,7 +101,8 @@ def _run(monkeypatch, test=None, cert=True, scale=None, **kw):
         monkeypatch.setattr(certify, "M3", certify.M3 * scale)
         monkeypatch.setattr(certify, "SP_EPS", 0.0)
     data = _data(20000, "plain", seed=3)
-    extra = {} if test is None else {"test": test, "control_variates": tm.ControlVariates()}
+    # (None: the approximate default for a model without a remainder bound, austerity + control variates)
+    extra = {"test": test or tm.acceptance.Austerity(error=0.05), "control_variates": tm.ControlVariates()}
     r = tm.sample(tm.models.LogisticRegression(), data, num_warmup=200, num_samples=400, num_chains=4, audit=0.5,
                   seed=5, progress=False, **extra, **kw)
     monkeypatch.undo()
@@ -195,7 +196,8 @@ def test_the_default_audit_counts_the_items_it_reads(monkeypatch):
     n = 20000
     monkeypatch.setattr(selfaudit, "DEFAULT_AUDIT_ITEMS", 6 * n)
     data = _data(n, "plain", seed=3)
-    kw = dict(num_warmup=300, num_samples=1500, num_chains=4, seed=5, progress=False)
+    kw = dict(num_warmup=300, num_samples=1500, num_chains=4, seed=5, progress=False,
+              test=tm.acceptance.Austerity(error=0.05), control_variates=tm.ControlVariates())
     r = tm.sample(tm.models.LogisticRegression(), data, **kw)
     stop = [m for m in r.notes if m.startswith("self-audit: stopped at its budget of 120,000 items read")]
     assert len(stop) == 1 and not any("each reads all N" in m for m in r.notes)

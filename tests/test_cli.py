@@ -333,8 +333,9 @@ def test_run_reads_parquet_and_npz(tables, tmp_path, fmt, capsys):
 
 
 def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
-    """No --test, --proposal or --samples: the recommended method (austerity with control variates and the
-    Langevin proposal, as tallmh.sample chooses) draws until min bulk ESS >= --min-ess and R-hat <= 1.01, then
+    """No --test, --proposal or --samples: the recommended method (for the logistic model, which bounds its
+    remainders, the exact subsampled test with control variates and the Laplace proposal, as tallmh.sample
+    chooses) draws until min bulk ESS >= --min-ess and R-hat <= 1.01, then
     stops; the same method with a fixed handful of draws is the negative control (not trusted)."""
     _, paths, _ = tables
     common = ["--target", "late", "--warmup", 300, "--chains", 2, "--quiet"]
@@ -343,8 +344,8 @@ def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
     assert rc == 0, captured.err[-2000:]
     res = json.loads((tmp_path / "auto" / "results.json").read_text())
     assert res["settings"]["test"] == "auto" and res["settings"]["samples"] == "auto"
-    assert res["methods"][0]["method"] == "austerity-cv" and res["settings"]["label"].startswith("austerity(")
-    assert res["settings"]["proposal"] == "auto" and res["settings"]["proposal_used"] == "langevin"
+    assert res["methods"][0]["method"] == "exact-subsampled-cv" and res["settings"]["label"].startswith("exact-sub")
+    assert res["settings"]["proposal"] == "auto" and res["settings"]["proposal_used"] == "crank-nicolson"
     s = res["summary"]
     assert res["trusted"] and s["ess_min"] >= 150 and s["rhat_max"] <= 1.01
     draws = s["draws"]
@@ -354,7 +355,7 @@ def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
     rc = main(["run", paths["csv"], *common, "--samples", 8, "--out", tmp_path / "few"])
     captured = capsys.readouterr()
     few = json.loads((tmp_path / "few" / "results.json").read_text())
-    assert rc == 0 and few["methods"][0]["method"] == "austerity-cv"
+    assert rc == 0 and few["methods"][0]["method"] == "exact-subsampled-cv"
     assert not few["trusted"] and few["summary"]["draws"] == 8
 
 

@@ -52,6 +52,26 @@ def test_refuses_what_it_cannot_run_with():
         tm.sample(NoBound(), DATA, test=thin, num_samples=10, **KW)
 
 
+def test_is_the_default_where_the_model_bounds_its_remainders():
+    """tm.sample's default: the exact subsampled test (with the Laplace independence proposal, said in the notes
+    and the summary) for a model with a factor_bound(); austerity with control variates, audited, for the same
+    likelihood without one, whose summary says that a slow drift is not bounded."""
+    r = tm.sample(tm.models.LogisticRegression(), DATA, num_samples=200, **KW)
+    assert r.label.startswith("exact-subsampled") and isinstance(r.proposal, tm.proposals.CrankNicolson)
+    assert any(m.startswith("default method: exact-subsampled+cv (the model bounds") for m in r.notes)
+    assert r.audit.get("audit_steps", 0) == 0 and "\nexact: the chain targets the exact posterior" in str(r.summary())
+    assert float(np.mean(r.stats["n_data"])) < 2.0
+
+    class NoBound(tm.models.LogisticRegression):
+        def log_lik(self, theta, batch):
+            return super().log_lik(theta, batch)
+
+    a = tm.sample(NoBound(), DATA, num_samples=200, **KW)
+    assert a.label.startswith("austerity") and a.audit.get("audit_steps", 0) > 0
+    assert any("no bound on its Taylor remainders" in m for m in a.notes)
+    assert "\napproximate: each step's error is audited, a slow drift" in str(a.summary())
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
 def test_posterior_matches_exact_mh_within_monte_carlo_error():

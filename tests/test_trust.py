@@ -120,6 +120,8 @@ def test_the_two_stage_audit_keeps_its_power():
 
 def _audited_run(**kw):
     data, _ = tm.models.LogisticRegression.simulate(5000, d=3, seed=2)
+    kw.setdefault("test", tm.acceptance.Austerity(error=0.05))  # (the audited approximate default)
+    kw.setdefault("control_variates", tm.ControlVariates())
     return tm.sample(tm.models.LogisticRegression(), data, num_samples=600, num_warmup=300, num_chains=4, seed=0,
                      progress=False, **kw)
 

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import ConfigError
+from .storage import datasource as ds
 
 __all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
            "prepare", "FACTOR_KEY", "SAFETY"]
@@ -55,6 +56,9 @@ FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``
 SAFETY = 1.0 + 1e-3  # on phi: covers the float rounding of z, z' and of the supremum's grid
 _GROUP_RATIO = 2.0 ** (1.0 / 8.0)
 _DRAW_TOTAL = 2**30
+# groups at most: weights more than 2^64 below the largest share the lowest group (its rate still dominates
+# them), so the table's shapes depend on N and d only and the chain can compile before the set-up makes it
+MAX_GROUPS = 8 * 64 + 1
 
 
 class FactorTable(NamedTuple):
@@ -216,14 +220,17 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
         bad = int(np.sum(~np.isfinite(w) | (w < 0)))
         raise ConfigError(f"the remainder bound's item weights must be finite and non-negative; {bad} are not "
                           "(the trust region's weights overflow: use a smaller radius)")
+    n = w.size
     idx = np.nonzero(w > 0)[0]
     dt = np.dtype(dtype)
-    if idx.size == 0:  # no remainder anywhere: a dummy group, never drawn (total 0)
+    if idx.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
+        G0 = MAX_GROUPS
         return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
-                           jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), jnp.ones(1, jnp.int32),
-                           jnp.ones(1, jnp.int32), jnp.ones(1, dt), jnp.zeros((), dt))
+                           jnp.zeros(n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
+                           jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
     wk = w[idx]
     key = np.floor(np.log2(wk) / np.log2(_GROUP_RATIO)).astype(np.int64)
+    key = np.maximum(key, key.max() - (MAX_GROUPS - 1))
     o = np.argsort(key, kind="stable")
     key_s = key[o]
     starts = np.concatenate([[0], np.nonzero(np.diff(key_s))[0] + 1])
@@ -239,10 +246,25 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
     assert np.all(rate >= b)
     # float32 rounding up, so that the stored rate still dominates every weight of its group
     rate32 = np.nextafter(rate.astype(dt), np.inf).astype(dt)
+    # fixed shapes: N positions (items of weight 0 after the drawn ones, never drawn) and MAX_GROUPS groups
+    # (the padding groups: size 1, rate 0 and an empty draw range at the end, so never drawn)
+    pad = MAX_GROUPS - G
+    order = np.concatenate([idx[o], np.nonzero(w <= 0)[0]]).astype(np.int32)
+    cum = np.cumsum(k)
     return FactorTable(jnp.asarray(center, dt), jnp.asarray(rt, dt), jnp.asarray(chol_cov, dt),
-                       jnp.asarray(idx[o].astype(np.int32)), jnp.asarray(starts.astype(np.int32)),
-                       jnp.asarray(counts.astype(np.int32)), jnp.asarray(np.cumsum(k).astype(np.int32)),
-                       jnp.asarray(rate32), jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+                       jnp.asarray(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
+                       jnp.asarray(np.pad(counts, (0, pad), constant_values=1).astype(np.int32)),
+                       jnp.asarray(np.pad(cum, (0, pad), constant_values=K).astype(np.int32)),
+                       jnp.asarray(np.pad(rate32, (0, pad)).astype(dt)),
+                       jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+
+
+def table_shapes(n: int, d: int, dtype) -> FactorTable:
+    """The shapes and dtypes of :func:`build_table`'s result for N items and d parameters (its values unknown:
+    the chain compiles from these before the set-up makes the table)."""
+    f, i = (lambda *s: jax.ShapeDtypeStruct(s, np.dtype(dtype))), (lambda *s: jax.ShapeDtypeStruct(s, jnp.int32))
+    return FactorTable(f(d), f(d, d), f(d, d), i(n), i(MAX_GROUPS), i(MAX_GROUPS), i(MAX_GROUPS), f(MAX_GROUPS),
+                       f())
 
 
 def draw_items(key, table: FactorTable, m: int):
@@ -290,9 +312,11 @@ def prepare(model, data, n, unravel, cv, bound=None):
     leaves = jax.tree_util.tree_leaves(data)
     w = np.empty(n, np.float64)
     block = 1 << 18
-    if all(isinstance(a, np.ndarray) for a in leaves):
+    reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
+    if reader is not None or all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
-            batch = jax.tree_util.tree_map(lambda a: a[s:s + block], data)
+            batch = reader(s, min(n, s + block)) if reader is not None else \
+                jax.tree_util.tree_map(lambda a: a[s:s + block], data)
             w[s:s + block] = bound.weights_host(center64, rinv, batch)
     else:
         c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)

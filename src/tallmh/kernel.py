@@ -314,7 +314,10 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
     def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
         lp = jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
         ll = full_log_lik(theta, data) if tracks else jnp.zeros((), theta.dtype)
-        pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
+        if getattr(proposal, "uses_center", False):  # (the Laplace approximation at the control variates' centre)
+            pstate = proposal.init(theta, n, cov_hint, center=None if cv is None else cv.center)
+        else:
+            pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)
 
     def step(key, state: KernelState, data, step_index, adapt, stats=None, audit=False, defer_audit=False):

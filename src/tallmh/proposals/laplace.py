@@ -5,7 +5,9 @@ not with the length of the move, so long moves that follow the posterior's shape
 
 ``Sigma = H^-1`` with ``H`` minus the Hessian of the log posterior at ``c`` (the control variates' sum plus the
 prior's), as :func:`tallmh.factor_bounds.laplace_factors` computes it; ``chol`` is a factor with
-``chol chol^T = Sigma`` (``FactorTable.chol_cov``).
+``chol chol^T = Sigma`` (``FactorTable.chol_cov``). Made without ``center`` and ``chol`` (``CrankNicolson()``), a
+proposal takes them from the run: ``tm.sample`` gives the kernel's init the control variates' centre and the
+Laplace covariance there (the exact subsampled test's default proposal).
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ class LaplaceState(NamedTuple):
     center: jax.Array
     chol: jax.Array  # Sigma = chol chol^T
     chol_inv: jax.Array
+    log_gap: jax.Array  # CrankNicolson: rho = 1 - exp(log_gap) (adapted in warmup; 0 is the independence sampler)
+
+
+def _from_run(theta, cov_hint, center, name):
+    """``(c, chol, chol^-1)`` from the run's Laplace approximation (traced: the kernel's init)."""
+    if cov_hint is None or center is None:
+        raise ConfigError(f"{name}() without a centre takes the Laplace approximation at the control variates' "
+                          "centre, which this run does not have: use second-order control variates "
+                          "(tm.ControlVariates(order=2)) or pass center= and chol=")
+    dt = theta.dtype
+    cov = jnp.asarray(cov_hint, dt)
+    chol = jnp.linalg.cholesky(0.5 * (cov + cov.T))
+    chol_inv = jax.scipy.linalg.solve_triangular(chol, jnp.eye(theta.shape[0], dtype=dt), lower=True)
+    return jnp.asarray(center, dt), chol, chol_inv
 
 
 def _checked(center, chol):
@@ -52,36 +68,66 @@ class CrankNicolson:
     (||z'||^2 - ||z||^2) / (2 s^2)``, ``z = chol^-1 (theta - c)``. ``rho = 0`` is the independence sampler from the
     Laplace approximation: acceptance near 1 where the posterior is near Gaussian, and still exact where it is
     not. ``scale`` s > 1 widens the reference (heavier posterior tails than the Laplace approximation's).
+
+    ``adapt`` (default True): during warmup ``rho`` moves from its start towards 1 while the acceptance rate is
+    below ``target_accept`` and back towards the start above it (Robbins-Monro on ``log(1 - rho)``, steps
+    ``(k + 1)^-0.6``), so a posterior far from its Laplace approximation gets shorter, local moves instead of
+    rejected independent ones; ``rho`` is fixed after warmup (the chain is then a fixed MH kernel).
+    ``center``/``chol`` None: the run's Laplace approximation (see the module's docstring).
     """
 
     name = "crank-nicolson"
     needs_data = False
 
-    def __init__(self, center, chol, rho: float = 0.0, scale: float = 1.0):
+    def __init__(self, center=None, chol=None, rho: float = 0.0, scale: float = 1.0, adapt: bool = True,
+                 target_accept: float = 0.25):
         if not 0.0 <= rho < 1.0:
             raise ConfigError(f"CrankNicolson rho must lie in [0, 1); got {rho}")
         if not scale > 0:
             raise ConfigError(f"CrankNicolson scale must be positive; got {scale}")
-        self.center, self.chol, self.chol_inv = _checked(center, chol)
+        if not 0.0 < target_accept < 1.0:
+            raise ConfigError(f"CrankNicolson target_accept must lie in (0, 1); got {target_accept}")
+        if (center is None) != (chol is None):
+            raise ConfigError("CrankNicolson takes center and chol together (or neither: the run's Laplace "
+                              "approximation)")
+        self.center = self.chol = self.chol_inv = None
+        if center is not None:
+            self.center, self.chol, self.chol_inv = _checked(center, chol)
         self.rho, self.scale = float(rho), float(scale)
+        self.adapt, self.target_accept = bool(adapt), float(target_accept)
+        self.uses_center = self.uses_cov_hint = center is None
 
-    def init(self, theta, n: int) -> LaplaceState:
-        if theta.shape != self.center.shape:
-            raise ConfigError(f"CrankNicolson centre has {self.center.shape[0]} coordinates; the parameter has "
-                              f"{theta.shape[0]}")
-        dt = theta.dtype
-        return LaplaceState(jnp.asarray(self.center, dt), jnp.asarray(self.chol, dt), jnp.asarray(self.chol_inv, dt))
+    def _state(self, theta, cov_hint, center, log_gap):
+        name = type(self).__name__
+        if self.center is None:
+            c, L, Linv = _from_run(theta, cov_hint, center, name)
+        else:
+            if theta.shape != self.center.shape:
+                raise ConfigError(f"{name} centre has {self.center.shape[0]} coordinates; the parameter has "
+                                  f"{theta.shape[0]}")
+            dt = theta.dtype
+            c, L, Linv = (jnp.asarray(a, dt) for a in (self.center, self.chol, self.chol_inv))
+        return LaplaceState(c, L, Linv, jnp.asarray(log_gap, theta.dtype))
+
+    def init(self, theta, n: int, cov_hint=None, center=None) -> LaplaceState:
+        return self._state(theta, cov_hint, center, np.log1p(-self.rho))
 
     def propose(self, key, theta, state: LaplaceState):
         xi = jax.random.normal(key, theta.shape, theta.dtype)
-        r, s = self.rho, self.scale
-        theta_p = state.center + r * (theta - state.center) + (np.sqrt(1.0 - r * r) * s) * (state.chol @ xi)
+        s = self.scale
+        r = -jnp.expm1(state.log_gap)  # rho
+        theta_p = state.center + r * (theta - state.center) + (jnp.sqrt(1.0 - r * r) * s) * (state.chol @ xi)
         z = state.chol_inv @ (theta - state.center)
         zp = state.chol_inv @ (theta_p - state.center)
         return theta_p, 0.5 * (zp @ zp - z @ z) / (s * s)
 
     def update(self, state, theta, accepted, step):
-        return state
+        if not self.adapt:
+            return state
+        g = (step.astype(theta.dtype) + 1.0) ** -0.6
+        top = np.log1p(-self.rho)
+        gap = jnp.clip(state.log_gap + g * (accepted.astype(theta.dtype) - self.target_accept), np.log(1e-4), top)
+        return state._replace(log_gap=gap)
 
 
 class SurrogateLangevin:
@@ -93,19 +139,28 @@ class SurrogateLangevin:
 
     with the Gaussian proposal's own ratio ``log q(theta|theta') - log q(theta'|theta)`` (no data read: the
     gradient is the surrogate's, O(d^2)). ``step`` is eps, in units of the Laplace sd (about ``1.65 d^(-1/3)``
-    is MALA's usual optimum).
+    is MALA's usual optimum). ``center``/``chol`` None: the run's Laplace approximation.
     """
 
     name = "surrogate-langevin"
     needs_data = False
 
-    def __init__(self, center, chol, step: float = 1.0):
+    def __init__(self, center=None, chol=None, step: float = 1.0):
         if not step > 0:
             raise ConfigError(f"SurrogateLangevin step must be positive; got {step}")
-        self.center, self.chol, self.chol_inv = _checked(center, chol)
+        if (center is None) != (chol is None):
+            raise ConfigError("SurrogateLangevin takes center and chol together (or neither: the run's Laplace "
+                              "approximation)")
+        self.center = self.chol = self.chol_inv = None
+        if center is not None:
+            self.center, self.chol, self.chol_inv = _checked(center, chol)
         self.step = float(step)
+        self.uses_center = self.uses_cov_hint = center is None
 
-    init = CrankNicolson.init
+    _state = CrankNicolson._state
+
+    def init(self, theta, n: int, cov_hint=None, center=None) -> LaplaceState:
+        return self._state(theta, cov_hint, center, 0.0)
 
     def propose(self, key, theta, state: LaplaceState):
         e = self.step

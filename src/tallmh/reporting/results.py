@@ -49,6 +49,17 @@ def audit_line(o) -> str:
     return s + "\n"
 
 
+def kind_line(o) -> str:
+    """One line on what the verdict covers: an exact subsampled test's chain targets the exact posterior; an
+    approximate test's audit checks each step's error, which does not bound a slow drift of the posterior."""
+    if str(o.get("label", "")).startswith("exact-subsampled"):
+        return "exact: the chain targets the exact posterior (subsampled MH with exact decisions; nothing to audit)\n"
+    if o.get("audit_target"):
+        return ("approximate: each step's error is audited, a slow drift of the posterior is not bounded "
+                "(compare with test=tm.acceptance.Exact() where it matters)\n")
+    return ""
+
+
 def estimated_rate(target: float, excess: float) -> str:
     """The wrong-decision rate ``target * (1 + excess)`` as text, never above 1: where the estimate passes 1,
     the normal approximation it comes from does not hold, and the text says so."""
@@ -248,7 +259,7 @@ class Summary:
             f" (mean items {o['mean_n_data']:.1f}), ESS min {o['ess_min']:.1f}, ESS/s {o['ess_per_s']:.2f}"
             f", R-hat max {o['rhat_max']:.3f}\n{audit_line(o)}{o['verdict']}\n"
             + "".join(m + "\n" for m in o.get("notes") or () if m.startswith("data note: "))  # (degenerate columns)
-            + f"sampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
+            + f"{kind_line(o)}sampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
             f"compile {o['compile_s']:.2f}s, set-up items {o['setup_items']}\n"
         )
         small, large = group_lines(self._rows())

@@ -100,18 +100,31 @@ def host_derivatives(model, data, n, unravel, flat):
         return None
 
 
-def recommended(model, data, n, init):
+def recommended(model, data, n, init, rows_sharded=False):
     """The default configuration: ``(test, control_variates, reason)``.
 
-    A differentiable model gets the error-targeted austerity test (per-step error 0.05, batch chosen
-    automatically) with second-order Taylor control variates (and, through them, the preconditioned Langevin
-    proposal): the fast configuration that keeps its promise. A model without gradients gets exact MH.
+    A differentiable model that bounds its Taylor remainders (``factor_bound()``: the built-in logistic, Poisson
+    and fixed-noise linear regressions, the Gaussian mean) gets the exact subsampled test
+    (:class:`~tallmh.acceptance.PoissonThinning`, Cornish et al. 2019) with second-order Taylor control variates:
+    the chain targets the exact posterior and reads O(1) items per step. Any other differentiable model gets the
+    error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
+    variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
+    gradients gets exact MH. Data read from disk (its item table would need memory of order N) and row sharding
+    keep austerity.
     """
     from ..control_variates import ControlVariates
-    from ..acceptance import Austerity
+    from ..acceptance import Austerity, PoissonThinning
+    from ..model import own_method
 
     if differentiable(model, data, n, init):
-        return Austerity(error=0.05), ControlVariates(order=2), "differentiable model"
+        if own_method(model, "factor_bound") is not None and not rows_sharded and not ds.in_files(data) \
+                and n < 2**31:
+            return PoissonThinning(), ControlVariates(order=2), \
+                "the model bounds its Taylor remainders: exact subsampled MH"
+        why = ("the model has no bound on its Taylor remainders" if own_method(model, "factor_bound") is None else
+               "data read from files" if ds.in_files(data) else "rows sharded over devices" if rows_sharded else
+               "N >= 2^31")
+        return Austerity(error=0.05), ControlVariates(order=2), f"differentiable model; {why}"
     return Exact(), None, "the model has no finite gradient at the start: exact MH"
 
 
@@ -265,7 +278,7 @@ def method(run, data, init):
         if isinstance(msg, str) and msg not in notes:
             notes.append(msg)
     if run.auto_test:
-        test, cv_auto, why = recommended(model, run.data, n, init)
+        test, cv_auto, why = recommended(model, run.data, n, init, rows_sharded=rows_sharded(run.mesh))
         test.check(n)
         control_variates = cv_auto if control_variates is None else (control_variates or None)
         notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
@@ -306,6 +319,11 @@ def method(run, data, init):
     set_keys(run, run.flat0.dtype, run.flat0.shape[0])
 
 
+def rows_sharded(mesh) -> bool:
+    """Whether ``mesh`` splits the rows over devices."""
+    return mesh is not None and int(dict(getattr(mesh, "shape", {})).get("rows", 1)) > 1
+
+
 def factor_test_settings(run, model, test, control_variates):
     """The exact subsampled test's settings (:class:`tallmh.acceptance.PoissonThinning`): second-order control
     variates (on by default), a model that states a bound on its Taylor remainders (``factor_bound``), and by
@@ -326,9 +344,12 @@ def factor_test_settings(run, model, test, control_variates):
     if control_variates.order != 2:
         raise ConfigError(f"the {test.name} test needs ControlVariates(order=2); got order {control_variates.order}")
     if run.proposal is None:
-        run.proposal = AdaptiveMetropolis()
-        run.notes.append(f"{test.name} test: adaptive Metropolis from the Laplace covariance (it reads no data; the "
-                         "Langevin proposal would read a minibatch per step for its gradient)")
+        from ..proposals import CrankNicolson
+
+        run.proposal = CrankNicolson()
+        run.notes.append(f"{test.name} test: independence proposals from the Laplace approximation at the mode "
+                         "(Crank-Nicolson, rho adapted in warmup towards local moves where they are rejected; "
+                         "no data read)")
     return control_variates
 
 

@@ -132,14 +132,15 @@ def audit_runner(kernel, slots):
     return jax.jit(run)
 
 
-def chunk_entry(run, states):
-    """``(cache key, cache entry)`` of the compiled chunk for chain states shaped like ``states``."""
+def chunk_entry(run, states, stats=None):
+    """``(cache key, cache entry)`` of the compiled chunk for chain states shaped like ``states`` (and set-up
+    statistics shaped like ``stats``, default the run's)."""
     n, d, num_chains = run.n, run.d, run.num_chains
     plan, test, proposal = run.plan, run.test, run.proposal
     run.length = length = int(run.chunk_size) if run.chunk_size else \
         int(min(4096, max(16, 2**22 // max(1, num_chains * (d + 8)))))
     rkey = (_value_key(run.model), _value_key(proposal), _value_key(test), n, _shape_key(run.data),
-            _shape_key(run.stats), run.cv_order, num_chains, length, run.audit_on, d, str(run.dtype),
+            _shape_key(run.stats if stats is None else stats), run.cv_order, num_chains, length, run.audit_on, d, str(run.dtype),
             _shape_key(states), _shape_key(run.init_tree), plan.key() if plan is not None else None,
             defer_audit(run))
     entry = runner(run.kernel, rkey, num_chains, length, run.audit_on, plan,
@@ -162,8 +163,15 @@ def compile_early(run):
     make (their shapes follow from the kernel's init on a start, the control variates' sums and the
     Laplace covariance, whatever their values): the compile then overlaps the set-up's passes. Returns
     what :func:`compile_chunk` needs to use it (it checks that the states came out as assumed), or None."""
-    if run.plan is not None or run.program is not None or getattr(run.test, "needs_factor_table", False):
-        return None  # (the exact subsampled test's table joins the statistics after the set-up: shapes unknown)
+    if run.plan is not None or run.program is not None:
+        return None
+    stats0 = run.stats
+    if getattr(run.test, "needs_factor_table", False):  # (its table joins the statistics after the set-up)
+        if not (stats0 is None or isinstance(stats0, dict)):
+            return None
+        from .. import factor_bounds as fbm
+
+        stats0 = {**(stats0 or {}), fbm.FACTOR_KEY: fbm.table_shapes(run.n, run.d, run.dtype)}
     try:
         d, dt = run.d, run.dtype
         cvo = run.control_variates
@@ -177,13 +185,13 @@ def compile_early(run):
                                 or getattr(run.proposal, "uses_cov_hint", False)) else None
         init_v = jax.vmap(run.kernel.init, in_axes=(0, None, None, None))
         states = jax.eval_shape(init_v, shaped(run.num_chains, d), run.data, cv, hint)
-        rkey, entry = chunk_entry(run, states)
+        rkey, entry = chunk_entry(run, states, stats0)
     except Exception:  # noqa: BLE001 - shapes not known before the set-up: compiled after it, as before
         return None
     if entry["compiled"] is not None:
         return None
     i32 = to_device(np.int32(0))  # (not jnp.asarray: it compiles a conversion program)
-    args0 = (states, *rng.chunk_keys(run, 0, 0), i32, i32, i32, to_device(np.float32(0.0)), run.data, run.stats)
+    args0 = (states, *rng.chunk_keys(run, 0, 0), i32, i32, i32, to_device(np.float32(0.0)), run.data, stats0)
     box = {"rkey": rkey, "avals": avals(args0), "traced": threading.Event(), "ready": threading.Event()}
     length = run.length
 

@@ -183,6 +183,7 @@ def sample(
     if auto_note is not None:
         run.notes.extend([m for m in model.notes if m not in run.notes] + [auto_note])
     run.t0 = time.perf_counter()
+    run.mesh = mesh
     if run.program is not None:
         configure.method_of_program(run, data, init)
     else:

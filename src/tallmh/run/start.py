@@ -175,8 +175,9 @@ def warmup_of_start(run):
     if getattr(p, "uses_cov_hint", False) and getattr(p, "adapt", False) and si.get("mode_found") \
             and si.get("laplace") and run.init_given is None:
         run.num_warmup = configure.AUTO_WARMUP_LAPLACE
-        run.notes.append(f"num_warmup='auto': {configure.AUTO_WARMUP_LAPLACE} steps per chain (preconditioned Langevin "
-                          f"from the Laplace approximation at the mode tunes only its step size)")
+        what = "rho" if hasattr(p, "rho") else "step size"
+        run.notes.append(f"num_warmup='auto': {configure.AUTO_WARMUP_LAPLACE} steps per chain (the {p.name} proposal "
+                          f"from the Laplace approximation at the mode tunes only its {what})")
 
 
 def factor_table(run):
