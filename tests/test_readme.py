@@ -1,7 +1,8 @@
 """The README and docs/cli.md checked against the code.
 
 - every ``tallmh ...`` command line (in code blocks and in backticks) parses with the command's own parser
-  and passes its argument checks that need no data; every ``--option`` named in backticks exists;
+  and passes its argument checks that need no data; every ``--option`` named in backticks exists; every
+  ``tallmh run DATA ...`` runs on a small table made to its columns (slow);
 - the defaults the text states (output folders, chain counts, ESS target, budgets, warmup lengths) are the
   code's;
 - every Python code block compiles, and every ``tm.`` name, class, keyword argument and ``result.``
@@ -424,3 +425,62 @@ def test_ten_lines_output_has_the_shapes_summary_prints(tmp_path, monkeypatch, c
     exec(compile(small, "README ten lines", "exec"), {"__name__": "readme"})  # noqa: S102 - our own README
     printed = capsys.readouterr().out.splitlines()
     check_output_shapes(documented, printed)
+
+
+# ------------------------------------------------------------------------------------------------------
+# the command lines run, on small tables made to their columns
+
+
+def _table_for(argv, folder):
+    """A small table with the columns ``argv`` names (``--target``, ``--formula``), written where its DATA
+    path says (inside ``folder``); returns ``argv`` with that path and short-run options."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    args = check_command(argv, None)
+    cols, family = {}, args.family or ("bernoulli" if args.model == "logistic" else "gaussian")
+    if args.formula:
+        lhs, rhs = args.formula.split("~")
+        response = lhs.strip()
+        for cat in re.findall(r"C\((\w+)\)", rhs):
+            cols[cat] = rng.choice(["a", "b", "c"], n)
+        for name in re.findall(r"\b([A-Za-z_]\w*)\b", re.sub(r"C\(\w+\)", "", rhs)):
+            cols.setdefault(name, rng.normal(size=n))
+    else:
+        response = args.target
+        for j in range(3):
+            cols[f"x{j}"] = rng.normal(size=n)
+    eta = 0.3 * sum(v for v in cols.values() if v.dtype.kind == "f")
+    cols[response] = {"bernoulli": lambda: (rng.random(n) < 1 / (1 + np.exp(-eta))).astype(int),
+                      "poisson": lambda: rng.poisson(np.exp(0.5 + 0.3 * eta)),
+                      "negativebinomial": lambda: rng.poisson(np.exp(0.5 + 0.3 * eta)),
+                      "gaussian": lambda: eta + rng.normal(size=n)}[family]()
+    path = os.path.join(folder, os.path.basename(args.data))
+    pd.DataFrame(cols).to_csv(path, index=False)
+    out = [path if a == args.data else a for a in argv]
+    return out + ["--samples", "40", "--warmup", "20", "--chains", "1", "--quiet",
+                  "--out", os.path.join(folder, "out-" + os.path.basename(args.data))]
+
+
+@pytest.mark.slow
+def test_every_run_command_runs(tmp_path, monkeypatch, capsys):
+    """Each ``tallmh run DATA ...`` of the README and docs/cli.md, on a small table with its columns, ends
+    with status 0 and writes its results (short: 40 draws, one chain)."""
+    from tallmh.cli import main
+
+    monkeypatch.setenv("TALLMH_CACHE", str(tmp_path / "cache"))
+    ran = 0
+    for name in DOCS:
+        for argv in _command_lines(_text(name)):
+            if argv[:1] != ["run"] or len(argv) < 2 or argv[1].startswith("-"):
+                continue  # ('tallmh run --resume DIR' and the like: no table of their own)
+            if _PLACEHOLDER.match(argv[1]):  # 'tallmh run DATA --target y': a CSV in its place
+                argv = [argv[0], "data.csv"] + argv[2:]
+            full = _table_for(argv, str(tmp_path))
+            assert main(full) == 0, (argv, capsys.readouterr().err[-1500:])
+            out = full[len(full) - full[::-1].index("--out")]  # (the last --out given: ours)
+            assert os.path.exists(os.path.join(out, "results.json")), out
+            ran += 1
+    assert ran >= 3, ran
