@@ -147,6 +147,14 @@ def test_demo_writes_a_complete_report(demo):
         assert m["verdict_line"] == "trusted" or m["verdict_line"].startswith("NOT trusted: ")
     exact = next(m for m in res["methods"] if m["method"] == "exact")
     assert exact["data_fraction"] == 1.0
+    # the headline speed-up rests on exact MH's small ESS: it comes with an interval from that ESS's uncertainty
+    sp = res["speedup"]
+    lo, hi = sp["interval"]
+    assert sp["baseline"] == "exact" and lo < sp["ratio"] < hi and hi / lo > 1.5, sp
+    lo_e, hi_e = exact["ess_min_interval"]
+    assert lo_e < exact["ess_min"] < hi_e
+    if "faster per ESS" in res["lesson"]:
+        assert "95% interval" in res["lesson"], res["lesson"]
     assert res["dataset"]["rows_loaded"] == ROWS and res["dataset"]["rows_dropped_missing"] > 9000
     assert "exact Metropolis-Hastings" in res["reference"]["how"]
 

@@ -121,9 +121,11 @@ def _add_run_parser(sub):
                      help="linear: sd of the normal prior on the log of the noise sd; negativebinomial: on the "
                           "log of the dispersion alpha")
     run.add_argument("--test", choices=("auto",) + METHODS, default="auto",
-                     help="acceptance test. auto: the recommended one, austerity with a per-step error target "
-                          "(--error) and second-order Taylor control variates at the mode, as tallmh.sample "
-                          "chooses; exact: exact MH, reading every row at every step; a '-cv' suffix adds the "
+                     help="acceptance test. auto: the recommended one, as tallmh.sample chooses: for a model "
+                          "that bounds its Taylor remainders (logistic, poisson; linear with --noise-sd) on a table "
+                          "read into memory the exact subsampled test, else austerity with a per-step error "
+                          "target (--error), both with second-order Taylor control variates at the mode; exact: "
+                          "exact MH, reading every row at every step; a '-cv' suffix adds the "
                           "control variates to an approximate test")
     run.add_argument("--samples", type=samples, default=None,
                      help="draws kept per chain, or auto: draw until the smallest bulk ESS is at least --min-ess "

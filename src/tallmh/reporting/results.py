@@ -257,7 +257,9 @@ class Summary:
             + (" [PARTIAL: interrupted]" if o["partial"] else "")
             + f"\nacceptance {o['acceptance_rate']:.3f}, mean data fraction per step {o['data_fraction']:.4g}"
             f" (mean items {o['mean_n_data']:.1f}), ESS min {o['ess_min']:.1f}, ESS/s {o['ess_per_s']:.2f}"
-            f", R-hat max {o['rhat_max']:.3f}\n{audit_line(o)}{o['verdict']}\n{kind_line(o)}sampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
+            f", R-hat max {o['rhat_max']:.3f}\n{audit_line(o)}{o['verdict']}\n"
+            + "".join(m + "\n" for m in o.get("notes") or () if m.startswith("data note: "))  # (degenerate columns)
+            + f"{kind_line(o)}sampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
             f"compile {o['compile_s']:.2f}s, set-up items {o['setup_items']}\n"
         )
         small, large = group_lines(self._rows())
