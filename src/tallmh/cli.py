@@ -193,8 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="held-out rows used in the risk plot")
     demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
                       help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
-                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
-                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
+                           "the mode, the same for every method but 'recommended' (which uses its Crank-Nicolson "
+                           "proposal from the Laplace approximation, rho adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
     demo.add_argument("--start", choices=("mode", "zero"), default="mode",
                       help="where every chain starts: the posterior mode (Newton's method) or the model's "
                            "default start (all zeros)")

@@ -23,7 +23,7 @@ from .console import PROG, now, plural, print_line, quiet_libraries, say, use_co
 from .frontends.design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
 from .interrupts import arm_deferred_stop, arm_second_interrupt, disarm, status_of_stop, stopped
-from .method_options import METHODS, check_test_args, label_of, make_test, method_config
+from .method_options import METHODS, THINNING, check_test_args, label_of, make_test, method_config
 from .storage.runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
 
 __all__ = ["RUN_KEYS", "run_command", "run_settings", "restore_args", "check_data_file", "coef_table"]
@@ -477,7 +477,7 @@ def _method_row(v):
     times = np.broadcast_to(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, k))
     name = _run_name(result, args)
     label = label_of(result, name)
-    config = method_config(name if name in METHODS else args.test, args)
+    config = method_config(name if name in METHODS or name.startswith(THINNING) else args.test, args)
     if args.test == "auto":
         config["chosen_by"] = "--test auto (the recommended method)"
     run = rp.MethodRun(name=name, result=result, times=times, warmup_times=warm_times,
