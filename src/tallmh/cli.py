@@ -137,7 +137,9 @@ def _add_run_parser(sub):
                      help="warmup steps per chain (proposal adaptation; discarded); auto: 300 for Langevin started "
                           "at the Laplace approximation, else 1000")
     run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
-                     help="auto: langevin with control variates, else adaptive; langevin: preconditioned adaptive "
+                     help="auto: as tallmh.sample chooses: with the exact subsampled test, Crank-Nicolson from the "
+                          "Laplace approximation at the mode (rho adapted in warmup), with an approximate test and "
+                          "control variates langevin, else adaptive; langevin: preconditioned adaptive "
                           "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "
                           "random walk with covariance 2.38^2/d times the inverse Hessian at the mode")
     run.add_argument("--start", choices=("mode", "zero"), default="mode",

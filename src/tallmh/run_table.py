@@ -320,7 +320,8 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
              f"{mode.seconds:.1f} s")
     # --start mode: tm.sample finds the mode itself and starts the chains dispersed around it (Laplace)
     init = None if args.start == "mode" else model.init(data)
-    # --proposal auto: tm.sample's default (Langevin with control variates, adaptive Metropolis without)
+    # --proposal auto: tm.sample's default (Crank-Nicolson with the exact subsampled test, Langevin with an
+    # approximate test and control variates, adaptive Metropolis without)
     proposal = {"laplace": lambda: cmp.laplace_proposal(mode.cov),
                 "adaptive": tm.proposals.AdaptiveMetropolis,
                 "langevin": lambda: tm.proposals.Langevin(batch_size=min(100, n)),
