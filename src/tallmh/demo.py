@@ -128,7 +128,7 @@ _RECOMMENDED_NOTE = (
     ", except <b>recommended</b>: the default of <code>tallmh.sample</code> and <code>tallmh run</code> for this "
     "model (the exact subsampled test: Poisson thinning of the second-order Taylor control variates' remainders, "
     "so the chain targets the exact posterior while reading a few rows per step; Crank-Nicolson proposals from "
-    "the Laplace approximation at the mode, whose rho adapts in 500 warmup steps, counted in its seconds).")
+    "the Laplace approximation at the mode, whose rho adapts in {warm} warmup steps, counted in its seconds).")
 
 
 def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) -> int:
@@ -167,7 +167,8 @@ def outputs(args, argv, comparison, out, table, train, test_rows, names, t_all) 
         f"Every method ran for <b>{e(how)}</b> ({_plural(args.chains, 'chain')} side by side; compilation and set-up not "
         "counted), from the same start "
         f"(<b>{e(args.start)}</b>) with the same proposal (<b>{e(args.proposal)}</b>)"
-        + (_RECOMMENDED_NOTE if any(r.name == "recommended" for r in runs) else ".")
+        + (_RECOMMENDED_NOTE.format(warm=500 if args.warmup is None else args.warmup)
+           if any(r.name == "recommended" for r in runs) else ".")
         + (" <b>The demo was interrupted: methods not listed did not run.</b>" if comparison.partial else ""),
     ]
     sections = [
