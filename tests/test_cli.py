@@ -346,6 +346,10 @@ def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
     assert res["settings"]["test"] == "auto" and res["settings"]["samples"] == "auto"
     assert res["methods"][0]["method"] == "exact-subsampled-cv" and res["settings"]["label"].startswith("exact-sub")
     assert res["settings"]["proposal"] == "auto" and res["settings"]["proposal_used"] == "crank-nicolson"
+    # the settings recorded with the method are the exact subsampled test's, not austerity's error target
+    config = res["methods"][0]["config"]
+    assert config["test"].startswith("exact subsampled") and "error" not in config and "batch_size" not in config
+    assert config["chosen_by"].startswith("--test auto")
     s = res["summary"]
     assert res["trusted"] and s["ess_min"] >= 150 and s["rhat_max"] <= 1.01
     draws = s["draws"]

@@ -137,7 +137,9 @@ def _add_run_parser(sub):
                      help="warmup steps per chain (proposal adaptation; discarded); auto: 300 for Langevin started "
                           "at the Laplace approximation, else 1000")
     run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
-                     help="auto: langevin with control variates, else adaptive; langevin: preconditioned adaptive "
+                     help="auto: as tallmh.sample chooses: with the exact subsampled test, Crank-Nicolson from the "
+                          "Laplace approximation at the mode (rho adapted in warmup), with an approximate test and "
+                          "control variates langevin, else adaptive; langevin: preconditioned adaptive "
                           "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "
                           "random walk with covariance 2.38^2/d times the inverse Hessian at the mode")
     run.add_argument("--start", choices=("mode", "zero"), default="mode",
@@ -193,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="held-out rows used in the risk plot")
     demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
                       help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
-                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
-                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
+                           "the mode, the same for every method but 'recommended' (which uses its Crank-Nicolson "
+                           "proposal from the Laplace approximation, rho adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
     demo.add_argument("--start", choices=("mode", "zero"), default="mode",
                       help="where every chain starts: the posterior mode (Newton's method) or the model's "
                            "default start (all zeros)")

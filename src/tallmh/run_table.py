@@ -23,7 +23,7 @@ from .console import PROG, now, plural, print_line, quiet_libraries, say, use_co
 from .frontends.design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
 from .interrupts import arm_deferred_stop, arm_second_interrupt, disarm, status_of_stop, stopped
-from .method_options import METHODS, check_test_args, label_of, make_test, method_config
+from .method_options import METHODS, THINNING, check_test_args, label_of, make_test, method_config
 from .storage.runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
 
 __all__ = ["RUN_KEYS", "run_command", "run_settings", "restore_args", "check_data_file", "coef_table"]
@@ -320,7 +320,8 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
              f"{mode.seconds:.1f} s")
     # --start mode: tm.sample finds the mode itself and starts the chains dispersed around it (Laplace)
     init = None if args.start == "mode" else model.init(data)
-    # --proposal auto: tm.sample's default (Langevin with control variates, adaptive Metropolis without)
+    # --proposal auto: tm.sample's default (Crank-Nicolson with the exact subsampled test, Langevin with an
+    # approximate test and control variates, adaptive Metropolis without)
     proposal = {"laplace": lambda: cmp.laplace_proposal(mode.cov),
                 "adaptive": tm.proposals.AdaptiveMetropolis,
                 "langevin": lambda: tm.proposals.Langevin(batch_size=min(100, n)),
@@ -477,7 +478,7 @@ def _method_row(v):
     times = np.broadcast_to(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, k))
     name = _run_name(result, args)
     label = label_of(result, name)
-    config = method_config(name if name in METHODS else args.test, args)
+    config = method_config(name if name in METHODS or name.startswith(THINNING) else args.test, args)
     if args.test == "auto":
         config["chosen_by"] = "--test auto (the recommended method)"
     run = rp.MethodRun(name=name, result=result, times=times, warmup_times=warm_times,

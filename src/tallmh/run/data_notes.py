@@ -74,6 +74,8 @@ def notes_of(X, y, binary: bool) -> list:
     check = DesignCheck([names[j] for j in keep], "y", binary=binary, intercept=bool(nonzero))
     for a in range(0, n, BLOCK_ROWS):
         block = np.asarray(X[a:a + BLOCK_ROWS], np.float64)
+        if not np.all(np.isfinite(block)):  # (the data's finiteness check names such rows, with their place)
+            return []
         check.add(block[:, keep], np.asarray(y[a:a + BLOCK_ROWS]) if y is not None else None)
     notes = check.notes()
     if nonzero:
