@@ -54,7 +54,7 @@ def _attach(model, data):
     from jax.flatten_util import ravel_pytree
 
     from ..linear_predictor import LinearPredictorBound, affine_in
-    from .pymc_glm import _family_loglik
+    from .pymc_glm import family_loglik
 
     def refuse(why):
         model.factor_bound_reason = why
@@ -99,7 +99,7 @@ def _attach(model, data):
     # (the responses need no check: the remainders of y eta - softplus(eta) and y eta - exp(eta) do not depend on y)
     rng = np.random.default_rng(1)
     for t in (flat0, flat0 + 0.3 * jnp.asarray(rng.standard_normal(flat0.shape), flat0.dtype)):
-        ours = np.asarray(_family_loglik(family, eta_flat(t, few), y_of(few).astype(t.dtype)), np.float64)
+        ours = np.asarray(family_loglik(family, eta_flat(t, few), y_of(few).astype(t.dtype)), np.float64)
         theirs = np.asarray(model.log_lik(unravel(t), few), np.float64)
         if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-4, atol=1e-4):
             return refuse("its log-likelihood differs from the family's (the reading is not trusted)")

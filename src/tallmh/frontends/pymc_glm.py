@@ -84,7 +84,7 @@ def _linear_predictor(graph):
     return None, f"a {op or 'computed'} likelihood (bounds exist for Bernoulli-logit and Poisson-log GLMs)"
 
 
-def _family_loglik(family, eta, y):
+def family_loglik(family, eta, y):
     import jax
     import jax.numpy as jnp
     from jax.scipy.special import gammaln
@@ -112,7 +112,7 @@ def _cross_check(model, family, eta_flat, unravel, flat0, data, y_key) -> bool:
     batch = {k: jnp.asarray(np.asarray(v)[rows]) for k, v in data.items()}
     rng = np.random.default_rng(1)
     for t in (flat0, flat0 + 0.3 * jnp.asarray(rng.standard_normal(flat0.shape), flat0.dtype)):
-        ours = np.asarray(_family_loglik(family, eta_flat(t, batch), batch[y_key].astype(t.dtype)), np.float64)
+        ours = np.asarray(family_loglik(family, eta_flat(t, batch), batch[y_key].astype(t.dtype)), np.float64)
         theirs = np.asarray(model.log_lik(unravel(t), batch), np.float64)
         if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-4, atol=1e-4):
             return False
