@@ -114,7 +114,10 @@ def methods(smoke):
     import tallmh as tm
 
     b = 100 if smoke else 500
-    default = [("default", None, None)]  # tm.sample(model, data): austerity(error=0.05) + cv + MALA
+    # tm.sample(model, data): the exact subsampled test where the model bounds its remainders (these built-in
+    # models do), else austerity(error=0.05) + cv + MALA, which "austerity-default" asks for by name
+    default = [("default", None, None),
+               ("austerity-default", tm.acceptance.Austerity(error=0.05), tm.ControlVariates())]
     plain = [("exact", tm.acceptance.Exact(), None),
              ("austerity", tm.acceptance.Austerity(batch_size=b), None),
              ("confidence", tm.acceptance.Confidence(), None),

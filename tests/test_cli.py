@@ -147,6 +147,14 @@ def test_demo_writes_a_complete_report(demo):
         assert m["verdict_line"] == "trusted" or m["verdict_line"].startswith("NOT trusted: ")
     exact = next(m for m in res["methods"] if m["method"] == "exact")
     assert exact["data_fraction"] == 1.0
+    # the headline speed-up rests on exact MH's small ESS: it comes with an interval from that ESS's uncertainty
+    sp = res["speedup"]
+    lo, hi = sp["interval"]
+    assert sp["baseline"] == "exact" and lo < sp["ratio"] < hi and hi / lo > 1.5, sp
+    lo_e, hi_e = exact["ess_min_interval"]
+    assert lo_e < exact["ess_min"] < hi_e
+    if "faster per ESS" in res["lesson"]:
+        assert "95% interval" in res["lesson"], res["lesson"]
     assert res["dataset"]["rows_loaded"] == ROWS and res["dataset"]["rows_dropped_missing"] > 9000
     assert "exact Metropolis-Hastings" in res["reference"]["how"]
 
@@ -338,6 +346,10 @@ def test_run_defaults_draw_until_trusted(tables, tmp_path, capsys):
     assert res["settings"]["test"] == "auto" and res["settings"]["samples"] == "auto"
     assert res["methods"][0]["method"] == "exact-subsampled-cv" and res["settings"]["label"].startswith("exact-sub")
     assert res["settings"]["proposal"] == "auto" and res["settings"]["proposal_used"] == "crank-nicolson"
+    # the settings recorded with the method are the exact subsampled test's, not austerity's error target
+    config = res["methods"][0]["config"]
+    assert config["test"].startswith("exact subsampled") and "error" not in config and "batch_size" not in config
+    assert config["chosen_by"].startswith("--test auto")
     s = res["summary"]
     assert res["trusted"] and s["ess_min"] >= 150 and s["rhat_max"] <= 1.01
     draws = s["draws"]

@@ -79,6 +79,42 @@ def test_lesson_is_computed_from_the_table():
     assert "too few effective draws" in lesson([unchecked, row("exact", True, 3.0)])
 
 
+def test_lesson_gives_the_speed_up_with_its_interval():
+    """The ratio of ESS per second comes with the interval of the two ESS (the baseline's of ~5 dominates);
+    results.json's "speedup" holds the same numbers."""
+    rec = {"method": "recommended", "label": "r", "trusted_all": True, "ess_per_s": 900.0, "ess_min": 9000.0,
+           "ess_per_s_interval": [800.0, 1000.0], "verdict_line": "trusted"}
+    exact = {"method": "exact", "label": "e", "trusted_all": False, "ess_per_s": 3.0, "ess_min": 5.0,
+             "ess_per_s_interval": [1.0, 9.0], "verdict_line": "NOT trusted: bulk ESS 5 < 100"}
+    cmp = compare.Comparison(runs=[], rows=[rec, exact], names=["a"], n=10)
+    sp = cmp.speedup()
+    assert sp["ratio"] == pytest.approx(300.0)
+    assert sp["interval"] == pytest.approx([800.0 / 9.0, 1000.0 / 1.0])
+    assert sp["interval"][0] < sp["ratio"] < sp["interval"][1]
+    text = cmp.lesson()
+    assert "about 300x faster per ESS than exact" in text and "95% interval 89x-1,000x" in text, text
+    assert "exact's ESS of 5.0 is itself uncertain" in text
+    # without intervals (rows from an older results.json) the lesson gives the ratio alone
+    plain = [{k: v for k, v in r.items() if k != "ess_per_s_interval"} for r in (rec, exact)]
+    assert "95% interval" not in compare.Comparison(runs=[], rows=plain, names=["a"], n=10).lesson()
+
+
+def test_accurate_is_the_readmes_rule():
+    """Accurate: every mean within 0.1 reference sd + 3 MCSE of the reference's, every sd ratio in [0.8, 1.2].
+    The old rule (0.2 sd, sd ratios 0.8-1.25 beyond 3 standard errors) passed the first and third cases."""
+    def problems(err, mcse, ratio):
+        pp = {"err_sd": np.array([err]), "err_z": np.array([err / mcse]), "mcse_sd": np.array([mcse]),
+              "sd_ratio": np.array([ratio]), "sd_ratio_se": np.array([0.1])}
+        return compare._accuracy_problems({"per_param": pp})
+
+    assert problems(0.15, 0.01, 1.0)          # 0.15 > 0.1 + 3 x 0.01
+    assert not problems(0.15, 0.02, 1.0)      # 0.15 <= 0.1 + 3 x 0.02
+    assert problems(0.0, 0.01, 1.21) and problems(0.0, 0.01, 0.79)
+    assert not problems(0.0, 0.01, 1.19) and not problems(0.0, 0.01, 0.81)
+    assert problems(float("nan"), 0.01, 1.0)  # no number is not agreement
+    assert compare.ACCURATE_MEAN_SD == 0.1 and compare.ACCURATE_SD_RATIO == (0.8, 1.2)
+
+
 def test_data_digest_follows_the_data():
     a = {"x": np.arange(10.0)}
     assert compare.data_digest(a) == compare.data_digest({"x": np.arange(10.0)})
@@ -131,3 +167,38 @@ def test_comparison_writes_a_report(comparison, tmp_path):
     assert res["reference"]["chains"] == 2 and res["parameters"] == ["mu"]
     html = (tmp_path / "rep" / "report.html").read_text()
     assert html.index("Verdict") < html.index("Results")
+
+
+def test_error_against_the_reference_is_summed_in_float64():
+    """A long float32 chain's error against the reference: its mean is summed in float64 (a float32 column sum
+    over 3 x 10^5 draws of 10 parameters drifts by about a fifth of a posterior sd when the mean is large next to
+    the sd, as for the demo's intercept)."""
+    from types import SimpleNamespace
+
+    from tallmh.reporting.report import MethodRun, Reference, method_row
+
+    rng = np.random.default_rng(0)
+    c, k, d = 2, 150_000, 10
+    x = (-1.3 + 0.0046 * rng.standard_normal((c, k, d))).astype(np.float32)
+    ref = Reference(draws=(-1.3 + 0.0046 * rng.standard_normal((2, 1000, d))).astype(np.float32),
+                    info={"ess": np.full(d, 2000.0)})
+    res = SimpleNamespace(flat_samples=x, param_names=[f"b{j}" for j in range(d)], n=1000, setup_items=0,
+                          partial=False, stats={"accepted": np.ones((c, k), bool), "n_data": np.ones((c, k))})
+    run = MethodRun(name="m", result=res, times=np.zeros((c, k)), warmup_times=np.zeros((c, 0)), seconds=1.0,
+                    compile_s=0.0)
+    row = method_row(run, ref)
+    r64 = ref.draws.astype(np.float64).reshape(-1, d)
+    exact = np.abs(x.astype(np.float64).reshape(-1, d).mean(axis=0) - r64.mean(axis=0)) / r64.std(axis=0, ddof=1)
+    np.testing.assert_allclose(row["per_param"]["err_sd"], exact, atol=1e-4)
+    # negative control: the float32 column sum that the row used before is off by far more than that
+    naive = np.abs(x.reshape(-1, d).mean(axis=0) - r64.mean(axis=0)) / r64.std(axis=0, ddof=1)
+    assert np.max(np.abs(naive - exact)) > 0.05
+
+
+def test_table_prints_a_tiny_share_of_the_data_in_two_digits():
+    from tallmh.reporting.report import format_table
+
+    text = format_table([{"method": "a", "data_fraction": 1.0}, {"method": "b", "data_fraction": 2.36e-6},
+                         {"method": "c", "data_fraction": 0.00317}])
+    cells = [line.split()[-1] for line in text.splitlines()[2:]]
+    assert cells == ["100.000%", "0.00024%", "0.317%"]

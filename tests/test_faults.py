@@ -995,22 +995,6 @@ def test_posterior_nc_space_check_estimates_the_compressed_file(tmp_path):
     assert _compressed_size(stats) < 0.25 * stats.nbytes  # the old estimate: 4 times too much and more
 
 
-def test_readme_names_the_folders_and_chains_the_command_line_uses():
-    """The README's output folders and the run's chain count are the command line's defaults."""
-    from tallmh.cli import build_parser
-
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    parser = build_parser()
-    run = parser.parse_args(["run", "x.csv"])
-    demo = parser.parse_args(["demo"])
-    assert f"`{run.out}/`" in readme and f"`{demo.out}/`" in readme
-    assert f"but {run.chains} chains" in readme
-    import re
-
-    for folder in set(re.findall(r"`\./(tallmh-[a-z]+)/`", readme)):
-        assert f"./{folder}" in (run.out, demo.out), folder
-
-
 def test_a_huge_constant_column_is_named_as_constant(tmp_path, capsys):
     n = 2000
     rng = np.random.default_rng(0)
@@ -1018,3 +1002,39 @@ def test_a_huge_constant_column_is_named_as_constant(tmp_path, capsys):
     assert main(["run", path, "--target", "y", "--samples", "10", "--out", str(tmp_path / "o"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "feature 'c' is constant (every row is 1e+30)" in err and "NaN" not in err, err
+
+
+def test_a_stop_while_the_table_is_read_keeps_the_settings(small_csv, tmp_path, capsys, monkeypatch):
+    """Ctrl-C (or SIGTERM, a closed terminal) while the table is first read, before run.json held the table's
+    digest: the settings are kept (before: the folder was cleaned up and nothing said how to go on), the exit
+    status is the stop's, and --resume starts the run again: the same draws as a run never stopped. A failure
+    there (not a stop) still leaves nothing behind."""
+    from tallmh import run_table
+
+    argv = ["run", str(small_csv / "t.csv"), "--target", "y", "--model", "linear", "--noise-sd", "1",
+            "--samples", "30", "--warmup", "20", "--chains", "1", "--quiet"]
+    real = run_table._design
+
+    def stopped(args, tell):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_table, "_design", stopped)
+    out = tmp_path / "run"
+    assert main(argv + ["--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "before sampling began" in err and f"--resume {out}" in err, err
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["data_sha256"] is None and saved["settings"]["samples"] == 30
+    monkeypatch.setattr(run_table, "_design", real)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["data_sha256"]  # the table's digest, once read
+    plain = tmp_path / "plain"
+    assert main(argv + ["--out", str(plain)]) == 0
+    np.testing.assert_array_equal(_draws(out), _draws(plain))
+
+    def failed(args, tell):
+        raise tm.DataError("a bad table")
+
+    monkeypatch.setattr(run_table, "_design", failed)
+    assert main(argv + ["--out", str(tmp_path / "bad")]) == 1
+    assert not (tmp_path / "bad").exists()

@@ -103,9 +103,9 @@ def test_exact_counts_setup_pass(problem):
     assert np.all(r.stats["n_data"] == 2000)
     passes = r.resume_info["start_info"]["newton_passes"]  # the mode search and the Laplace sums
     assert passes >= 2
-    # model set-up pass + Newton passes; LogisticRegression gives log_lik_ratio, so the exact test sums
+    # model set-up pass + Newton passes + the pass naming degenerate columns; LogisticRegression gives log_lik_ratio, so the exact test sums
     # per-item ratios and keeps no full log-likelihood (no initial pass per chain)
-    assert r.setup_items == 2000 + passes * 2000
+    assert r.setup_items == 2000 + passes * 2000 + 2000  # (+ the check of X for degenerate columns)
     # a model without log_lik_ratio: the exact test tracks the log-likelihood, one initial pass per chain
     plain = tm.Model(log_prior=model.log_prior, log_lik=model.log_lik, init=model.init)
     r2 = _run(plain, data, test=tm.acceptance.Exact(), num_samples=20, num_warmup=0)

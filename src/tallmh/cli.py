@@ -121,9 +121,11 @@ def _add_run_parser(sub):
                      help="linear: sd of the normal prior on the log of the noise sd; negativebinomial: on the "
                           "log of the dispersion alpha")
     run.add_argument("--test", choices=("auto",) + METHODS, default="auto",
-                     help="acceptance test. auto: the recommended one, austerity with a per-step error target "
-                          "(--error) and second-order Taylor control variates at the mode, as tallmh.sample "
-                          "chooses; exact: exact MH, reading every row at every step; a '-cv' suffix adds the "
+                     help="acceptance test. auto: the recommended one, as tallmh.sample chooses: for a model "
+                          "that bounds its Taylor remainders (logistic, poisson; linear with --noise-sd) on a table "
+                          "read into memory the exact subsampled test, else austerity with a per-step error "
+                          "target (--error), both with second-order Taylor control variates at the mode; exact: "
+                          "exact MH, reading every row at every step; a '-cv' suffix adds the "
                           "control variates to an approximate test")
     run.add_argument("--samples", type=samples, default=None,
                      help="draws kept per chain, or auto: draw until the smallest bulk ESS is at least --min-ess "
@@ -135,7 +137,9 @@ def _add_run_parser(sub):
                      help="warmup steps per chain (proposal adaptation; discarded); auto: 300 for Langevin started "
                           "at the Laplace approximation, else 1000")
     run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
-                     help="auto: langevin with control variates, else adaptive; langevin: preconditioned adaptive "
+                     help="auto: as tallmh.sample chooses: with the exact subsampled test, Crank-Nicolson from the "
+                          "Laplace approximation at the mode (rho adapted in warmup), with an approximate test and "
+                          "control variates langevin, else adaptive; langevin: preconditioned adaptive "
                           "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "
                           "random walk with covariance 2.38^2/d times the inverse Hessian at the mode")
     run.add_argument("--start", choices=("mode", "zero"), default="mode",
@@ -191,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="held-out rows used in the risk plot")
     demo.add_argument("--proposal", choices=("laplace", "adaptive"), default="laplace",
                       help="laplace: Gaussian random walk with covariance 2.38^2/d times the inverse Hessian at "
-                           "the mode, the same for every method but 'recommended' (which uses its Langevin "
-                           "proposal, adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
+                           "the mode, the same for every method but 'recommended' (which uses its Crank-Nicolson "
+                           "proposal from the Laplace approximation, rho adapted in warmup); adaptive: adaptive Metropolis learnt in warmup")
     demo.add_argument("--start", choices=("mode", "zero"), default="mode",
                       help="where every chain starts: the posterior mode (Newton's method) or the model's "
                            "default start (all zeros)")

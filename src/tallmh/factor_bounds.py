@@ -280,8 +280,10 @@ def draw_items(key, table: FactorTable, m: int):
 def laplace_factors(model, unravel, cv):
     """``(R^T, R^-T)`` for the Laplace precision ``H = -(sum_i hess ell_i(c) + hess log p0(c)) = R R^T`` (float64).
     A precision that is not positive definite gets a ridge of 1e-8 of its largest diagonal entry."""
+    from .setup_passes import prior_hessian  # (the model's NumPy form where it has one: no program compiled)
+
     c = cv.center
-    hp = jax.hessian(lambda t: jnp.asarray(model.log_prior(unravel(t)), c.dtype))(c)
+    hp = prior_hessian(model, unravel, c)
     H = -(np.asarray(cv.hess_sum, np.float64) + np.asarray(hp, np.float64))
     H = 0.5 * (H + H.T)
     try:

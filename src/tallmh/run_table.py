@@ -23,7 +23,7 @@ from .console import PROG, now, plural, print_line, quiet_libraries, say, use_co
 from .frontends.design import extra_parameter_of, load_design, original_scale, original_scale_laplace, original_scale_run
 from .errors import CLIError
 from .interrupts import arm_deferred_stop, arm_second_interrupt, disarm, status_of_stop, stopped
-from .method_options import METHODS, check_test_args, label_of, make_test, method_config
+from .method_options import METHODS, THINNING, check_test_args, label_of, make_test, method_config
 from .storage.runfolder import CHECKPOINT, OLD_CHECKPOINT, OUTPUTS, RUN_SETTINGS, OutFolder
 
 __all__ = ["RUN_KEYS", "run_command", "run_settings", "restore_args", "check_data_file", "coef_table"]
@@ -192,7 +192,8 @@ def run_command(args, argv):
         return stop
     except BaseException:
         # a fresh run that failed before its first checkpoint leaves nothing behind (not even run.json)
-        if saved is None and out.made and not os.path.exists(os.path.join(out.path, CHECKPOINT)):
+        if saved is None and (out.made or getattr(out, "wrote_settings", False)) \
+                and not os.path.exists(os.path.join(out.path, CHECKPOINT)):
             import shutil
 
             try:
@@ -310,7 +311,6 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
     run's settings saved in ``run.json`` for ``--resume``."""
     import tallmh as tm
     from .reporting import compare as cmp
-    from .reporting.report import write_json
 
     n = data["X"].shape[0]
     mode = None
@@ -320,7 +320,8 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
              f"{mode.seconds:.1f} s")
     # --start mode: tm.sample finds the mode itself and starts the chains dispersed around it (Laplace)
     init = None if args.start == "mode" else model.init(data)
-    # --proposal auto: tm.sample's default (Langevin with control variates, adaptive Metropolis without)
+    # --proposal auto: tm.sample's default (Crank-Nicolson with the exact subsampled test, Langevin with an
+    # approximate test and control variates, adaptive Metropolis without)
     proposal = {"laplace": lambda: cmp.laplace_proposal(mode.cov),
                 "adaptive": tm.proposals.AdaptiveMetropolis,
                 "langevin": lambda: tm.proposals.Langevin(batch_size=min(100, n)),
@@ -330,12 +331,21 @@ def _fresh(args, argv, model, data, on_disk, test, digest, out, tell):
         else None
     kw = dict(test=test, proposal=proposal, num_chains=args.chains, seed=args.seed, init=init,
               control_variates=cvopt)
+    save_settings(args, argv, out, digest, mode)
+    return kw, mode
+
+
+def save_settings(args, argv, out, digest, mode=None):
+    """``run.json``: the run's settings for ``--resume``. Written first before the table is read (``digest``
+    None: a stop while the table is read keeps them, and ``--resume`` starts the run again), then with the
+    table's SHA-256 (and the mode of ``--proposal laplace``) before sampling."""
+    from .reporting.report import write_json
+
     settings = {"command": "tallmh " + " ".join(argv), "created": now(), "settings": run_settings(args),
                 "data_sha256": digest,
                 "mode": None if mode is None else {"theta": mode.theta, "cov": mode.cov, "passes": mode.passes,
                                                    "seconds": mode.seconds}}
     write_json(out.file(RUN_SETTINGS), settings)
-    return kw, mode
 
 
 def _run(args, argv, test, out, saved, ck_path, tell, t_all):
@@ -344,9 +354,15 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
 
     quiet_libraries()
     use_compile_cache(os.path.abspath(os.path.expanduser(cmp.default_cache_dir())))
+    if saved is None and not os.path.exists(os.path.join(out.path, RUN_SETTINGS)):
+        # the settings first (not over an earlier run's, --overwrite): a stop while the table is read keeps them
+        save_settings(args, argv, out, None)
+        out.wrote_settings = True  # (a failure, not a stop, removes them again: see run_command)
     data, on_disk, names, scaling, digest = _design(args, tell)
     n, d = data["X"].shape
-    if saved is not None and saved.get("data_sha256") != digest:
+    # (a run stopped while its table was first read has no digest yet, and no draws: it starts again)
+    if saved is not None and saved.get("data_sha256") != digest and not (saved.get("data_sha256") is None
+                                                                          and ck_path is None):
         raise CLIError(f"--resume: {args.data} is not the data of the saved run (it changed since); cannot continue")
     if saved is not None and saved["settings"].get("data") != args.data:  # the same table, moved: noted
         from .reporting.report import write_json
@@ -370,9 +386,12 @@ def _run(args, argv, test, out, saved, ck_path, tell, t_all):
             tell(f"{args.out} holds the settings of a run stopped before its first draw: starting it again")
         kw, mode = _fresh(args, argv, model, data, on_disk, test, digest, out, tell)
     ck = out.file(CHECKPOINT)
-    result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
-                       progress=False if args.quiet else None, checkpoint=ck,
-                       checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
+    from .run.data_notes import checked_by_caller
+
+    with checked_by_caller():  # (the table's degenerate columns were named by their names, above)
+        result = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, min_ess=args.min_ess,
+                           progress=False if args.quiet else None, checkpoint=ck,
+                           checkpoint_every_s=args.checkpoint_every, stream_draws=True, **kw)
     # the outputs: a stop signal now is recorded, never raised where it lands (the outputs are finished)
     prev = arm_second_interrupt() if result.partial else arm_deferred_stop()
     try:
@@ -459,7 +478,7 @@ def _method_row(v):
     times = np.broadcast_to(warm_s + (np.arange(1, k + 1) / max(k, 1)) * samp_s, (c, k))
     name = _run_name(result, args)
     label = label_of(result, name)
-    config = method_config(name if name in METHODS else args.test, args)
+    config = method_config(name if name in METHODS or name.startswith(THINNING) else args.test, args)
     if args.test == "auto":
         config["chosen_by"] = "--test auto (the recommended method)"
     run = rp.MethodRun(name=name, result=result, times=times, warmup_times=warm_times,

@@ -590,6 +590,11 @@ def _prior_parts(model, unravel, th):
     return parts, diff
 
 
+def prior_hessian(model, unravel, th) -> np.ndarray:
+    """The Hessian of the log prior at flat ``th`` in float64 (the model's NumPy form where it has one)."""
+    return _prior_parts(model, unravel, th)[0](th)[2]
+
+
 def positive_part(neg_h):
     """A positive-definite stand-in for a symmetric matrix ``A`` (the negative Hessian of the log posterior)
     that is not positive definite: with ``D = diag(sqrt|A_ii|)`` and the eigen-decomposition ``D^-1 A D^-1 =

@@ -40,7 +40,7 @@ def load_design(args):
                        binary_target=(args.model == "logistic"), min_rows=test_batch, standardise=False,
                        intercept=False)
         Z, names, yv, has_intercept = t.X.astype(np.float64), list(t.feature_names), t.y, True
-    from .degenerate import check_target, design_notes
+    from .degenerate import binary_target, check_target, design_notes
 
     target = t.target if getattr(args, "formula", None) else args.target
     check_target(yv, target)
@@ -49,7 +49,7 @@ def load_design(args):
         if const.size:  # (before standardising: its sd is 0, and a huge constant is no NaN of the data's)
             raise DataError(f"feature {names[const[0]]!r} is constant (every row is {Z[0, const[0]]:g}); drop it")
     intercept = not args.no_intercept and has_intercept
-    notes = design_notes(Z, yv, names, target, binary=args.model == "logistic", intercept=intercept)
+    notes = design_notes(Z, yv, names, target, binary=binary_target(args), intercept=intercept)
     features = list(names)
     mean = Z.mean(axis=0)
     sd = Z.std(axis=0)

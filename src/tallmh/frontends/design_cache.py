@@ -19,6 +19,7 @@ import types
 
 import numpy as np
 
+from .degenerate import DesignCheck, binary_target
 from .tables import header, scaling_of, split_features, table_blocks, table_frames  # noqa: F401 (table_frames: re-exported)
 from ..errors import DataError
 from ..method_options import batch_of
@@ -76,10 +77,11 @@ def _check_block(z, a, ti, fi, colnames, binary):
         raise DataError(f"target '{colnames[ti]}' is not binary: logistic regression needs 0/1 values, found {v:g}")
 
 
-def _scan(blocks, ti, fi, colnames, binary, h, spool=None):
-    """Pass 1: every block checked, hashed into ``h`` (and appended to ``spool`` as float64 when given);
-    returns ``(rows, mean, sd)`` of every column, merged block by block with the pairwise update of Chan,
-    Golub and LeVeque (1979), which keeps them as accurate as a two-pass computation over the whole column."""
+def _scan(blocks, ti, fi, colnames, binary, h, spool=None, check=None):
+    """Pass 1: every block checked, hashed into ``h`` (and appended to ``spool`` as float64 when given, and
+    given to ``check``, a :class:`~tallmh.frontends.degenerate.DesignCheck`, when given); returns ``(rows,
+    mean, sd)`` of every column, merged block by block with the pairwise update of Chan, Golub and LeVeque
+    (1979), which keeps them as accurate as a two-pass computation over the whole column."""
     n, mean, m2 = 0, None, None
     for raw in blocks:
         h.update(raw.tobytes())
@@ -87,6 +89,8 @@ def _scan(blocks, ti, fi, colnames, binary, h, spool=None):
         if spool is not None:
             spool.write(z.tobytes())
         _check_block(z, n, ti, fi, colnames, binary)
+        if check is not None:
+            check.add(z[:, fi], z[:, ti])
         nb = len(z)
         if nb == 0:
             continue
@@ -192,6 +196,7 @@ def _open_cached(folder, meta, fcols, intercept, standardise):
     scaling = scaling_of(standardise, intercept, list(fcols), np.asarray(meta["center"]),
                          np.asarray(meta["scale"]))
     scaling["out_of_core"] = folder
+    scaling["data_notes"] = list(meta.get("data_notes") or [])  # (found in pass 1; a cache made before: none)
     return data, on_disk, names, scaling, meta["digest"]
 
 
@@ -241,9 +246,11 @@ def npy_design(args, say):
     h.update(str((mm.shape, str(mm.dtype))).encode())
     say(f"{os.path.basename(path)}: {n:,} rows x {p} columns, read from disk in blocks (pass 1 of 2: checks, "
         "means and sds)")
+    check = DesignCheck(list(fcols), colnames[ti], binary=binary, intercept=intercept)
     _, mean, sd = _scan((np.ascontiguousarray(mm[a:a + block]) for a in range(0, n, block)), ti, fi, colnames,
-                        binary, h)
+                        binary, h, check=check)
     center, scale = _centre_and_scale(mean, sd, fi, fcols, np.asarray(mm[0], np.float64), standardise, intercept)
+    notes = check.notes()
     d = len(fi) + int(intercept)
     tmp = f"{folder}.tmp-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
@@ -256,7 +263,7 @@ def npy_design(args, say):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist(),
-            "rows": int(n)}
+            "rows": int(n), "data_notes": notes}
     _publish(tmp, folder, meta)
     return _open_cached(folder, meta, fcols, intercept, standardise)
 
@@ -319,13 +326,13 @@ def _progress(tell, name):
     return report
 
 
-def _spooled_pass(blocks, width, ti, fi, binary, h, tmp, path, n_min, tell):
+def _spooled_pass(blocks, width, ti, fi, binary, h, tmp, path, n_min, tell, check=None):
     """Pass 1 over a streamed table: checks and moments (as :func:`_scan`), the columns used spooled to
     ``tmp/raw.f64`` (float64, ``width`` columns) for pass 2. Returns ``(rows, mean, sd, spool)``, the spool
     as a read-only memory map."""
     spool = os.path.join(tmp, "raw.f64")
     with open(spool, "wb") as f:
-        n, mean, sd = _scan(blocks, ti, fi, blocks.names, binary, h, spool=f)
+        n, mean, sd = _scan(blocks, ti, fi, blocks.names, binary, h, spool=f, check=check)
     tell(f"{os.path.basename(path)}: {n:,} rows read")
     if n == 0:
         raise DataError(f"{path} holds no rows")
@@ -400,9 +407,11 @@ def streamed_design(args, say):
         target, fcols, has_intercept, blocks, binary = _plan(args, path, rows, say)
         intercept = settings["intercept"] and has_intercept
         ti, fi = 0, list(range(1, len(fcols) + 1))
+        check = DesignCheck(list(fcols), str(target), binary=binary_target(args), intercept=intercept)
         n, mean, sd, raw = _spooled_pass(blocks, len(fcols) + 1, ti, fi, binary, h, tmp, path,
-                                         batch_of(args.test, args), say)
+                                         batch_of(args.test, args), say, check=check)
         center, scale = _centre_and_scale(mean, sd, fi, fcols, np.asarray(raw[0]), standardise, intercept)
+        notes = check.notes()
         say(f"pass 2 of 2: writing the standardised design ({n * (len(fi) + intercept + 1) * 4 / 1e6:,.1f} MB)")
         block = max(1, BLOCK_BYTES // (8 * (len(fcols) + 1)))
         _write_design((raw[a:a + block] for a in range(0, n, block)), tmp, n, ti, fi, center, scale, intercept)
@@ -412,6 +421,6 @@ def streamed_design(args, say):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     meta = {"settings": settings, "digest": h.hexdigest(), "center": center.tolist(), "scale": scale.tolist(),
-            "target": target, "features": list(fcols), "intercept": intercept, "rows": int(n)}
+            "target": target, "features": list(fcols), "intercept": intercept, "rows": int(n), "data_notes": notes}
     _publish(tmp, folder, meta)
     return _open_cached(folder, meta, fcols, intercept, standardise)

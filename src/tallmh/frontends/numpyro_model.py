@@ -610,4 +610,8 @@ def from_numpyro(numpyro_model, *args, data_plate: Optional[str] = None, check: 
 
     (A model keyword argument called ``data_plate`` or ``check`` cannot be passed through this function.)
     """
-    return describe(numpyro_model, *args, data_plate=data_plate, check=check, local="enumerate", **kwargs)
+    model, data = describe(numpyro_model, *args, data_plate=data_plate, check=check, local="enumerate", **kwargs)
+    from .numpyro_glm import attach_bound  # a bound for the exact subsampled test, where the likelihood is a GLM
+
+    attach_bound(model, data)
+    return model, data

@@ -250,6 +250,10 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
                       out_names, prior_fn, lik_fn, out_fn, init, {k: a.dtype for k, a in data_arrays.items()})
     if check:
         _checks(model, data_arrays, n, check_full_max)
+    from .pymc_glm import attach_bound  # a bound for the exact subsampled test, where the likelihood is a GLM
+
+    attach_bound(model, observed, obs_graphs, repl, value_vars, ph_list, data_arrays,
+                 lambda ins, outs: _quiet(_jaxify(ins, outs, "linear predictor")))
     if centre_groups:
         model = recentre(model, data_arrays)
     return model, data_arrays

@@ -185,7 +185,12 @@ def _tree_names(template, coords=None):
     return names
 
 
-SUMMARY_LEVELS = 10  # a site with more entries than this is summarised in one line of the printed summary
+# the printed summary shows a site in one line (not one row per entry) where it is a group-level term with more
+# than SUMMARY_LEVELS entries (its entries labelled by a front end's coords, e.g. Bambi's 1|g levels), or where
+# any site has more than SUMMARY_LARGE entries; an ordinary parameter vector (a regression's coefficients) is
+# printed entry by entry
+SUMMARY_LEVELS = 10
+SUMMARY_LARGE = 50
 
 
 def _site_of(name: str) -> str:
@@ -193,17 +198,19 @@ def _site_of(name: str) -> str:
     return name.split("[", 1)[0] if name.endswith("]") else name
 
 
-def group_lines(rows) -> Tuple[list, list]:
-    """``(rows shown one by one, [summary of each large site])``: the rows of sites with at most
-    ``SUMMARY_LEVELS`` entries (fixed effects, scales) in their order, and for each larger site (group-level
-    effects) its number of entries, the worst R-hat and the smallest bulk and tail ESS over them, and its
-    largest ``|mean|`` with that entry's name."""
+def group_lines(rows, labelled=()) -> Tuple[list, list]:
+    """``(rows shown one by one, [summary of each large site])``. A site is summarised when it is in
+    ``labelled`` (its entries named by a front end's coords: group-level effects) with more than
+    ``SUMMARY_LEVELS`` entries, or has more than ``SUMMARY_LARGE`` entries; every other row (fixed effects,
+    scales, a regression's coefficient vector) is shown one by one, in order. A summary holds the site's number
+    of entries, the worst R-hat and the smallest bulk and tail ESS over them, and its largest ``|mean|`` with
+    that entry's name."""
     sites: Dict[str, list] = {}
     for r in rows:
         sites.setdefault(_site_of(r["param"]), []).append(r)
     small, large = [], []
     for site, rs in sites.items():
-        if len(rs) <= SUMMARY_LEVELS:
+        if len(rs) <= (SUMMARY_LEVELS if site in labelled else SUMMARY_LARGE):
             small.extend(rs)
             continue
 
@@ -225,9 +232,10 @@ class Summary:
     ``table`` is made on first use from the rows (a list of dicts, or a DataFrame as is): the verdict that
     every call computes needs only ``overall``, and pandas takes ~0.3 s to import."""
 
-    def __init__(self, table, overall: Dict[str, float]):
+    def __init__(self, table, overall: Dict[str, float], labelled=()):
         self._table = table
         self.overall = overall
+        self.labelled = frozenset(labelled)  # sites whose entries a front end named (group-level terms)
 
     @property
     def table(self):
@@ -239,10 +247,11 @@ class Summary:
 
     @property
     def groups(self):
-        """One row per site with more than ``SUMMARY_LEVELS`` entries (group-level effects): ``site``,
-        ``levels``, ``r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``, ``max_abs_mean`` and the entry ``at``
-        which it is; ``table`` keeps every entry's row."""
-        return group_lines(self._rows())[1]
+        """One row per site printed in one line (:func:`group_lines`: a group-level term of more than
+        ``SUMMARY_LEVELS`` levels, or any site of more than ``SUMMARY_LARGE`` entries): ``site``, ``levels``,
+        ``r_hat_max``, ``ess_bulk_min``, ``ess_tail_min``, ``max_abs_mean`` and the entry ``at`` which it is;
+        ``table`` keeps every entry's row."""
+        return group_lines(self._rows(), self.labelled)[1]
 
     def _rows(self):
         if isinstance(self._table, list):
@@ -257,10 +266,12 @@ class Summary:
             + (" [PARTIAL: interrupted]" if o["partial"] else "")
             + f"\nacceptance {o['acceptance_rate']:.3f}, mean data fraction per step {o['data_fraction']:.4g}"
             f" (mean items {o['mean_n_data']:.1f}), ESS min {o['ess_min']:.1f}, ESS/s {o['ess_per_s']:.2f}"
-            f", R-hat max {o['rhat_max']:.3f}\n{audit_line(o)}{o['verdict']}\n{kind_line(o)}sampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
+            f", R-hat max {o['rhat_max']:.3f}\n{audit_line(o)}{o['verdict']}\n"
+            + "".join(m + "\n" for m in o.get("notes") or () if m.startswith("data note: "))  # (degenerate columns)
+            + f"{kind_line(o)}sampling {o['sampling_s']:.2f}s, warmup {o['warmup_s']:.2f}s, "
             f"compile {o['compile_s']:.2f}s, set-up items {o['setup_items']}\n"
         )
-        small, large = group_lines(self._rows())
+        small, large = group_lines(self._rows(), self.labelled)
         if not large:
             return head + self.table.to_string(float_format=lambda v: f"{v:.4g}")
         import pandas as pd
@@ -434,7 +445,8 @@ class Result:
         overall["warnings"] = warns
         overall["trusted"] = not warns
         overall["verdict"] = "trusted" if not warns else "NOT trusted: " + "; ".join(warns)
-        return Summary(rows, overall)
+        labelled = [s for s, axes in (self.coords or {}).items() if any(ax is not None for ax in axes or ())]
+        return Summary(rows, overall, labelled)
 
     # ---- trust ------------------------------------------------------------------------
 

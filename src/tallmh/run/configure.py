@@ -121,7 +121,10 @@ def recommended(model, data, n, init, rows_sharded=False):
                 and n < 2**31:
             return PoissonThinning(), ControlVariates(order=2), \
                 "the model bounds its Taylor remainders: exact subsampled MH"
-        why = ("the model has no bound on its Taylor remainders" if own_method(model, "factor_bound") is None else
+        reason = getattr(model, "factor_bound_reason", None)  # (a front end's reading of the model, if any)
+        why = ((f"the model has no bound on its Taylor remainders ({reason})" if isinstance(reason, str) and reason
+                else "the model has no bound on its Taylor remainders")
+               if own_method(model, "factor_bound") is None else
                "data read from files" if ds.in_files(data) else "rows sharded over devices" if rows_sharded else
                "N >= 2^31")
         return Austerity(error=0.05), ControlVariates(order=2), f"differentiable model; {why}"

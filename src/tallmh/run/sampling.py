@@ -45,7 +45,7 @@ from ..kernel import make_problem
 from ..reporting.results import Result
 
 from .. import hierarchical
-from . import chunks, configure, finish, restore, runstate, threads
+from . import chunks, configure, data_notes, finish, restore, runstate, threads
 
 _cache.setup_default()  # JAX's persistent compilation cache, before the runner first compiles
 
@@ -189,6 +189,8 @@ def sample(
         configure.method_of_program(run, data, init)
     else:
         configure.method(run, data, init)
+        if resume is None:
+            data_notes.name_degenerate(run)  # collinear or separating columns of a built-in regression's X
     configure.plan_devices(run, mesh)
     restore.restore(run, resume)
     if stream_draws and checkpoint is not None:

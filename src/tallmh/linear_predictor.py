@@ -1,0 +1,194 @@
+"""Remainder bounds for models whose rows are a known GLM of a linear predictor, found in the model's own code.
+
+A front-end model (PyMC, Bambi, NumPyro) gives its per-row log-likelihood only as a program. Where that program
+is ``ell_i(theta) = f(y_i, eta_i(theta))`` with ``f`` the Bernoulli-logit or Poisson-log log-likelihood and
+``eta_i`` *affine* in the flat parameter vector, ``eta_i(theta) = a_i + x_i . theta``, the built-in bounds of the
+exact subsampled test apply with the design row ``x_i`` (Cornish et al., ICML 2019, eq. 8 and Sec. 3.2; see
+:mod:`tallmh.factor_bounds`): :class:`~tallmh.models.logistic.LogisticCubicBound` and
+:class:`~tallmh.factor_bounds.PoissonTrustBound`.
+
+Two facts are needed, and both are established without trusting numbers:
+
+- the family and link: read from the model's graph by the front end (e.g. PyMC's ``Bernoulli`` whose ``p`` is
+  ``sigmoid(eta)``; :mod:`tallmh.frontends.pymc_glm`);
+- affinity of ``eta`` in ``theta``: :func:`affine_in` traces ``eta`` to a JAX program (a jaxpr) and follows every
+  value that depends on ``theta`` through it. Such a value may only be added to, subtracted from, negated,
+  multiplied or divided by values that do not depend on ``theta``, contracted with them (``dot_general``),
+  reshaped, broadcast, sliced, gathered at indices that do not depend on ``theta``, concatenated, selected by a
+  predicate that does not depend on ``theta``, summed, or converted between float types. Any other operation on
+  it (``exp``, a product of two such values, a transform of a constrained parameter, a loop) makes the answer
+  "not affine", and the model gets no bound: its default stays the approximate test. The analysis never
+  says "affine" for a program that is not (it may refuse one that is).
+
+The design rows are then the Jacobian of ``eta`` (exact for an affine map) and ``a_i = eta_i(0)``, computed for
+the rows a bound reads (the set-up pass: every row once; a step: the rows its thinning keeps).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["affine_in", "LinearPredictorBound", "FAMILIES"]
+
+FAMILIES = ("bernoulli_logit", "poisson_log")
+
+_CONST, _AFFINE = 0, 1
+
+# operations that map affine values to affine values whatever their other (theta-free) operands are
+_STRUCTURAL = {"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "slice", "rev", "copy",
+               "copy_p", "reduce_sum", "concatenate", "neg", "add", "sub", "add_any", "cumsum", "real",
+               "reduce_precision", "pad", "optimization_barrier", "split"}
+
+
+def _float(aval) -> bool:
+    return jnp.issubdtype(getattr(aval, "dtype", np.int32), jnp.floating)
+
+
+def _eqn_state(eqn, ins, dep_ops) -> Optional[int]:
+    """The state of the outputs of one equation given its inputs' states (None: not affine)."""
+    name = eqn.primitive.name
+    if not any(ins):
+        return _CONST
+    sub = eqn.params.get("jaxpr", None) or eqn.params.get("call_jaxpr", None)
+    if sub is not None and name in ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "remat",
+                                    "checkpoint", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+        inner = getattr(sub, "jaxpr", sub)
+        outs = _states(inner, list(ins), dep_ops)
+        if outs is None or len(outs) != len(eqn.outvars):
+            return None
+        return max(outs) if outs else _CONST  # (one state for all outputs: conservative)
+    if name in _STRUCTURAL:
+        if name in ("pad",) and ins[1:] and any(ins[1:]):  # the padding value must not depend on theta
+            return None
+        if not all(_float(v.aval) for v in eqn.outvars):
+            return None
+        return _AFFINE
+    if name == "convert_element_type":
+        return _AFFINE if _float(eqn.outvars[0].aval) and _float(eqn.invars[0].aval) else None
+    if name in ("mul", "dot_general"):
+        return _AFFINE if sum(ins) == 1 else None
+    if name == "div":
+        return _AFFINE if ins[0] and not ins[1] else None
+    if name in ("gather", "dynamic_slice"):
+        return _AFFINE if ins[0] and not any(ins[1:]) else None
+    if name == "select_n":
+        return _AFFINE if not ins[0] else None
+    dep_ops.add(name)
+    return None
+
+
+def _states(jaxpr, in_states, dep_ops):
+    """States of ``jaxpr``'s outputs, or None when some output is not affine in the marked inputs."""
+    env = {}
+    for v, s in zip(jaxpr.invars, in_states):
+        env[v] = s
+    for v in jaxpr.constvars:
+        env[v] = _CONST
+
+    def read(v):
+        return env.get(v, _CONST) if not hasattr(v, "val") else _CONST  # (a literal is a constant)
+
+    live = {v for v in jaxpr.outvars if not hasattr(v, "val")}
+    needed = []
+    for eqn in reversed(jaxpr.eqns):  # only what the outputs depend on (the rest of a traced program is ignored)
+        if any(v in live for v in eqn.outvars):
+            needed.append(eqn)
+            live.update(v for v in eqn.invars if not hasattr(v, "val"))
+    for eqn in reversed(needed):
+        ins = [read(v) for v in eqn.invars]
+        s = _eqn_state(eqn, ins, dep_ops)
+        if s is None:
+            return None
+        for v in eqn.outvars:
+            env[v] = s
+    return [read(v) for v in jaxpr.outvars]
+
+
+def affine_in(fn: Callable, theta, *rest, outer: Optional[str] = None):
+    """``(True, "")`` when ``fn(theta, *rest)`` is, as a program, affine in the flat vector ``theta`` (see the
+    module); else ``(False, why)``. Only the program's structure is read (``jax.make_jaxpr`` at these shapes).
+    ``outer="exp"``: the program's one output must be ``exp`` of a value affine in ``theta`` (a Poisson rate)."""
+    try:
+        closed = jax.make_jaxpr(fn)(theta, *rest)
+    except Exception as e:  # noqa: BLE001 - a program that cannot be traced is not certified
+        return False, f"the linear predictor cannot be traced ({type(e).__name__})"
+    n_theta = len(jax.tree_util.tree_leaves(theta))
+    jp = closed.jaxpr
+    if outer is not None:
+        last = [k for k, e in enumerate(jp.eqns) if any(v is jp.outvars[0] for v in e.outvars)]
+        if len(jp.outvars) != 1 or not last or jp.eqns[last[0]].primitive.name != outer:
+            return False, f"the rate is not {outer}(linear predictor) in the program"
+        k = last[0]
+        jp = SimpleNamespace(invars=jp.invars, constvars=jp.constvars, eqns=jp.eqns[:k],
+                             outvars=list(jp.eqns[k].invars))
+    marks = [_AFFINE] * n_theta + [_CONST] * (len(jp.invars) - n_theta)
+    dep_ops: set = set()
+    out = _states(jp, marks, dep_ops)
+    if out is None:
+        ops = ", ".join(sorted(dep_ops)) or "an operation on the parameters"
+        return False, f"the linear predictor is not affine in the parameters (it applies {ops} to them)"
+    return True, ""
+
+
+class LinearPredictorBound:
+    """A built-in GLM bound (logistic or Poisson) whose design rows come from an affine linear predictor.
+
+    ``eta(theta_flat, batch) -> (b,)`` is affine in ``theta_flat`` (checked by :func:`affine_in` before this is
+    made); ``y_key`` names the response in the batch (or is a function of the batch giving it). The batch is turned into ``{"X": Jacobian of eta (b, d),
+    "y": response, "_a": eta(0)}`` and handed to the built-in bound; weights computed in the working precision
+    are inflated by 1e-3 for their rounding (as :func:`tallmh.factor_bounds.prepare` does on the device).
+    """
+
+    def __init__(self, family: str, eta: Callable, y_key: str, dim: int, radius: float = 6.0):
+        from .factor_bounds import PoissonTrustBound
+        from .models.logistic import LogisticCubicBound
+
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
+        self.family, self.eta, self.y_key, self.dim = family, eta, y_key, int(dim)
+        self.base = LogisticCubicBound() if family == "bernoulli_logit" else PoissonTrustBound(radius, offset="_a")
+        self._design_host = jax.jit(lambda batch: self.design(batch))  # (the set-up pass: compiled once per shape)
+
+    def design(self, batch, dtype=None):
+        """``{"X", "y", "_a"}`` of a batch (the Jacobian by forward differentiation: ``d`` passes of ``eta``)."""
+        leaves = jax.tree_util.tree_leaves(batch)
+        dt = dtype or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+        zero = jnp.zeros(self.dim, dt)
+        b = leaves[0].shape[0]
+
+        def eta_b(t):
+            return jnp.broadcast_to(jnp.asarray(self.eta(t, batch), dt), (b,))
+
+        a = eta_b(zero)
+        X = jax.jacfwd(eta_b)(zero)
+        y = self.y_key(batch) if callable(self.y_key) else batch[self.y_key]
+        return {"X": X, "y": jnp.reshape(jnp.asarray(y), (b,)).astype(dt), "_a": a}
+
+    def weights(self, center, rinv, batch):
+        return self.base.weights(center, rinv, self.design(batch, center.dtype)) * (1 + 1e-3)
+
+    def weights_host(self, center, rinv, batch):
+        d = self._design_host(jax.tree_util.tree_map(jnp.asarray, batch))
+        host = {k: np.asarray(v, np.float64) for k, v in d.items()}
+        return self.base.weights_host(center, rinv, host) * (1 + 1e-3)
+
+    def phi(self, z, zp):
+        return self.base.phi(z, zp)
+
+    def region(self, z, zp):
+        return self.base.region(z, zp)
+
+    def remainder(self, theta, theta_p, center, batch):
+        d = self.design(batch, theta.dtype)
+        if self.family == "poisson_log":
+            return self.base.remainder(theta, theta_p, center, d)
+        from .models.logistic import logistic_remainder_diff
+
+        md = d["X"] @ jnp.stack([center, theta - center, theta_p - center], axis=-1)
+        s = jnp.where(d["y"] > 0.5, 1.0, -1.0).astype(md.dtype)
+        return logistic_remainder_diff(s * (md[..., 0] + d["_a"]), s * md[..., 1], s * md[..., 2])
