@@ -1,7 +1,9 @@
-"""The self-audit with and without certified decisions (``tallmh.certify``), in the default call.
+"""The self-audit with and without certified decisions (``tallmh.certify``), in the austerity default's call.
 
 For each N (``time_to_trusted.make_data``: logistic regression, d = 11, feature scales 0.1 to 10) the script
-runs the default call ``tm.sample(model, data, num_samples="auto", min_ess=1000)`` in one process: once to
+runs ``tm.sample(model, data, num_samples="auto", min_ess=1000)`` with the approximate default
+(``Austerity(error=0.05)`` + control variates; for this model the default is now the exact subsampled test,
+which has nothing to audit) in one process: once to
 compile (discarded), then alternately with certification on (the default) and off
 (``tallmh.run.selfaudit.CERTIFY = False``: every audited decision takes a full pass, and the default audit's plan is
 cut to its item budget at N items per audit, as before certification). It prints per configuration the
@@ -54,7 +56,8 @@ def main():
 
         def run():
             t0 = time.perf_counter()
-            r = tm.sample(model, data, num_samples="auto", min_ess=1000, progress=False, seed=args.seed)
+            r = tm.sample(model, data, num_samples="auto", min_ess=1000, progress=False, seed=args.seed,
+                          test=tm.acceptance.Austerity(error=0.05), control_variates=tm.ControlVariates())
             wall = time.perf_counter() - t0
             a = r.audit
             note = [m for m in r.notes if "tallmh.certify;" in m]

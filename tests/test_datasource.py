@@ -42,7 +42,8 @@ def test_austerity_with_control_variates_same_draws_as_in_memory(files, gather):
     got = _run(disk, test, cv)
     np.testing.assert_array_equal(got.flat_samples, ref.flat_samples)
     np.testing.assert_array_equal(got.stats["n_data"], ref.stats["n_data"])
-    assert got.setup_items == ref.setup_items
+    # (the check for degenerate columns reads a design in memory, or mapped zero-copy, once; not one read by callback)
+    assert got.setup_items == ref.setup_items - (ref.n if gather == "callback" else 0)
     # negative control: another seed gives other draws (the comparison can fail)
     assert not np.array_equal(_run(disk, test, cv, seed=6).flat_samples, ref.flat_samples)
 
