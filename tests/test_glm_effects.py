@@ -89,3 +89,23 @@ def test_exact_block_matches_exact_mh_and_a_shrunk_bound_does_not():
     zb = (mb - m_ref) / np.sqrt(eb**2 + e_ref**2)
     print("z shrunk bound vs exact MH", np.round(zb, 2))
     assert np.max(np.abs(zb)) > 4.0, zb
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
+def test_the_blocks_are_the_default_for_a_logistic_glm_only():
+    """tm.sample(model, data) on a PyMC model with a group-level term runs the automatic blocks with the exact
+    effects step when the effects' likelihood is a logistic GLM (said in the notes); the probit model keeps the
+    single-block default, and an explicit test does too."""
+    model, data = _groups_model()
+    # (no bound over all parameters: its scale enters the prior of the effects the likelihood reads)
+    assert "does not read enter the prior" in model.factor_bound_reason
+    r = tm.sample(model, data, num_samples=200, num_warmup=200, num_chains=2, seed=0, progress=False)
+    assert r.label.startswith("cycle(") and "glm_effects" in r.label
+    assert any(m.startswith("default for a group-level logistic GLM (exact effects step)") for m in r.notes)
+    model_p, data_p = _groups_model(link="probit")
+    p = tm.sample(model_p, data_p, num_samples=50, num_warmup=50, num_chains=2, seed=0, progress=False)
+    assert not p.label.startswith("cycle(")
+    e = tm.sample(model, data, test=tm.acceptance.Exact(), num_samples=50, num_warmup=50, num_chains=2, seed=0,
+                  progress=False)
+    assert e.label == "exact"

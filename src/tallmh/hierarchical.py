@@ -53,6 +53,7 @@ PILOT_ROWS = 2**16  # rows (drawn at random) of the Hessian that sets the effect
 DENSE_MAX = 400  # above this many effects the proposal uses the Hessian's diagonal only
 CV_ORDER2_MAX = 400  # above this many effects no control variates (their sums are effects x effects)
 LANGEVIN = True
+AUTO_DEFAULT = True  # tm.sample's default for a group-level logistic GLM from PyMC/Bambi: the blocks, exact effects
 EXACT_GLM = True  # a logistic GLM's effects by the exact block of glm_effects.py (else austerity + control variates)
 GLM_TEST = "thinning"  # that block's decision: "thinning" (exact, subsampled) or "exact" (every row)
 GLM_PCN = 0.9  # its Crank-Nicolson parameter (measured at 10^5 x 100: 0.5, 0.8, 1.0 gave ESS/s 132, 567, 1,097)
@@ -419,6 +420,21 @@ def auto_program(model, data):
     return bm, program, note
 
 
+def _default_blocks(model, data):
+    """The default for a PyMC/Bambi model with group-level terms whose effects' likelihood is a logistic GLM: the
+    automatic blocks with the exact effects block (:func:`auto_program`); any other model as it is."""
+    from .frontends.pymc_model import PyMCModel
+    from .glm_effects import GLMEffects
+
+    if not isinstance(model, PyMCModel) or callable(getattr(model, "factor_bound", None)):
+        return model, None, None  # (a GLM without group terms: the exact subsampled test over all its parameters)
+    got = auto_program(model, data)
+    if got is None or not isinstance(got[1].blocks[-1], GLMEffects):
+        return model, None, None
+    bm, program, note = got
+    return bm, program, "default for a group-level logistic GLM (exact effects step): " + note
+
+
 def _exact_glm_block(bm, data, n):
     """``(GLMEffects block, jitter sds, its data arrays)`` where the effects' likelihood is a logistic GLM with one
     group key (:mod:`tallmh.glm_effects`), else None."""
@@ -482,6 +498,9 @@ def default_program(model, data, test, proposal, control_variates, program, resu
         got = auto_program(model, data)
         return (got[0], None, None) if got is not None else (model, None, None)
     if not auto:
+        if program is None and resume is None and AUTO_DEFAULT and all(x is None for x in (test, proposal,
+                                                                                           control_variates)):
+            return _default_blocks(model, data)
         return model, program, None
     if any(x is not None for x in (test, proposal, control_variates)):
         raise ConfigError("program='auto' builds its blocks with their own tests and proposals: pass no test, "

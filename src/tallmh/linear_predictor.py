@@ -192,3 +192,38 @@ class LinearPredictorBound:
         md = d["X"] @ jnp.stack([center, theta - center, theta_p - center], axis=-1)
         s = jnp.where(d["y"] > 0.5, 1.0, -1.0).astype(md.dtype)
         return logistic_remainder_diff(s * (md[..., 0] + d["_a"]), s * md[..., 1], s * md[..., 2])
+
+
+UNREAD = ("{k} parameter coordinate(s) that the likelihood does not read enter the prior of those it reads (group "
+          "scales or other hyperparameters: a hierarchical model, whose Laplace approximation over all parameters "
+          "the exact test's table needs is often poor; program='auto' blocks such models)")
+
+
+def hyper_coordinates(eta_flat: Callable, log_prior_flat: Callable, theta, data) -> int:
+    """How many coordinates the linear predictor does not read (:func:`unread_coordinates`) yet the prior couples
+    to coordinates it reads (a nonzero cross term of the log prior's Hessian at ``theta`` moved at random: at a
+    start with every effect 0 a scale's cross terms vanish): a hierarchical model's scales. An unread coefficient
+    with its own independent prior (a column of zeros) is not counted."""
+    unread = unread_coordinates(eta_flat, theta, data)
+    if not unread.size:
+        return 0
+    t = jnp.asarray(theta)
+    moved = t + 0.3 * jnp.asarray(np.random.default_rng(2).standard_normal(t.shape), t.dtype)
+    h = np.abs(np.asarray(jax.hessian(log_prior_flat)(moved), np.float64))
+    read = np.setdiff1d(np.arange(h.shape[0]), unread)
+    return int(np.sum(np.any(h[np.ix_(unread, read)] != 0, axis=1)))
+
+
+def unread_coordinates(eta_flat: Callable, theta, data, block: int = 1 << 16) -> np.ndarray:
+    """The coordinates of the flat parameter no row's linear predictor depends on: where the gradient of
+    ``sum_i w_i eta_i(theta)`` with random positive weights, over every row in blocks (one pass), is exactly 0,
+    which for an affine predictor means every row's design entry is 0."""
+    n = int(np.shape(next(iter(data.values())))[0])
+    rng = np.random.default_rng(0)
+    grad = jax.jit(jax.grad(lambda t, b, w: jnp.sum(w * eta_flat(t, b))))
+    total = np.zeros(np.shape(theta), np.float64)
+    for a in range(0, n, block):
+        b = {k: jnp.asarray(np.asarray(v)[a:a + block]) for k, v in data.items()}
+        w = jnp.asarray(rng.uniform(0.5, 1.5, min(n, a + block) - a), jnp.asarray(theta).dtype)
+        total += np.abs(np.asarray(grad(theta, b, w), np.float64))
+    return np.flatnonzero(total == 0)

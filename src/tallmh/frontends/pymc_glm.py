@@ -139,7 +139,7 @@ def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, c
     from jax.flatten_util import ravel_pytree
     from pytensor.graph.replace import clone_replace
 
-    from ..linear_predictor import LinearPredictorBound, affine_in
+    from ..linear_predictor import UNREAD, LinearPredictorBound, affine_in, hyper_coordinates
 
     def refuse(why):
         model.factor_bound_reason = why
@@ -177,6 +177,12 @@ def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, c
             return refuse("its log-likelihood differs from the family's (the reading is not trusted)")
     except Exception as e:  # noqa: BLE001
         return refuse(f"the cross-check failed ({type(e).__name__})")
+    try:
+        k = hyper_coordinates(eta_flat, lambda t: jnp.asarray(model.log_prior(unravel(t)), t.dtype), flat0, data)
+    except Exception as e:  # noqa: BLE001
+        return refuse(f"the design's columns could not be read ({type(e).__name__})")
+    if k:
+        return refuse(UNREAD.format(k=k))
     dim = int(flat0.shape[0])
 
     def factor_bound():
