@@ -72,6 +72,21 @@ def test_is_the_default_where_the_model_bounds_its_remainders():
     assert "\napproximate: each step's error is audited, a slow drift" in str(a.summary())
 
 
+@pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
+def test_control_variates_it_cannot_use_keep_the_approximate_default():
+    """control_variates=False, first order or stratified with the default test: austerity as before (the exact
+    test would refuse them), said in the note; second order as given: the exact test."""
+    want = {False: "austerity(error=0.05)", tm.ControlVariates(order=1): "austerity(error=0.05)+cv1",
+            tm.ControlVariates(exact_rows="auto"): "austerity(error=0.05)+cv",
+            tm.ControlVariates(): "exact-subsampled+cv"}
+    for cv, label in want.items():
+        r = tm.sample(tm.models.LogisticRegression(), DATA, control_variates=cv, num_samples=20, num_warmup=20,
+                      num_chains=1, seed=0, progress=False)
+        assert r.label == label, (cv, r.label)
+        if label.startswith("austerity"):
+            assert any("control variates given that the exact test cannot use" in m for m in r.notes)
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
 def test_posterior_matches_exact_mh_within_monte_carlo_error():

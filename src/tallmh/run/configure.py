@@ -100,7 +100,7 @@ def host_derivatives(model, data, n, unravel, flat):
         return None
 
 
-def recommended(model, data, n, init, rows_sharded=False):
+def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
     """The default configuration: ``(test, control_variates, reason)``.
 
     A differentiable model that bounds its Taylor remainders (``factor_bound()``: the built-in logistic, Poisson
@@ -109,16 +109,18 @@ def recommended(model, data, n, init, rows_sharded=False):
     the chain targets the exact posterior and reads O(1) items per step. Any other differentiable model gets the
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
     variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
-    gradients gets exact MH. Data read from disk (its item table would need memory of order N) and row sharding
-    keep austerity.
+    gradients gets exact MH. Data read from disk (its item table would need memory of order N), row sharding and
+    control variates the exact test cannot use (``cv_given``: turned off, first order, stratified) keep austerity.
     """
     from ..control_variates import ControlVariates
     from ..acceptance import Austerity, PoissonThinning
     from ..model import own_method
 
+    cv_usable = cv_given is None or (cv_given is not False and getattr(cv_given, "order", 2) == 2
+                                     and not cv_given.exact_row_cap(n))
     if differentiable(model, data, n, init):
         if own_method(model, "factor_bound") is not None and not rows_sharded and not ds.in_files(data) \
-                and n < 2**31:
+                and n < 2**31 and cv_usable:
             return PoissonThinning(), ControlVariates(order=2), \
                 "the model bounds its Taylor remainders: exact subsampled MH"
         reason = getattr(model, "factor_bound_reason", None)  # (a front end's reading of the model, if any)
@@ -126,7 +128,7 @@ def recommended(model, data, n, init, rows_sharded=False):
                 else "the model has no bound on its Taylor remainders")
                if own_method(model, "factor_bound") is None else
                "data read from files" if ds.in_files(data) else "rows sharded over devices" if rows_sharded else
-               "N >= 2^31")
+               "control variates given that the exact test cannot use" if not cv_usable else "N >= 2^31")
         return Austerity(error=0.05), ControlVariates(order=2), f"differentiable model; {why}"
     return Exact(), None, "the model has no finite gradient at the start: exact MH"
 
@@ -281,7 +283,8 @@ def method(run, data, init):
         if isinstance(msg, str) and msg not in notes:
             notes.append(msg)
     if run.auto_test:
-        test, cv_auto, why = recommended(model, run.data, n, init, rows_sharded=rows_sharded(run.mesh))
+        test, cv_auto, why = recommended(model, run.data, n, init, rows_sharded=rows_sharded(run.mesh),
+                                         cv_given=control_variates)
         test.check(n)
         control_variates = cv_auto if control_variates is None else (control_variates or None)
         notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
