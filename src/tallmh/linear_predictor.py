@@ -227,3 +227,26 @@ def unread_coordinates(eta_flat: Callable, theta, data, block: int = 1 << 16) ->
         w = jnp.asarray(rng.uniform(0.5, 1.5, min(n, a + block) - a), jnp.asarray(theta).dtype)
         total += np.abs(np.asarray(grad(theta, b, w), np.float64))
     return np.flatnonzero(total == 0)
+
+
+def attach_bound(model, family: str, eta_flat: Callable, y, unravel, flat0, data, refuse):
+    """Give a front end's ``model`` its ``factor_bound`` (a :class:`LinearPredictorBound` on ``eta_flat``'s design
+    rows), unless a hyperparameter (:func:`hyper_coordinates`) makes it a hierarchical model: then
+    ``refuse(why)``. ``y``: the response's data key or a function of a batch."""
+    try:
+        k = hyper_coordinates(eta_flat, lambda t: jnp.asarray(model.log_prior(unravel(t)), t.dtype), flat0, data)
+    except Exception as e:  # noqa: BLE001 - no bound, not an error: the model runs as before
+        return refuse(f"the design's columns could not be read ({type(e).__name__})")
+    if k:
+        return refuse(UNREAD.format(k=k))
+    dim = int(np.shape(flat0)[0])
+
+    def factor_bound():
+        """The built-in logistic or Poisson bound on the design rows of the affine linear predictor
+        (:class:`tallmh.linear_predictor.LinearPredictorBound`)."""
+        return LinearPredictorBound(family, eta_flat, y, dim)
+
+    model.factor_bound = factor_bound
+    model.factor_bound_reason = None
+    model.glm_family = family
+    return factor_bound

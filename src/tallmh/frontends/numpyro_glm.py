@@ -53,7 +53,7 @@ def _attach(model, data):
     import jax.numpy as jnp
     from jax.flatten_util import ravel_pytree
 
-    from ..linear_predictor import UNREAD, LinearPredictorBound, affine_in, hyper_coordinates
+    from ..linear_predictor import affine_in, attach_bound
     from .pymc_glm import family_loglik
 
     def refuse(why):
@@ -103,20 +103,4 @@ def _attach(model, data):
         theirs = np.asarray(model.log_lik(unravel(t), few), np.float64)
         if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-4, atol=1e-4):
             return refuse("its log-likelihood differs from the family's (the reading is not trusted)")
-    try:
-        k = hyper_coordinates(eta_flat, lambda t: jnp.asarray(model.log_prior(unravel(t)), t.dtype), flat0, data)
-    except Exception as e:  # noqa: BLE001
-        return refuse(f"the design's columns could not be read ({type(e).__name__})")
-    if k:
-        return refuse(UNREAD.format(k=k))
-    dim = int(flat0.shape[0])
-
-    def factor_bound():
-        """The built-in logistic or Poisson bound on the design rows of the affine linear predictor
-        (:class:`tallmh.linear_predictor.LinearPredictorBound`)."""
-        return LinearPredictorBound(family, eta_flat, y_of, dim)
-
-    model.factor_bound = factor_bound
-    model.factor_bound_reason = None
-    model.glm_family = family
-    return factor_bound
+    return attach_bound(model, family, eta_flat, y_of, unravel, flat0, data, refuse)

@@ -139,7 +139,7 @@ def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, c
     from jax.flatten_util import ravel_pytree
     from pytensor.graph.replace import clone_replace
 
-    from ..linear_predictor import UNREAD, LinearPredictorBound, affine_in, hyper_coordinates
+    from ..linear_predictor import affine_in, attach_bound
 
     def refuse(why):
         model.factor_bound_reason = why
@@ -177,20 +177,4 @@ def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, c
             return refuse("its log-likelihood differs from the family's (the reading is not trusted)")
     except Exception as e:  # noqa: BLE001
         return refuse(f"the cross-check failed ({type(e).__name__})")
-    try:
-        k = hyper_coordinates(eta_flat, lambda t: jnp.asarray(model.log_prior(unravel(t)), t.dtype), flat0, data)
-    except Exception as e:  # noqa: BLE001
-        return refuse(f"the design's columns could not be read ({type(e).__name__})")
-    if k:
-        return refuse(UNREAD.format(k=k))
-    dim = int(flat0.shape[0])
-
-    def factor_bound():
-        """The built-in GLM bound on the design rows of the affine linear predictor
-        (:class:`tallmh.linear_predictor.LinearPredictorBound`)."""
-        return LinearPredictorBound(family, eta_flat, y_key, dim)
-
-    model.factor_bound = factor_bound
-    model.factor_bound_reason = None
-    model.glm_family = family
-    return factor_bound
+    return attach_bound(model, family, eta_flat, y_key, unravel, flat0, data, refuse)
