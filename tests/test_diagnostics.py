@@ -142,3 +142,82 @@ def test_ess_interval_covers_the_true_ess(phi, n, least):
         narrow += lo2 <= true <= hi2
     assert cover / 200 >= least, cover
     assert narrow / 200 < 0.6, narrow
+
+
+def _geyer_loop_reference(rho_all, m, n, monotone=True):
+    """The per-column loop that the vectorised Geyer sequences replaced (kept here as the reference); ``monotone=False``
+    skips the initial monotone pass (a wrong estimate, for the negative control)."""
+    out, lag = np.full(rho_all.shape[1], np.nan), np.full(rho_all.shape[1], np.nan)
+    for j in range(rho_all.shape[1]):
+        rho = rho_all[:, j]
+        r = np.zeros(n)
+        r[0], r[1] = 1.0, rho[1]
+        even, odd = 1.0, rho[1]
+        t = 1
+        while t < n - 3 and even + odd > 0.0:
+            even, odd = rho[t + 1], rho[t + 2]
+            if even + odd >= 0:
+                r[t + 1], r[t + 2] = even, odd
+            t += 2
+        max_t = t - 2
+        if even > 0:
+            r[max_t + 1] = even
+        t = 1
+        while monotone and t <= max_t - 2:
+            if r[t + 1] + r[t + 2] > r[t - 1] + r[t]:
+                r[t + 1] = r[t + 2] = (r[t - 1] + r[t]) / 2.0
+            t += 2
+        tau = -1.0 + 2.0 * np.sum(r[:max_t + 1]) + np.sum(r[max_t + 1:max_t + 2])
+        tau = max(tau, 1.0 / np.log10(m * n))
+        out[j] = np.nan if np.isnan(r).any() else m * n / tau
+        lag[j] = max_t + 2
+    return out, lag
+
+
+@pytest.mark.parametrize("n", [4, 5, 8, 9, 60, 801])
+def test_vectorised_geyer_sequences_equal_the_per_column_loop(n):
+    """The ESS of many parameters at once (a model's group effects) equals the per-column loop's on autocorrelations
+    of every shape: AR(1) from -0.9 to 0.999 (initial positive sequence stopped early, late or by the draw count),
+    non-monotone ones (the monotone pass acts), and random ones; a deliberately wrong variant (no monotone pass)
+    differs."""
+    rng = np.random.default_rng(n)
+    cols = [phi ** np.arange(n) for phi in (-0.9, -0.2, 0.0, 0.3, 0.95, 0.999)]
+    cols += [np.cos(np.arange(n) * w) * 0.9 ** np.arange(n) for w in (0.3, 1.1, 2.5)]
+    cols += [np.r_[1.0, rng.uniform(-0.5, 1.0, n - 1)] for _ in range(20)]
+    rho = np.stack(cols, axis=1)
+    m = 4
+    ref_ess, ref_lags = _geyer_loop_reference(rho, m, n)
+    tau, max_t = diagnostics._geyer_tau(rho, n)
+    ours = m * n / np.maximum(tau, 1.0 / np.log10(m * n))
+    np.testing.assert_allclose(ours, ref_ess, rtol=1e-12)
+    np.testing.assert_array_equal(max_t + 2, ref_lags)
+    if n >= 60:  # the columns exercise the monotone pass: without it the loop gives other values
+        assert not np.allclose(ours, _geyer_loop_reference(rho, m, n, monotone=False)[0], rtol=1e-3)
+
+
+def test_ess_of_many_parameters_equals_one_at_a_time():
+    """ess_all over 300 columns of MH-like draws (repeats from rejections, ties) equals ess of each column alone."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 400, 300)).cumsum(axis=1) * 0.1 + rng.standard_normal((4, 400, 300))
+    stay = rng.random((4, 400, 300)) < 0.6
+    for t in range(1, 400):
+        x[:, t] = np.where(stay[:, t], x[:, t - 1], x[:, t])
+    allk = diagnostics.ess_all(x)
+    one = np.array([diagnostics.ess(x[:, :, j]) for j in range(0, 300, 37)])
+    np.testing.assert_allclose(allk[::37], one, rtol=1e-12)
+    np.testing.assert_allclose(diagnostics.rhat_all(x)[::37], [diagnostics.rhat(x[:, :, j]) for j in range(0, 300, 37)],
+                               rtol=1e-12)
+
+
+def test_bulk_ess_and_rhat_equal_the_separate_functions():
+    """The convergence check's shared computation gives ess_all and rhat_all exactly (NaN columns included), and
+    no R-hat when the ESS goal is not met."""
+    x = _draws(4, 300, seed=11)
+    x[2, 7, 3] = np.nan
+    ess, rh = diagnostics.bulk_ess_and_rhat(x)
+    np.testing.assert_array_equal(ess, diagnostics.ess_all(x))
+    np.testing.assert_array_equal(rh, diagnostics.rhat_all(x))
+    ok = np.isfinite(ess)
+    e2, r2 = diagnostics.bulk_ess_and_rhat(x[:, :, ok], min_ess=float(np.min(ess[ok])))
+    np.testing.assert_array_equal(r2, diagnostics.rhat_all(x[:, :, ok]))
+    assert diagnostics.bulk_ess_and_rhat(x[:, :, ok], min_ess=float(np.min(ess[ok])) + 1)[1] is None

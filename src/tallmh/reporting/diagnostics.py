@@ -26,7 +26,7 @@ def _arviz():
         own.setLevel(logging.ERROR)
     return az
 
-__all__ = ["thinned", "MAX_DIAG_DRAWS", "ess", "rhat", "ess_all", "ess_interval", "rhat_all", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",
+__all__ = ["thinned", "MAX_DIAG_DRAWS", "ess", "rhat", "ess_all", "bulk_ess_and_rhat", "ess_interval", "rhat_all", "mcse_mean", "z_score", "arviz_major", "idata_from_dict", "label_dim", "group_names",
            "ess_kwargs", "read_netcdf"]
 
 
@@ -149,17 +149,24 @@ def _split_chains(x):
 
 def _average_ranks(a):
     """Ranks 1..n down each column of ``a`` (n, k), ties given their average rank (scipy's
-    ``rankdata(method="average")``; done here because importing scipy.stats takes ~0.5 s)."""
+    ``rankdata(method="average")``; done here because importing scipy.stats takes ~0.5 s). Vectorised over the
+    columns (each sorted as a contiguous row of the transpose): with thousands of parameters (a model's group
+    effects) a loop over them, or a sort down the strided columns, cost most of a convergence check."""
     n, k = a.shape
-    order = np.argsort(a, axis=0, kind="stable")
-    srt = np.take_along_axis(a, order, axis=0)
-    ranks = np.empty((n, k))
-    for j in range(k):
-        new = np.r_[True, srt[1:, j] != srt[:-1, j]]
-        starts = np.flatnonzero(new)
-        ends = np.r_[starts[1:], n]
-        ranks[order[:, j], j] = ((starts + ends + 1) / 2.0)[np.cumsum(new) - 1]
-    return ranks
+    at = np.ascontiguousarray(np.asarray(a).T)
+    order = np.argsort(at, axis=1, kind="stable")
+    srt = np.take_along_axis(at, order, axis=1)
+    new = np.ones((k, n), bool)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    del srt
+    flat = new.reshape(-1)
+    starts = np.flatnonzero(flat)  # each run of ties starts a column's first value or a new value: never spans columns
+    ends = np.r_[starts[1:], k * n]
+    first = (starts // n) * n  # the run's column's first position
+    avg = ((starts - first) + (ends - first) + 1) / 2.0
+    ranks = np.empty((k, n))
+    np.put_along_axis(ranks, order, avg[np.cumsum(flat) - 1].reshape(k, n), axis=1)
+    return ranks.T
 
 
 def _z_scale(x):
@@ -168,11 +175,15 @@ def _z_scale(x):
     c, n, k = x.shape
     r = _average_ranks(x.reshape(c * n, k))
     # the quantile of each distinct rank (at most c n of them, halves included), by the standard library
-    # (Wichura's AS 241, ~1e-16 relative; importing scipy.special took ~0.2 s of a fresh process)
+    # (Wichura's AS 241, ~1e-16 relative; importing scipy.special took ~0.2 s of a fresh process); twice a rank is
+    # an integer in [2, 2 c n]: a table of those present, marked without a sort
     twice = np.rint(2.0 * r).astype(np.int64)
-    vals, inv = np.unique(twice, return_inverse=True)
-    q = np.array([_STD_NORMAL.inv_cdf((v / 2.0 - 0.375) / (c * n + 0.25)) for v in vals.tolist()])
-    return q[inv.reshape(-1)].reshape(c, n, k)
+    present = np.zeros(2 * c * n + 2, bool)
+    present[twice.reshape(-1)] = True
+    vals = np.flatnonzero(present)
+    table = np.zeros(present.size)
+    table[vals] = [_STD_NORMAL.inv_cdf((v / 2.0 - 0.375) / (c * n + 0.25)) for v in vals.tolist()]
+    return table[twice].reshape(c, n, k)
 
 
 def _next_fast_len(m: int) -> int:
@@ -216,31 +227,39 @@ def _ess_core(x, lags=None):
     if m > 1:
         var_plus = var_plus + np.var(y.mean(axis=1), axis=0, ddof=1)
     rho_all = 1.0 - (mean_var - acov.mean(axis=0)) / var_plus  # (n, k): rho_t of every lag
-    for j, col in enumerate(todo):
-        rho = rho_all[:, j]
-        r = np.zeros(n)
-        r[0], r[1] = 1.0, rho[1]
-        even, odd = 1.0, rho[1]
-        t = 1
-        while t < n - 3 and even + odd > 0.0:  # initial positive sequence: pairs while their sum is > 0
-            even, odd = rho[t + 1], rho[t + 2]
-            if even + odd >= 0:
-                r[t + 1], r[t + 2] = even, odd
-            t += 2
-        max_t = t - 2
-        if even > 0:
-            r[max_t + 1] = even
-        t = 1
-        while t <= max_t - 2:  # initial monotone sequence: no pair larger than the one before
-            if r[t + 1] + r[t + 2] > r[t - 1] + r[t]:
-                r[t + 1] = r[t + 2] = (r[t - 1] + r[t]) / 2.0
-            t += 2
-        tau = -1.0 + 2.0 * np.sum(r[:max_t + 1]) + np.sum(r[max_t + 1:max_t + 2])
-        tau = max(tau, 1.0 / np.log10(m * n))
-        out[col] = np.nan if np.isnan(r).any() else m * n / tau
-        if lags is not None:
-            lags[col] = max_t + 2
+    tau, max_t = _geyer_tau(rho_all, n)
+    tau = np.maximum(tau, 1.0 / np.log10(m * n))
+    out[todo] = np.where(np.isnan(rho_all[1]), np.nan, m * n / tau)
+    if lags is not None:
+        lags[todo] = max_t + 2
     return out
+
+
+def _geyer_tau(rho, n):
+    """``(tau, max_t)`` of each column of the autocorrelations ``rho`` (lags 0..n-1, k columns), all columns at
+    once: the pair sums ``S_p = rho_2p + rho_2p+1`` (``rho_0`` taken as 1) are read from ``p = 1`` while the one
+    before is positive and ``2p - 1 < n - 3`` (Geyer's initial positive sequence; the last pair read is kept when
+    its sum is not negative), the kept pairs before the last are made non-increasing (initial monotone
+    sequence: a running minimum of the sums), and ``tau = -1 + 2 sum_{p < last} S_p + rho_2last`` (that even
+    lag where positive or its pair kept; 1 for ``last = 0``). ``max_t = 2 last - 1``: the last lag summed in
+    pairs."""
+    k = rho.shape[1]
+    pmax = max(0, (n - 3) // 2)
+    pairs = np.empty((pmax + 1, k))
+    pairs[0] = 1.0 + rho[1]
+    if pmax:
+        pairs[1:] = rho[2:2 * pmax + 1:2] + rho[3:2 * pmax + 2:2]
+    stop = ~(pairs > 0.0)  # (a NaN sum stops the sequence too)
+    later = stop[1:]
+    first = np.where(later.any(axis=0), np.argmax(later, axis=0) + 1, pmax) if pmax else np.zeros(k, np.int64)
+    last = np.where(stop[0], 0, first)
+    running = np.minimum.accumulate(np.where(np.isnan(pairs), -np.inf, pairs), axis=0)
+    summed = np.sum(np.where(np.arange(pmax + 1)[:, None] < last[None, :], running, 0.0), axis=0)
+    cols = np.arange(k)
+    even = np.where(last == 0, 1.0, rho[2 * last, cols])
+    kept = (last > 0) & (pairs[last, cols] >= 0.0)
+    tail = np.where((even > 0.0) | kept, even, 0.0)
+    return -1.0 + 2.0 * summed + tail, 2 * last - 1
 
 
 def ess_all(x, method: str = "bulk"):
@@ -314,6 +333,30 @@ def rhat_all(x):
     out = np.maximum(_rhat_core(_z_scale(s)), _rhat_core(_z_scale(folded)))
     out[bad] = np.nan
     return out
+
+
+def bulk_ess_and_rhat(x, min_ess=None):
+    """``(bulk ESS, R-hat)`` of every parameter of draws ``(chain, draw, k)``: :func:`ess_all` and :func:`rhat_all`
+    sharing the rank normalisation of the split draws (the sort of every column, most of the cost with thousands of
+    parameters). With ``min_ess`` given, R-hat is None unless every bulk ESS is at least ``min_ess`` (a convergence
+    check that stops at the first failing part)."""
+    x = _as_chain_draw_k(x)
+    k = x.shape[2]
+    if x.shape[1] < 4:
+        return np.full(k, np.nan), (None if min_ess is not None else np.full(k, np.nan))
+    bad = np.isnan(x).any(axis=(0, 1))
+    s = _split_chains(np.where(bad, 0.0, x))
+    z = _z_scale(s)
+    ess = _ess_core(z)
+    ess[bad] = np.nan
+    if min_ess is not None and not (np.min(ess) >= min_ess):
+        return ess, None
+    if x.shape[0] < 2:
+        return ess, np.full(k, np.nan)
+    folded = np.abs(s - np.median(s.reshape(-1, k), axis=0))
+    rh = np.maximum(_rhat_core(z), _rhat_core(_z_scale(folded)))
+    rh[bad] = np.nan
+    return ess, rh
 
 
 def ess(x, method: str = "bulk") -> float:

@@ -155,10 +155,12 @@ def auto_reached(parts, min_ess):
     x = np.concatenate([p[0] for p in parts], axis=1)
     if x.shape[1] < 50:
         return None
-    ess = float(np.min(diagnostics.ess_all(x)))  # NaN (a NaN draw) fails the test below
-    if not (ess >= min_ess):
+    # (one rank normalisation for both; R-hat only once the ESS is reached)
+    ess_k, rhat_k = diagnostics.bulk_ess_and_rhat(x, min_ess)
+    ess = float(np.min(ess_k))  # NaN (a NaN draw) fails the test below
+    if not (ess >= min_ess) or rhat_k is None:
         return None
-    rhat = float(np.max(diagnostics.rhat_all(x))) if x.shape[0] > 1 else 1.0
+    rhat = float(np.max(rhat_k)) if x.shape[0] > 1 else 1.0
     return (ess, rhat) if rhat <= AUTO_RHAT else None
 
 
