@@ -112,7 +112,7 @@ def recognise(bm, data, n) -> Optional[GLMView]:
     fj, gj = jnp.asarray(fixed), jnp.asarray(group)
 
     @jax.jit
-    def chunk(idx):
+    def chunk(data, idx):  # (the data an argument: closed over, they would be copied into the program as constants)
         rows = take(data, idx)
         one = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
         val, grad = one(e0, jax.tree_util.tree_map(lambda a: a[:, None], rows))
@@ -131,7 +131,7 @@ def recognise(bm, data, n) -> Optional[GLMView]:
     parts = []
     for s in range(0, n, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
-        xf, gi, ci, b, ok = chunk(idx)
+        xf, gi, ci, b, ok = chunk(data, idx)
         if not bool(ok):
             return None
         m = min(size, n - s)
@@ -157,7 +157,7 @@ def _matches(bm, data, n, view, e, size) -> bool:
     arrays = {k: jnp.asarray(v) for k, v in zip(("x", "g", "c", "b"), view[:4])}
 
     @jax.jit
-    def differs(idx):
+    def differs(data, arrays, e, idx):
         a = bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), take(data, idx))
         eta = arrays["x"][idx] @ e[fj] + arrays["c"][idx] * e[gj][arrays["g"][idx]] + arrays["b"][idx]
         r = -jax.nn.softplus(-eta)
@@ -166,7 +166,7 @@ def _matches(bm, data, n, view, e, size) -> bool:
     size = max(size, 1 << 14)
     for s in range(0, n, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
-        if bool(differs(idx)):
+        if bool(differs(data, arrays, e, idx)):
             return False
     return True
 
@@ -194,22 +194,30 @@ def arrow_quad(P: Arrow, xf, xg, yf, yg):
     return xf @ P.A @ yf + xf @ P.B @ yg + yf @ P.B @ xg + (xg * P.D) @ yg
 
 
+_HOST_BLOCK = 1 << 20  # rows per block of the host sums (float64 temporaries of a block, not of all N rows)
+
+
 def _glm_sums(view, ef, eg):
-    """``(sum l_i, gradient (fixed, group), likelihood precision Arrow)`` at ``(ef, eg)`` over all rows (float64)."""
-    x = view.x.astype(np.float64)
-    c = view.c.astype(np.float64)
-    G = view.group.size
-    m = x @ ef + c * eg[view.g] + view.b
-    e = np.exp(-np.abs(m))
-    val = float(np.sum(np.minimum(m, 0.0) - np.log1p(e)))
-    d1 = np.where(m >= 0, e / (1 + e), 1 / (1 + e))  # sigmoid(-m)
-    w = e / (1 + e) ** 2
-    gf = x.T @ d1
-    gg = np.bincount(view.g, weights=c * d1, minlength=G)
-    A = (x * w[:, None]).T @ x
-    B = np.stack([np.bincount(view.g, weights=x[:, k] * c * w, minlength=G) for k in range(x.shape[1])]) \
-        if x.shape[1] else np.zeros((0, G))
-    D = np.bincount(view.g, weights=c * c * w, minlength=G)
+    """``(sum l_i, gradient (fixed, group), likelihood precision Arrow)`` at ``(ef, eg)`` over all rows (float64,
+    accumulated over blocks of ``_HOST_BLOCK`` rows)."""
+    G, p = view.group.size, view.x.shape[1]
+    val, gf, gg = 0.0, np.zeros(p), np.zeros(G)
+    A, B, D = np.zeros((p, p)), np.zeros((p, G)), np.zeros(G)
+    for s in range(0, view.x.shape[0], _HOST_BLOCK):
+        x = view.x[s:s + _HOST_BLOCK].astype(np.float64)
+        c = view.c[s:s + _HOST_BLOCK].astype(np.float64)
+        g = view.g[s:s + _HOST_BLOCK]
+        m = x @ ef + c * eg[g] + view.b[s:s + _HOST_BLOCK]
+        e = np.exp(-np.abs(m))
+        val += float(np.sum(np.minimum(m, 0.0) - np.log1p(e)))
+        d1 = np.where(m >= 0, e / (1 + e), 1 / (1 + e))  # sigmoid(-m)
+        w = e / (1 + e) ** 2
+        gf += x.T @ d1
+        gg += np.bincount(g, weights=c * d1, minlength=G)
+        A += (x * w[:, None]).T @ x
+        for k in range(p):
+            B[k] += np.bincount(g, weights=x[:, k] * c * w, minlength=G)
+        D += np.bincount(g, weights=c * c * w, minlength=G)
     return val, gf, gg, Arrow(A, B, D)
 
 
@@ -296,9 +304,11 @@ def glm_setup(bm, view, e0):
     s = 1.0 / np.sqrt(Pw.D)
     lam = 2.0 * math.sqrt(max(p, 1))
     v = Pw.B / Pw.D
-    xr = view.x.astype(np.float64) - view.c.astype(np.float64)[:, None] * v.T[view.g]
-    r = np.sqrt(np.sum(np.linalg.solve(L, xr.T) ** 2, axis=0)) if p else 0.0
-    del xr
+    r = np.zeros(view.x.shape[0]) if p else 0.0
+    for a in range(0, view.x.shape[0] if p else 0, _HOST_BLOCK):  # (in blocks: float64 temporaries of a block)
+        sl = slice(a, a + _HOST_BLOCK)
+        xr = view.x[sl].astype(np.float64) - view.c[sl].astype(np.float64)[:, None] * v.T[view.g[sl]]
+        r[sl] = np.sqrt(np.sum(np.linalg.solve(L, xr.T) ** 2, axis=0))
     kappa = (lam * r + np.abs(view.c.astype(np.float64)) * s[view.g]) * (1 + 1e-5)
     w = kappa**3
     gl = np.zeros_like(c)

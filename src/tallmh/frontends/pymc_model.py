@@ -652,6 +652,32 @@ def _offset_terms(model: PyMCModel):
 
 
 PILOT_ROWS = 2**16  # rows of the pilot fit that sets the centring weights
+FULL_HESSIAN_MAX = 400  # parameters: above, the full pass estimates each level's information by gradient squares
+
+
+def gradient_square_sums(model, data, n, unravel, th):
+    """``sum_i (d l_i / d theta)^2`` over all ``n`` rows at the flat point ``th``, coordinate by coordinate (float64 on
+    the host): the outer-product (empirical Fisher) estimate of the likelihood information's diagonal, one streamed
+    pass of per-row gradients (a row's gradient costs about two evaluations; the Hessian's diagonal by autodiff
+    costs ``d`` Hessian-vector products a row, and its pass keeps a d x d array a chunk)."""
+    from .. import setup_passes as setup
+
+    fn = _GRAD_SQUARE_FNS.get((id(model), setup.shape_key(unravel(th))))
+    if fn is None:
+        def fn(t, batch, mask):
+            one = lambda row: jax.grad(lambda x: model.log_lik(unravel(x), row)[0])(t)  # noqa: E731
+            g = jax.vmap(one)(jax.tree_util.tree_map(lambda a: a[:, None], batch))
+            return jnp.sum(jnp.where(mask[:, None], g * g, 0.0), axis=0)
+
+        _GRAD_SQUARE_FNS.clear()  # (one model at a time: its compiled pass is found again by the next call)
+        _GRAD_SQUARE_FNS[(id(model), setup.shape_key(unravel(th)))] = fn
+    out = np.zeros(th.shape[0], np.float64)
+    for part in setup.full_pass(fn, data, n, (th,), "tallmh: information pass"):
+        out += np.asarray(part, np.float64)
+    return out
+
+
+_GRAD_SQUARE_FNS: dict = {}
 
 
 def _eb_sigma(a, prec):
@@ -729,8 +755,11 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     h_pilot = -np.diag(np.asarray(h_lik, np.float64))  # the pilot rows' information (unscaled)
     full_passes = 0
     if m < n:  # each level's information from all its rows: one pass (a level may have no pilot rows)
-        h_full = -np.diag(setup.lik_hessian(model, {k: jnp.asarray(v) for k, v in data.items()}, n,
-                                            unravel, th))
+        full = {k: jnp.asarray(v) for k, v in data.items()}
+        if flat0.shape[0] <= FULL_HESSIAN_MAX:
+            h_full = -np.diag(setup.lik_hessian(model, full, n, unravel, th))
+        else:  # (the Hessian's diagonal by d Hessian-vector products a row: the outer-product estimate instead)
+            h_full = gradient_square_sums(model, full, n, unravel, th)
         full_passes = 1
     else:
         h_full = h_pilot

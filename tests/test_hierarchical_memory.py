@@ -1,0 +1,84 @@
+"""Memory and scale of the set-up for group-level models: the full pass that estimates each level's information
+when there are many parameters (gradient squares instead of the dense Hessian), and the exact GLM block's host sums
+in blocks of rows, each against the computation it replaced."""
+
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh import glm_effects as ge
+from tallmh.frontends import pymc_model as pmm
+
+pm = pytest.importorskip("pymc")
+
+
+def _bambi_like(n=3000, groups=8, seed=0):
+    """``y ~ x + (1|g)`` (Bernoulli) written in PyMC with Bambi's names, so that the offsets are recentred."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, n)
+    x = rng.normal(size=n)
+    a = rng.normal(0, 0.5, groups)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(-0.3 + 0.8 * x + a[g])))).astype(int)
+    with pm.Model(coords={"g__factor_dim": [f"g{j}" for j in range(groups)]}) as m:
+        b0 = pm.Normal("Intercept", 0, 1.5)
+        b1 = pm.Normal("x", 0, 1)
+        s = pm.HalfNormal("1|g_sigma", 2.5)
+        off = pm.Normal("1|g_offset", 0, 1, dims="g__factor_dim")
+        eff = pm.Deterministic("1|g", off * s, dims="g__factor_dim")
+        pm.Bernoulli("y", logit_p=b0 + b1 * x + eff[g], observed=y)
+    return m, g, x, y
+
+
+def test_gradient_square_sums_are_the_logistic_score_squares():
+    """On a logistic regression the per-row gradient is ``(y - p) (1, x)``: the pass's sums equal those, summed in NumPy."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=5000)
+    y = (rng.random(5000) < 1 / (1 + np.exp(-(0.2 + x)))).astype(int)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 5)
+        b = pm.Normal("b", 0, 5)
+        pm.Bernoulli("y", logit_p=a + b * x, observed=y)
+    model, data = tm.from_pymc(m)
+    from jax.flatten_util import ravel_pytree
+    import jax.numpy as jnp
+
+    theta = {"a": jnp.asarray(0.1, jnp.float32), "b": jnp.asarray(0.7, jnp.float32)}
+    flat, unravel = ravel_pytree(theta)
+    got = pmm.gradient_square_sums(model, {k: jnp.asarray(v) for k, v in data.items()}, 5000, unravel, flat)
+    r = y - 1 / (1 + np.exp(-(0.1 + 0.7 * x)))
+    want = np.array([np.sum(r ** 2), np.sum((r * x) ** 2)])
+    order = [list(theta).index(k) for k in sorted(theta)]  # ravel_pytree orders keys
+    np.testing.assert_allclose(got, want[order], rtol=1e-4)
+    assert not np.allclose(got, want[order] * 1.01, rtol=1e-4)  # (the check can fail)
+
+
+def test_many_parameter_recentring_agrees_with_the_dense_hessian(monkeypatch):
+    """With the gradient-square estimate of each level's information (used above ``FULL_HESSIAN_MAX`` parameters),
+    the centring weights are close to those from the dense Hessian's diagonal (the same pilot; a level's information
+    from some 375 rows: its estimates differ by sampling noise only), and the start is the same."""
+    m, *_ = _bambi_like()
+    model, data = tm.from_pymc(m, centre_groups=False)
+    dense = pmm.recentre(model, data, pilot_rows=600)
+    monkeypatch.setattr(pmm, "FULL_HESSIAN_MAX", 0)
+    outer = pmm.recentre(model, data, pilot_rows=600)
+    wd, wo = dense.weights["1|g_centred__"], outer.weights["1|g_centred__"]
+    assert wd.shape == (8,) and np.all((wd > 0.5) & (wd < 1.0))
+    np.testing.assert_allclose(wo, wd, atol=0.03)
+    np.testing.assert_allclose(np.asarray(outer._init["1|g_sigma_log__"]), np.asarray(dense._init["1|g_sigma_log__"]),
+                               atol=1e-6)
+
+
+def test_glm_host_sums_in_blocks_equal_one_block(monkeypatch):
+    """The exact block's float64 host sums over blocks of rows equal those over all rows at once."""
+    rng = np.random.default_rng(2)
+    n, G = 1001, 7
+    view = ge.GLMView(rng.normal(size=(n, 3)).astype(np.float32), rng.integers(0, G, n).astype(np.int32),
+                      rng.choice([-1.0, 1.0], n).astype(np.float32), rng.normal(size=n).astype(np.float32),
+                      np.arange(3), np.arange(3, 3 + G))
+    ef, eg = rng.normal(size=3), rng.normal(size=G)
+    one = ge._glm_sums(view, ef, eg)
+    monkeypatch.setattr(ge, "_HOST_BLOCK", 100)
+    many = ge._glm_sums(view, ef, eg)
+    assert one[0] == pytest.approx(many[0], rel=1e-12)
+    for a, b in zip((one[1], one[2], *one[3]), (many[1], many[2], *many[3])):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
