@@ -12,7 +12,7 @@ from tallmh.frontends import pymc_model as pmm
 pm = pytest.importorskip("pymc")
 
 
-def _bambi_like(n=3000, groups=8, seed=0):
+def _bambi_like(n=3000, groups=8, seed=0, link="logit"):
     """``y ~ x + (1|g)`` (Bernoulli) written in PyMC with Bambi's names, so that the offsets are recentred."""
     rng = np.random.default_rng(seed)
     g = rng.integers(0, groups, n)
@@ -25,7 +25,11 @@ def _bambi_like(n=3000, groups=8, seed=0):
         s = pm.HalfNormal("1|g_sigma", 2.5)
         off = pm.Normal("1|g_offset", 0, 1, dims="g__factor_dim")
         eff = pm.Deterministic("1|g", off * s, dims="g__factor_dim")
-        pm.Bernoulli("y", logit_p=b0 + b1 * x + eff[g], observed=y)
+        eta = b0 + b1 * x + eff[g]
+        if link == "logit":
+            pm.Bernoulli("y", logit_p=eta, observed=y)
+        else:
+            pm.Bernoulli("y", p=0.5 * (1 + pm.math.erf(eta / np.sqrt(2))), observed=y)
     return m, g, x, y
 
 
@@ -82,3 +86,48 @@ def test_glm_host_sums_in_blocks_equal_one_block(monkeypatch):
     assert one[0] == pytest.approx(many[0], rel=1e-12)
     for a, b in zip((one[1], one[2], *one[3]), (many[1], many[2], *many[3])):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _blocked(link):
+    import jax.numpy as jnp
+
+    from tallmh import hierarchical
+
+    m, g, x, y = _bambi_like(n=2000, groups=12, link=link)
+    model, data = tm.from_pymc(m)
+    cm = hierarchical.centred_view(model)
+    hyper, effects, _ = hierarchical.split_sites(cm, data)
+    bm = hierarchical.BlockedModel(cm, hyper, effects, cm.init(), {"hyper": 0.0, "effects": 0.0})
+    return bm, {k: jnp.asarray(v) for k, v in data.items()}, g, x
+
+
+def test_design_read_by_directions_equals_the_per_row_gradients():
+    """The GLM recognition's design (``p + 3`` forward derivatives a row) equals the one read from each row's full
+    gradient over all effects (the computation it replaced: ``O(N G)``), and the true group index of each row; a
+    probit likelihood is not recognised."""
+    import jax
+    import jax.numpy as jnp
+
+    bm, data, g, x = _blocked("logit")
+    view = ge.recognise(bm, data, 2000)
+    assert view is not None
+    e0, h0 = bm.start["effects"], bm.start["hyper"]
+
+    def ell(e, row):
+        return bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), row)[0]
+
+    rows = jax.tree_util.tree_map(lambda a: a[:, None], data)
+    val, grad = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))(e0, rows)
+    a = np.asarray(grad / (-jnp.expm1(val))[:, None], np.float64)
+    ag = a[:, view.group]
+    gi = np.argmax(np.abs(ag), axis=1)
+    ci = ag[np.arange(2000), gi]
+    e = np.asarray(e0, np.float64)
+    b = -np.log(np.expm1(-np.asarray(val, np.float64))) - a[:, view.fixed] @ e[view.fixed] - ci * e[view.group][gi]
+    np.testing.assert_array_equal(view.g, gi)
+    np.testing.assert_array_equal(view.g, g)  # (Bambi's level order is the codes' order here)
+    np.testing.assert_allclose(view.x, a[:, view.fixed], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(view.c, ci, rtol=1e-4)
+    np.testing.assert_allclose(view.b, b, atol=1e-3)
+    bm_p, data_p, _, _ = _blocked("probit")
+    assert ge.recognise(bm_p, data_p, 2000) is None

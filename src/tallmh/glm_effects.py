@@ -57,6 +57,7 @@ import numpy as np
 
 from .blocks.state import BlockInfo
 from .factor_bounds import SAFETY
+from .glm_rows import logistic_rows, tangents
 from .models.logistic import M3_LOGISTIC, logistic_remainder_diff, softplus_diff
 
 __all__ = ["recognise", "GLMEffects", "glm_setup", "DATA_KEYS"]
@@ -65,6 +66,7 @@ DATA_KEYS = ("_glm_x", "_glm_g", "_glm_c", "_glm_b", "_glm_order")  # the design
 MAX_FIXED = 64  # fixed-effect columns the arrow structure keeps dense
 _BUCKET_BITS = 20  # integer draw range per group
 _CHUNK_BYTES = 1 << 25
+RECOGNISE_ROWS = 1 << 15  # rows per compiled call of the recognition's passes
 
 
 class GLMView(NamedTuple):
@@ -97,7 +99,9 @@ def _row_fn(bm):
 
 def recognise(bm, data, n) -> Optional[GLMView]:
     """The effects' GLM structure (see the module), or None where the likelihood is not a logistic GLM with one
-    group key (checked on every row at two points). One pass of per-row gradients and two of values, in chunks."""
+    group key (checked on every row at two points). One pass of ``p + 3`` per-row directional derivatives (forward
+    mode, :func:`tallmh.glm_rows.logistic_rows`: ``O(N p)`` whatever the number of groups) and two of values, in
+    chunks."""
     from .storage.data import take
 
     pos = _positions(bm)
@@ -108,26 +112,17 @@ def recognise(bm, data, n) -> Optional[GLMView]:
         return None
     e0 = bm.start["effects"]
     d = int(e0.shape[0])
-    ell = _row_fn(bm)
     fj, gj = jnp.asarray(fixed), jnp.asarray(group)
+    h0 = bm.start["hyper"]
+    tang = tangents(fixed, group, d, e0.dtype)
 
     @jax.jit
     def chunk(data, idx):  # (the data an argument: closed over, they would be copied into the program as constants)
         rows = take(data, idx)
-        one = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
-        val, grad = one(e0, jax.tree_util.tree_map(lambda a: a[:, None], rows))
-        a = grad / (-jnp.expm1(val))[:, None]
-        v = -jnp.log(jnp.expm1(-val))
-        ag = a[:, gj]
-        gi = jnp.argmax(jnp.abs(ag), axis=1).astype(jnp.int32)
-        ci = jnp.take_along_axis(ag, gi[:, None], axis=1)[:, 0]
-        xf = a[:, fj]
-        b = v - xf @ e0[fj] - ci * e0[gj][gi]
-        nnz = jnp.sum(ag != 0, axis=1)
-        ok = (nnz <= 1) & jnp.all(jnp.isfinite(a), axis=1) & jnp.isfinite(b)
-        return xf, gi, ci, b, jnp.all(ok)
+        return logistic_rows(lambda e: bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), rows), e0, tang,
+                             int(fixed.size), fj, gj)
 
-    size = int(max(256, min(8192, _CHUNK_BYTES // (4 * max(d, 1)))))
+    size = min(RECOGNISE_ROWS, n)  # ((p + 3) numbers a row: the chunk's size does not depend on G)
     parts = []
     for s in range(0, n, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
