@@ -131,3 +131,21 @@ def test_design_read_by_directions_equals_the_per_row_gradients():
     np.testing.assert_allclose(view.b, b, atol=1e-3)
     bm_p, data_p, _, _ = _blocked("probit")
     assert ge.recognise(bm_p, data_p, 2000) is None
+
+
+def test_auto_check_reads_evenly_thinned_draws(monkeypatch):
+    """The num_samples='auto' check over chunks equals the check on all draws joined (up to AUTO_CHECK_DRAWS a chain)
+    and, beyond, on every s-th draw of the joined run; a long run's check does not read every draw."""
+    from tallmh.reporting import diagnostics
+    from tallmh.run import configure
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 1000, 5))
+    parts = [(x[:, a:b],) for a, b in ((0, 137), (137, 600), (600, 1000))]
+    ess = float(np.min(diagnostics.ess_all(x)))
+    got = configure.auto_reached(parts, min_ess=10)
+    assert got is not None and got[0] == ess
+    monkeypatch.setattr(configure, "AUTO_CHECK_DRAWS", 300)  # step 4: draws 0, 4, 8, ... of the joined run
+    thin = float(np.min(diagnostics.ess_all(x[:, ::4])))
+    got = configure.auto_reached(parts, min_ess=10)
+    assert got is not None and got[0] == thin and thin != ess
