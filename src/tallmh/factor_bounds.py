@@ -49,7 +49,7 @@ from .errors import ConfigError
 from .storage import datasource as ds
 
 __all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
-           "prepare", "FACTOR_KEY", "SAFETY"]
+           "TableBuilder", "prepare", "FACTOR_KEY", "SAFETY"]
 
 FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
 
@@ -205,37 +205,88 @@ def _exp3(t):
 
 # --- the set-up pass ------------------------------------------------------------------------------------
 
-def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
-    """The grouped sampler of items by weight ``w`` (float64, length N; zeros never drawn).
+_KEY_MIN, _KEY_ZERO = -8600, 8200  # floor(8 log2 w) of a positive finite float64 lies in [-8592, 8191]
+_KEY_SPAN = _KEY_ZERO - _KEY_MIN + 1
 
-    Items with ``w_i > 0`` are grouped by ``floor(8 log2 w_i)``; group ``g`` of ``n_g`` items and largest weight
-    ``b_g`` gets ``k_g = ceil(p_g (2^30 - G))`` of the integer draw range, ``p_g = n_g b_g / sum_h n_h b_h``.
-    A draw picks an integer below ``K = sum k_g``, its group by the cumulative ``k``, and an item uniformly in
-    the group: item ``i`` of group ``g`` is drawn with probability ``k_g / (K n_g)``. With ``total =
-    max_g n_g b_g K / k_g`` (>= sum_h n_h b_h) the rate of item ``i`` is ``phi total k_g / (K n_g) =: phi
-    rate_g >= phi b_g >= phi w_i``: a valid dominating rate, used as such by the thinning.
-    """
+
+def _group_keys(w):
+    """``floor(8 log2 w_i)`` (int16; ``_KEY_ZERO`` for ``w_i = 0``) of a block of weights, checked finite and
+    non-negative."""
     w = np.asarray(w, np.float64)
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         bad = int(np.sum(~np.isfinite(w) | (w < 0)))
         raise ConfigError(f"the remainder bound's item weights must be finite and non-negative; {bad} are not "
                           "(the trust region's weights overflow: use a smaller radius)")
-    n = w.size
-    idx = np.nonzero(w > 0)[0]
-    dt = np.dtype(dtype)
-    if idx.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
-        G0 = MAX_GROUPS
-        return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
-                           jnp.zeros(n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
-                           jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
-    wk = w[idx]
-    key = np.floor(np.log2(wk) / np.log2(_GROUP_RATIO)).astype(np.int64)
-    key = np.maximum(key, key.max() - (MAX_GROUPS - 1))
-    o = np.argsort(key, kind="stable")
-    key_s = key[o]
-    starts = np.concatenate([[0], np.nonzero(np.diff(key_s))[0] + 1])
-    counts = np.diff(np.concatenate([starts, [key_s.size]]))
-    b = np.maximum.reduceat(wk[o], starts)
+    key = np.full(w.shape, _KEY_ZERO, np.int16)
+    pos = w > 0
+    key[pos] = np.floor(np.log2(w[pos]) / np.log2(_GROUP_RATIO))
+    return key, pos
+
+
+class TableBuilder:
+    """:func:`build_table` in blocks of rows, in memory of order 6 bytes per item (an int16 group key, then the
+    int32 order), never N weights nor a sort of N: ``add(start, w_block)`` for consecutive blocks, then
+    ``table(...)``. Per block it keeps the items' keys, the count and the largest weight of each key; the
+    table's grouping is then a counting sort over the at most :data:`MAX_GROUPS` groups (each block's items
+    placed stably at their group's running offset), so items lie in ascending index within a group and the
+    table is the same, array for array, as from the whole weight vector."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.keys = np.empty(self.n, np.int16)
+        self.count = np.zeros(_KEY_SPAN, np.int64)
+        self.maxw = np.zeros(_KEY_SPAN, np.float64)
+        self.filled = 0
+
+    def add(self, start: int, w) -> None:
+        if start != self.filled:
+            raise ValueError(f"TableBuilder.add: blocks must come in order (expected row {self.filled}, got {start})")
+        key, pos = _group_keys(w)
+        self.keys[start:start + key.size] = key
+        k = key[pos].astype(np.int64) - _KEY_MIN
+        self.count += np.bincount(k, minlength=_KEY_SPAN)
+        np.maximum.at(self.maxw, k, np.asarray(w, np.float64)[pos])
+        self.filled += key.size
+
+    def table(self, center, rt, chol_cov, dtype=np.float32, block: int = 1 << 20) -> FactorTable:
+        if self.filled != self.n:
+            raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
+        dt = np.dtype(dtype)
+        present = np.nonzero(self.count[:-1])[0]  # (the last key is the zero weights')
+        if present.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
+            G0 = MAX_GROUPS
+            return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
+                               jnp.zeros(self.n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
+                               jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
+        # keys more than MAX_GROUPS - 1 below the largest share the lowest group
+        low = max(int(present[0]), int(present[-1]) - (MAX_GROUPS - 1))
+        merged = present[present <= low]
+        groups = np.concatenate([[low], present[present > low]])
+        counts = np.concatenate([[self.count[merged].sum()], self.count[groups[1:]]])
+        b = np.concatenate([[self.maxw[merged].max()], self.maxw[groups[1:]]])
+        G = groups.size
+        gid = np.full(_KEY_SPAN, G, np.int16)  # key -> group (G: the zero weights, placed after the drawn items)
+        gid[:low + 1] = 0
+        gid[groups[1:]] = np.arange(1, G, dtype=np.int16)
+        gid[-1] = G
+        n_zero = self.n - int(counts.sum())
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        offset = np.concatenate([starts, [self.n - n_zero]]).astype(np.int64)
+        order = np.empty(self.n, np.int32)
+        for s in range(0, self.n, block):  # the counting sort, stable: blocks in order, rows stably within one
+            g = gid[self.keys[s:s + block].astype(np.int64) - _KEY_MIN]
+            o = np.argsort(g, kind="stable")
+            c = np.bincount(g, minlength=G + 1)
+            first = np.cumsum(c) - c
+            gs = g[o]
+            order[offset[gs] + (np.arange(o.size) - first[gs])] = o + s
+            offset += c
+        self.keys = None
+        return _finish_table(order, starts, counts, b, center, rt, chol_cov, dt)
+
+
+def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorTable:
+    """The draw ranges and rates of the groups (sizes ``counts``, largest weights ``b``): :func:`build_table`."""
     G = starts.size
     mass = b * counts
     p = mass / mass.sum()
@@ -249,7 +300,6 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
     # fixed shapes: N positions (items of weight 0 after the drawn ones, never drawn) and MAX_GROUPS groups
     # (the padding groups: size 1, rate 0 and an empty draw range at the end, so never drawn)
     pad = MAX_GROUPS - G
-    order = np.concatenate([idx[o], np.nonzero(w <= 0)[0]]).astype(np.int32)
     cum = np.cumsum(k)
     return FactorTable(jnp.asarray(center, dt), jnp.asarray(rt, dt), jnp.asarray(chol_cov, dt),
                        jnp.asarray(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
@@ -257,6 +307,26 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
                        jnp.asarray(np.pad(cum, (0, pad), constant_values=K).astype(np.int32)),
                        jnp.asarray(np.pad(rate32, (0, pad)).astype(dt)),
                        jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+
+
+def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
+    """The grouped sampler of items by weight ``w`` (float64, length N; zeros never drawn).
+
+    Items with ``w_i > 0`` are grouped by ``floor(8 log2 w_i)``; group ``g`` of ``n_g`` items and largest weight
+    ``b_g`` gets ``k_g = ceil(p_g (2^30 - G))`` of the integer draw range, ``p_g = n_g b_g / sum_h n_h b_h``.
+    A draw picks an integer below ``K = sum k_g``, its group by the cumulative ``k``, and an item uniformly in
+    the group: item ``i`` of group ``g`` is drawn with probability ``k_g / (K n_g)``. With ``total =
+    max_g n_g b_g K / k_g`` (>= sum_h n_h b_h) the rate of item ``i`` is ``phi total k_g / (K n_g) =: phi
+    rate_g >= phi b_g >= phi w_i``: a valid dominating rate, used as such by the thinning. Items lie in
+    ascending index within a group. Made in blocks by :class:`TableBuilder` (which :func:`prepare` feeds as it
+    computes the weights, never holding N of them).
+    """
+    w = np.asarray(w, np.float64).reshape(-1)
+    tb = TableBuilder(w.size)
+    block = 1 << 20
+    for s in range(0, w.size, block):
+        tb.add(s, w[s:s + block])
+    return tb.table(center, rt, chol_cov, dtype)
 
 
 def table_shapes(n: int, d: int, dtype) -> FactorTable:
@@ -312,21 +382,21 @@ def prepare(model, data, n, unravel, cv, bound=None):
     rt, chol_cov, rinv = laplace_factors(model, unravel, cv)
     center64 = np.asarray(cv.center, np.float64)
     leaves = jax.tree_util.tree_leaves(data)
-    w = np.empty(n, np.float64)
+    tb = TableBuilder(n)  # (the weights go to it block by block: never N of them in memory)
     block = 1 << 18
     reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
     if reader is not None or all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
             batch = reader(s, min(n, s + block)) if reader is not None else \
                 jax.tree_util.tree_map(lambda a: a[s:s + block], data)
-            w[s:s + block] = bound.weights_host(center64, rinv, batch)
+            tb.add(s, bound.weights_host(center64, rinv, batch))
     else:
         c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)
         fn = jax.jit(bound.weights)
         for s in range(0, n, block):
             batch = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
-            w[s:s + block] = np.asarray(fn(c, ri, batch), np.float64) * (1 + 1e-3)
-    table = build_table(w, cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
+            tb.add(s, np.asarray(fn(c, ri, batch), np.float64) * (1 + 1e-3))
+    table = tb.table(cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
     return table, n
 
 
