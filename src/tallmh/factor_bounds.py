@@ -329,6 +329,32 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
     return tb.table(center, rt, chol_cov, dtype)
 
 
+TABLE_BYTES_PER_ITEM = 10  # the set-up's int16 key and int32 order per item, then the chain's int32 order
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable; else the free pages)."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**63
+
+
+def table_fits(n: int, fraction: float = 0.5) -> bool:
+    """Whether the item table of N items (at most :data:`TABLE_BYTES_PER_ITEM` bytes each while it is made)
+    takes at most ``fraction`` of the memory available now: the default's test for data read from files."""
+    return TABLE_BYTES_PER_ITEM * int(n) <= fraction * available_memory()
+
+
 def table_shapes(n: int, d: int, dtype) -> FactorTable:
     """The shapes and dtypes of :func:`build_table`'s result for N items and d parameters (its values unknown:
     the chain compiles from these before the set-up makes the table)."""
@@ -368,8 +394,9 @@ def prepare(model, data, n, unravel, cv, bound=None):
     """The set-up pass of the exact subsampled test: ``(FactorTable, items read)``.
 
     ``cv`` is the control variates' state at the centre (its Hessian sum gives the whitening); one pass over
-    the N items makes the weights (on the host in float64 when the data are NumPy arrays, else on the
-    device in the working precision, inflated by 1e-3 for its rounding).
+    the N items makes the weights (on the host in float64 when the data are NumPy arrays, else in compiled
+    code in the working precision, inflated by 1e-3 for its rounding, for rows in memory and in files alike),
+    block by block into a :class:`TableBuilder`.
     """
     from .model import own_method
 
@@ -384,17 +411,16 @@ def prepare(model, data, n, unravel, cv, bound=None):
     leaves = jax.tree_util.tree_leaves(data)
     tb = TableBuilder(n)  # (the weights go to it block by block: never N of them in memory)
     block = 1 << 18
-    reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
-    if reader is not None or all(isinstance(a, np.ndarray) for a in leaves):
+    if all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
-            batch = reader(s, min(n, s + block)) if reader is not None else \
-                jax.tree_util.tree_map(lambda a: a[s:s + block], data)
-            tb.add(s, bound.weights_host(center64, rinv, batch))
-    else:
+            tb.add(s, bound.weights_host(center64, rinv, jax.tree_util.tree_map(lambda a: a[s:s + block], data)))
+    else:  # (rows read from files in blocks get the same weights as the same rows in memory)
+        reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
         c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)
         fn = jax.jit(bound.weights)
         for s in range(0, n, block):
-            batch = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
+            batch = reader(s, min(n, s + block)) if reader is not None else \
+                jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
             tb.add(s, np.asarray(fn(c, ri, batch), np.float64) * (1 + 1e-3))
     table = tb.table(cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
     return table, n
