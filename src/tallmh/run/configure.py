@@ -287,6 +287,12 @@ def method(run, data, init):
     for msg in getattr(model, "notes", None) or ():  # what the front end did to the model (e.g. recentred)
         if isinstance(msg, str) and msg not in notes:
             notes.append(msg)
+    conv = int(getattr(model, "conversion_items", 0) or 0)
+    if conv and not getattr(model, "conversion_counted", False):  # (once per converted model: a later call read none)
+        run.setup_items += conv
+        model.conversion_counted = True
+        notes.append(f"the front end read {conv:,} rows while converting the model (its checks, fits and the "
+                     "reading of its design; counted in the set-up's items of this first run)")
     if run.auto_test:
         test, cv_auto, why = recommended(model, run.data, n, init, rows_sharded=rows_sharded(run.mesh),
                                          cv_given=control_variates)
