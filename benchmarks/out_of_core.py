@@ -355,7 +355,7 @@ def main(argv=None):
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": meta, "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
                               "proposal": args.proposal, "batch": args.batch,
-                                           "audit": args.audit, "gather": args.gather, "test": f"Austerity(0.05, {args.batch})",
+                                           "audit": args.audit, "gather": args.gather, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}

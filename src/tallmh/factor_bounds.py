@@ -210,17 +210,17 @@ _KEY_SPAN = _KEY_ZERO - _KEY_MIN + 1
 
 
 def _group_keys(w):
-    """``floor(8 log2 w_i)`` (int16; ``_KEY_ZERO`` for ``w_i = 0``) of a block of weights, checked finite and
-    non-negative."""
+    """``(floor(8 log2 w_i)`` (``_KEY_ZERO`` for ``w_i = 0``) minus ``_KEY_MIN``, int16; the weights as float64)
+    of a block of weights, checked finite and non-negative."""
     w = np.asarray(w, np.float64)
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
+    if not np.isfinite(np.sum(w)) or np.any(w < 0):  # (a sum is finite iff every term is, for w >= 0)
         bad = int(np.sum(~np.isfinite(w) | (w < 0)))
         raise ConfigError(f"the remainder bound's item weights must be finite and non-negative; {bad} are not "
                           "(the trust region's weights overflow: use a smaller radius)")
-    key = np.full(w.shape, _KEY_ZERO, np.int16)
-    pos = w > 0
-    key[pos] = np.floor(np.log2(w[pos]) / np.log2(_GROUP_RATIO))
-    return key, pos
+    with np.errstate(divide="ignore"):
+        key = np.floor(np.log2(w) / np.log2(_GROUP_RATIO))  # (-inf for w = 0)
+    key = np.where(w > 0, key, _KEY_ZERO) - _KEY_MIN
+    return key.astype(np.int16), w
 
 
 class TableBuilder:
@@ -241,18 +241,17 @@ class TableBuilder:
     def add(self, start: int, w) -> None:
         if start != self.filled:
             raise ValueError(f"TableBuilder.add: blocks must come in order (expected row {self.filled}, got {start})")
-        key, pos = _group_keys(w)
+        key, w = _group_keys(w)
         self.keys[start:start + key.size] = key
-        k = key[pos].astype(np.int64) - _KEY_MIN
-        self.count += np.bincount(k, minlength=_KEY_SPAN)
-        np.maximum.at(self.maxw, k, np.asarray(w, np.float64)[pos])
+        self.count += np.bincount(key, minlength=_KEY_SPAN)
+        np.maximum.at(self.maxw, key, w)  # (the zero weights' entry stays 0)
         self.filled += key.size
 
     def table(self, center, rt, chol_cov, dtype=np.float32, block: int = 1 << 20) -> FactorTable:
         if self.filled != self.n:
             raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
         dt = np.dtype(dtype)
-        present = np.nonzero(self.count[:-1])[0]  # (the last key is the zero weights')
+        present = np.nonzero(self.count[:-1])[0]  # (keys less _KEY_MIN; the last is the zero weights')
         if present.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
             G0 = MAX_GROUPS
             return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
@@ -274,12 +273,13 @@ class TableBuilder:
         offset = np.concatenate([starts, [self.n - n_zero]]).astype(np.int64)
         order = np.empty(self.n, np.int32)
         for s in range(0, self.n, block):  # the counting sort, stable: blocks in order, rows stably within one
-            g = gid[self.keys[s:s + block].astype(np.int64) - _KEY_MIN]
-            o = np.argsort(g, kind="stable")
+            g = gid[self.keys[s:s + block]]
+            o = np.argsort(g, kind="stable").astype(np.int32) + np.int32(s)  # (a radix sort of int16)
             c = np.bincount(g, minlength=G + 1)
-            first = np.cumsum(c) - c
-            gs = g[o]
-            order[offset[gs] + (np.arange(o.size) - first[gs])] = o + s
+            a = 0
+            for j in np.nonzero(c)[0]:  # each group's rows of the block: one run, at the group's offset
+                order[offset[j]:offset[j] + c[j]] = o[a:a + c[j]]
+                a += c[j]
             offset += c
         self.keys = None
         return _finish_table(order, starts, counts, b, center, rt, chol_cov, dt)
@@ -418,10 +418,16 @@ def prepare(model, data, n, unravel, cv, bound=None):
         reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
         c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)
         fn = jax.jit(bound.weights)
-        for s in range(0, n, block):
-            batch = reader(s, min(n, s + block)) if reader is not None else \
-                jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
-            tb.add(s, np.asarray(fn(c, ri, batch), np.float64) * (1 + 1e-3))
+        pending = None
+        for s in range(0, n + block, block):  # (the next block's weights computed while this one is grouped)
+            nxt = None
+            if s < n:
+                batch = reader(s, min(n, s + block)) if reader is not None else \
+                    jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
+                nxt = (s, fn(c, ri, batch))  # (dispatched: runs while the host groups the previous block)
+            if pending is not None:
+                tb.add(pending[0], np.asarray(pending[1], np.float64) * (1 + 1e-3))
+            pending = nxt
     table = tb.table(cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
     return table, n
 
