@@ -97,3 +97,17 @@ def test_all_zero_and_bad_weights():
     tb.add(0, np.ones(5))
     with pytest.raises(ValueError, match="5 of 10"):
         tb.table(*ARGS)
+
+
+def test_large_order_not_copied():
+    """The item order of a large table lies in page-aligned memory of its own, which the CPU backend's JAX array
+    takes without a copy (the JAX array keeps it alive); its values are the reference's."""
+    n = 1 << 17
+    w = weights(n, 2.0, 0.1, seed=11)
+    t = fbm.build_table(w, *ARGS)
+    import gc
+
+    gc.collect()
+    np.testing.assert_array_equal(np.asarray(t.order), reference_table(w)["order"])
+    if jax.default_backend() == "cpu":
+        assert t.order.unsafe_buffer_pointer() % 4096 == 0

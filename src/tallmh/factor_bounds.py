@@ -271,7 +271,7 @@ class TableBuilder:
         n_zero = self.n - int(counts.sum())
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         offset = np.concatenate([starts, [self.n - n_zero]]).astype(np.int64)
-        order = np.empty(self.n, np.int32)
+        order = _aligned_int32(self.n)
         for s in range(0, self.n, block):  # the counting sort, stable: blocks in order, rows stably within one
             g = gid[self.keys[s:s + block]]
             o = np.argsort(g, kind="stable").astype(np.int32) + np.int32(s)  # (a radix sort of int16)
@@ -283,6 +283,16 @@ class TableBuilder:
             offset += c
         self.keys = None
         return _finish_table(order, starts, counts, b, center, rt, chol_cov, dt)
+
+
+def _aligned_int32(n: int) -> np.ndarray:
+    """An int32 array of n entries in page-aligned memory of its own, which ``jax.device_put`` on the CPU takes
+    without a copy (the JAX array then keeps it alive): the item order is never in memory twice."""
+    import mmap
+
+    if n < 1 << 16:
+        return np.empty(n, np.int32)
+    return np.frombuffer(mmap.mmap(-1, 4 * n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.int32)
 
 
 def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorTable:
@@ -302,7 +312,7 @@ def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorT
     pad = MAX_GROUPS - G
     cum = np.cumsum(k)
     return FactorTable(jnp.asarray(center, dt), jnp.asarray(rt, dt), jnp.asarray(chol_cov, dt),
-                       jnp.asarray(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
+                       jax.device_put(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
                        jnp.asarray(np.pad(counts, (0, pad), constant_values=1).astype(np.int32)),
                        jnp.asarray(np.pad(cum, (0, pad), constant_values=K).astype(np.int32)),
                        jnp.asarray(np.pad(rate32, (0, pad)).astype(dt)),
@@ -329,7 +339,7 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
     return tb.table(center, rt, chol_cov, dtype)
 
 
-TABLE_BYTES_PER_ITEM = 10  # the set-up's int16 key and int32 order per item, then the chain's int32 order
+TABLE_BYTES_PER_ITEM = 6  # the set-up's int16 key and int32 order per item (the chain's order: the same memory)
 
 
 def available_memory() -> int:

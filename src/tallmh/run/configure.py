@@ -110,8 +110,8 @@ def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
     variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
     gradients gets exact MH. Row sharding, control variates the exact test cannot use (``cv_given``: turned off,
-    first order, stratified) and data read from files whose item table (about 10 bytes per item while it is made,
-    4 in the chain: :func:`tallmh.factor_bounds.table_fits`) would take more than half the memory available keep
+    first order, stratified) and data read from files whose item table (6 bytes per item while it is made, 4 in
+    the chain: :func:`tallmh.factor_bounds.table_fits`) would take more than half the memory available keep
     austerity.
     """
     from .. import factor_bounds as fbm
