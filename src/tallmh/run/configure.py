@@ -100,7 +100,7 @@ def host_derivatives(model, data, n, unravel, flat):
         return None
 
 
-def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
+def recommended(model, data, n, init, cv_given=None):
     """The default configuration: ``(test, control_variates, reason)``.
 
     A differentiable model that bounds its Taylor remainders (``factor_bound()``: the built-in logistic, Poisson
@@ -109,10 +109,10 @@ def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
     the chain targets the exact posterior and reads O(1) items per step. Any other differentiable model gets the
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
     variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
-    gradients gets exact MH. Row sharding, control variates the exact test cannot use (``cv_given``: turned off,
-    first order, stratified) and data read from files whose item table (6 bytes per item while it is made, 4 in
-    the chain: :func:`tallmh.factor_bounds.table_fits`) would take more than half the memory available keep
-    austerity.
+    gradients gets exact MH. Control variates the exact test cannot use (``cv_given``: turned off, first order,
+    stratified) and data read from files whose item table (6 bytes per item while it is made, 4 in the chain:
+    :func:`tallmh.factor_bounds.table_fits`) would take more than half the memory available keep austerity.
+    With rows sharded over devices the exact test reads each drawn row on the device that holds it.
     """
     from .. import factor_bounds as fbm
     from ..control_variates import ControlVariates
@@ -123,14 +123,13 @@ def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
                                      and not cv_given.exact_row_cap(n))
     if differentiable(model, data, n, init):
         fits = not ds.in_files(data) or fbm.table_fits(n)
-        if own_method(model, "factor_bound") is not None and not rows_sharded and fits and n < 2**31 and cv_usable:
+        if own_method(model, "factor_bound") is not None and fits and n < 2**31 and cv_usable:
             return PoissonThinning(), ControlVariates(order=2), \
                 "the model bounds its Taylor remainders: exact subsampled MH"
         reason = getattr(model, "factor_bound_reason", None)  # (a front end's reading of the model, if any)
         why = ((f"the model has no bound on its Taylor remainders ({reason})" if isinstance(reason, str) and reason
                 else "the model has no bound on its Taylor remainders")
                if own_method(model, "factor_bound") is None else
-               "rows sharded over devices" if rows_sharded else
                f"data read from files whose exact test's item table ({fbm.TABLE_BYTES_PER_ITEM * n / 1e9:.1f} GB) "
                "would take more than half the memory available" if not fits else
                "control variates given that the exact test cannot use" if not cv_usable else "N >= 2^31")
@@ -294,8 +293,7 @@ def method(run, data, init):
         notes.append(f"the front end read {conv:,} rows while converting the model (its checks, fits and the "
                      "reading of its design; counted in the set-up's items of this first run)")
     if run.auto_test:
-        test, cv_auto, why = recommended(model, run.data, n, init, rows_sharded=rows_sharded(run.mesh),
-                                         cv_given=control_variates)
+        test, cv_auto, why = recommended(model, run.data, n, init, cv_given=control_variates)
         test.check(n)
         control_variates = cv_auto if control_variates is None else (control_variates or None)
         notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
@@ -334,11 +332,6 @@ def method(run, data, init):
     run.cv_order = control_variates.order if control_variates is not None else None
     run.kernel = build_kernel(model, proposal, test, n, run.unravel, None, run.cv_order)
     set_keys(run, run.flat0.dtype, run.flat0.shape[0])
-
-
-def rows_sharded(mesh) -> bool:
-    """Whether ``mesh`` splits the rows over devices."""
-    return mesh is not None and int(dict(getattr(mesh, "shape", {})).get("rows", 1)) > 1
 
 
 def factor_test_settings(run, model, test, control_variates):
@@ -414,8 +407,7 @@ def plan_devices(run, mesh):
     if run.program is not None and run.plan is not None and run.plan.rows > 1:
         raise ConfigError("a program's blocks read items by index over the whole data: split its chains over "
                           "devices (make_mesh(chains=k, rows=1)), not its rows")
-    reads_by_index = getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None)) \
-        or getattr(run.test, "needs_factor_table", False)
+    reads_by_index = getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None))
     if run.plan is not None and run.plan.rows > 1 and reads_by_index:
         raise ConfigError(f"the {getattr(run.test, 'name', type(run.test).__name__)} test reads rows by their index "
                           "over the whole data: row sharding (a mesh with rows > 1) is not supported for it")
