@@ -29,7 +29,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--runs", default="single,c2r2,c2r2_seed4,bad_chains",
                     help="comma-separated runs (local mode): single, default, c2r2, r4, c2r2_seed4, bad_chains, "
-                         "exact, cv, langevin")
+                         "exact, cv, langevin, thinning, thinning_full, thinning_default")
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
@@ -73,6 +73,7 @@ def main():
         arrays[name + "/n_data"] = r.stats["n_data"]
         entry = list(programs.RUNNERS.values())[-1]
         meta["runs"][name] = {"notes": [n for n in r.notes if n.startswith("layout")],
+                              "method": [n for n in r.notes if n.startswith("default method")],
                               "collectives": dist.collectives(entry["compiled"]),
                               "step_s": r.timings["sampling_s"] / max(1, opts["num_samples"])}
 
@@ -91,7 +92,13 @@ def main():
         cv = dict(control_variates=tm.ControlVariates(order=2, center=center),
                   proposal=tm.proposals.AdaptiveMetropolis())
         lg = dict(proposal=tm.proposals.Langevin(step_size=2e-4, batch_size=50))
-        for name, kw in (("exact", ex), ("cv", cv), ("langevin", lg)):
+        # the exact subsampled test: its drawn rows' remainders read on their devices; a tiny max_rate sends every
+        # step to the full-pass fallback (its sum over the devices' rows)
+        th = dict(test=tm.acceptance.PoissonThinning(), control_variates=tm.ControlVariates(order=2), init=None,
+                  init_jitter=None)
+        thf = dict(th, test=tm.acceptance.PoissonThinning(max_rate=1e-9))
+        table["thinning_default"] = lambda: run("thinning_default", mesh22, test=None, init=None, init_jitter=None)
+        for name, kw in (("exact", ex), ("cv", cv), ("langevin", lg), ("thinning", th), ("thinning_full", thf)):
             table[name] = (lambda name=name, kw=kw: (run(f"{name}_single", False, **kw),
                                                     run(f"{name}_c2r2", mesh22, **kw)))
         from tallmh.blocks.models import TwoComponentMixture

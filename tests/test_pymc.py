@@ -535,3 +535,22 @@ def test_from_pymc_leaves_the_process_on_its_own_devices():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["after"] is None and got["devices"] == 1, got
     assert "xla_force_host_platform_device_count=100" in (got["reloaded"] or ""), got
+
+
+def test_rows_read_at_conversion_are_counted_once():
+    """The front end's checks (the full density at two points) and the design's pass are counted in the first
+    run's set-up items, with a note; a second run of the same converted model does not count them again."""
+    rng = _rng(3)
+    n = 800
+    x = rng.standard_normal(n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-x))).astype(int)
+    with pm.Model() as m:
+        b = pm.Normal("b", 0, 2, shape=2)
+        pm.Bernoulli("y", logit_p=b[0] + b[1] * x, observed=y)
+    model, data = tm.from_pymc(m)
+    assert model.conversion_items == 3 * n  # two full-density checks and the design's pass
+    kw = dict(num_samples=50, num_warmup=50, num_chains=2, seed=0, budget_s=60)
+    first, second = tm.sample(model, data, **kw), tm.sample(model, data, **kw)
+    assert first.setup_items == second.setup_items + 3 * n
+    assert any("read 2,400 rows while converting" in s for s in first.notes)
+    assert not any("while converting" in s for s in second.notes)

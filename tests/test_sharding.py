@@ -125,7 +125,8 @@ def test_four_devices_same_draws_as_one(tmp_path):
 def test_four_devices_more_layouts_tests_and_proposals(tmp_path):
     """Default layout (chains over all 4 devices, no collective), all rows over 4 devices, the exact test,
     control variates (forward-mode derivatives through the psum) and Langevin (reverse mode)."""
-    z, meta = _local(tmp_path, ["single", "default", "r4", "exact", "cv", "langevin", "program"])
+    z, meta = _local(tmp_path, ["single", "default", "r4", "exact", "cv", "langevin", "program", "thinning",
+                                "thinning_full", "thinning_default"])
     assert _same_run(z, "single", "default")
     assert meta["runs"]["default"]["collectives"] == {}
     assert "'chains_axis': 4" in meta["runs"]["default"]["notes"][0]
@@ -137,6 +138,15 @@ def test_four_devices_more_layouts_tests_and_proposals(tmp_path):
     np.testing.assert_array_equal(z["langevin_single/accepted"], z["langevin_c2r2/accepted"])
     np.testing.assert_allclose(z["langevin_single"], z["langevin_c2r2"], rtol=0, atol=1e-5)
     assert np.mean(z["langevin_single/accepted"]) > 0.02
+    # the exact subsampled test with rows split (drawn rows read on their devices; the full-pass fallback too),
+    # and tm.sample's default with rows split is that test
+    for name in ("thinning", "thinning_full"):
+        assert _same_run(z, f"{name}_single", f"{name}_c2r2"), name
+        assert np.mean(z[f"{name}_single/accepted"]) > 0.02
+    assert np.all(z["thinning_full_single/n_data"] >= 2001)  # (every step took the full pass)
+    assert np.mean(z["thinning_single/n_data"]) < 50
+    assert "error" not in meta["runs"]["thinning_default"], meta["runs"]["thinning_default"]
+    assert any("exact-subsampled" in n for n in meta["runs"]["thinning_default"]["method"])
     # an inference program: its chains over 4 devices (one after another on each), the same draws
     assert "error" not in meta["runs"]["program_c4"], meta["runs"]["program_c4"]
     assert _same_run(z, "program_single", "program_c4")

@@ -280,10 +280,29 @@ class RowView:
         value = getattr(self._model, name)
         if name == "log_lik_ratio" and callable(value):
             return lambda theta, theta_prop, batch: self._gather(batch, lambda b: value(theta, theta_prop, b))
+        if name == "factor_bound" and callable(value):  # the exact subsampled test's remainders, on their devices
+            return lambda: _RowBound(value(), self)
         if name == "lik_grad_remainder" and callable(value):
             return lambda theta, center, batch, order: self._gather_sum(
                 batch, lambda b, own: value(theta, center, b, order, mask=own))
         return value
+
+
+class _RowBound:
+    """A remainder bound (:mod:`tallmh.factor_bounds`) seen through a :class:`RowView`: its per-item remainders
+    are computed on the device that owns each row and summed over the rows axis (a batch is a vector of global
+    item indices); its data-free parts and the set-up's weights are the wrapped bound's."""
+
+    def __init__(self, bound, view: "RowView"):
+        self._bound, self._view = bound, view
+
+    def remainder(self, theta, theta_p, center, batch):
+        return self._view._gather(batch, lambda b: self._bound.remainder(theta, theta_p, center, b))
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._bound, name)
 
 
 def sharded_runner(chain_run_of, plan: Plan, model, n: int, map_chains: bool = False):

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .model import count_conversion
+
 __all__ = ["affine_in", "LinearPredictorBound", "FAMILIES"]
 
 FAMILIES = ("bernoulli_logit", "poisson_log")
@@ -237,6 +239,7 @@ def attach_bound(model, family: str, eta_flat: Callable, y, unravel, flat0, data
         k = hyper_coordinates(eta_flat, lambda t: jnp.asarray(model.log_prior(unravel(t)), t.dtype), flat0, data)
     except Exception as e:  # noqa: BLE001 - no bound, not an error: the model runs as before
         return refuse(f"the design's columns could not be read ({type(e).__name__})")
+    count_conversion(model, int(np.shape(next(iter(data.values())))[0]))  # (unread_coordinates' pass over all rows)
     if k:
         return refuse(UNREAD.format(k=k))
     dim = int(np.shape(flat0)[0])

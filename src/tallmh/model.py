@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ModelError
 
-__all__ = ["Model", "check_model"]
+__all__ = ["Model", "check_model", "count_conversion"]
 
 
 class Model:
@@ -110,6 +110,12 @@ def check_model(model: Model, data, theta, n: int):
         )
     if not np.all(np.isfinite(np.asarray(ll))):
         raise ModelError("log_lik returns non-finite values at the initial point")
+
+
+def count_conversion(model, rows: int) -> None:
+    """Add ``rows`` to the rows a front end read while it converted ``model`` (its checks, pilot fits and the
+    reading of a GLM's design): ``tm.sample`` counts them once in its set-up's items and says so in the notes."""
+    model.conversion_items = int(getattr(model, "conversion_items", 0) or 0) + int(rows)
 
 
 def own_method(model, name: str, partner: str = "log_lik"):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ModelError
+from ..model import count_conversion
 from .numpyro_trace import MAX_ENUM, STACK_LOCK, get_trace, plate_messenger, take_rows
 
 
@@ -316,6 +317,7 @@ def _check_full_density(model, data, n, named, rebuild, theta0):
     except Exception:  # noqa: BLE001 - NumPyro cannot evaluate it: skip this check
         return
     ll = model._item_log_lik(theta0, data, fixed) if fixed else model.log_lik(theta0, data)
+    count_conversion(model, 2 * n)  # (NumPyro's density and ours, each over all rows)
     ours = float(model.log_prior(theta0) + jnp.sum(ll))
     if not np.isclose(ours, -pe, rtol=1e-4, atol=1e-3 * max(1.0, np.sqrt(n))):
         raise ModelError(

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError, ModelError
-from ..model import Model
+from ..model import Model, count_conversion
 
 __all__ = ["from_pymc", "from_bambi", "PyMCModel", "RecentredPyMCModel", "recentre"]
 
@@ -529,6 +529,7 @@ def _checks(model: PyMCModel, data, n, check_full_max):
                     "independent given the free variables, and the model must not compute from whole data "
                     "arrays (e.g. standardise them outside the model)")
     if n <= check_full_max:
+        count_conversion(model, 2 * n)  # (the full data's log density, at two points)
         m = model.pm_model
         full = jax.jit(_quiet(get_jaxified_graph(inputs=m.value_vars, outputs=[m.logp()])))
         for th in (theta0, theta1):
@@ -770,6 +771,8 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
         fixed[np.asarray(pos1[k]).astype(int).reshape(-1)] = True
     th1, passes1, _ = setup._newton(rm, sub, m, unravel1, flat1, 30, 1e-6, scale=n / m, label="pilot",
                                     fixed=fixed)
+    # (the pilot's passes over its rows, and the one over all rows)
+    count_conversion(rm, getattr(model, "conversion_items", 0) + (passes + passes1) * m + full_passes * n)
     if np.all(np.isfinite(np.asarray(th1))):
         rm._init = {k: np.asarray(v, rm._init[k].dtype) for k, v in unravel1(th1).items()}
     sig_txt = ", ".join(f"{t[2]}_sigma {float(np.exp(rm._init[t[1]])):.4g}" for t in terms)

@@ -100,7 +100,7 @@ def host_derivatives(model, data, n, unravel, flat):
         return None
 
 
-def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
+def recommended(model, data, n, init, cv_given=None):
     """The default configuration: ``(test, control_variates, reason)``.
 
     A differentiable model that bounds its Taylor remainders (``factor_bound()``: the built-in logistic, Poisson
@@ -109,8 +109,9 @@ def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
     the chain targets the exact posterior and reads O(1) items per step. Any other differentiable model gets the
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
     variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
-    gradients gets exact MH. Data read from disk (its item table would need memory of order N), row sharding and
-    control variates the exact test cannot use (``cv_given``: turned off, first order, stratified) keep austerity.
+    gradients gets exact MH. Data read from disk (its item table would need memory of order N) and control
+    variates the exact test cannot use (``cv_given``: turned off, first order, stratified) keep austerity. With
+    rows sharded over devices the exact test reads each drawn row on the device that holds it.
     """
     from ..control_variates import ControlVariates
     from ..acceptance import Austerity, PoissonThinning
@@ -119,7 +120,7 @@ def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
     cv_usable = cv_given is None or (cv_given is not False and getattr(cv_given, "order", 2) == 2
                                      and not cv_given.exact_row_cap(n))
     if differentiable(model, data, n, init):
-        if own_method(model, "factor_bound") is not None and not rows_sharded and not ds.in_files(data) \
+        if own_method(model, "factor_bound") is not None and not ds.in_files(data) \
                 and n < 2**31 and cv_usable:
             return PoissonThinning(), ControlVariates(order=2), \
                 "the model bounds its Taylor remainders: exact subsampled MH"
@@ -127,7 +128,7 @@ def recommended(model, data, n, init, rows_sharded=False, cv_given=None):
         why = ((f"the model has no bound on its Taylor remainders ({reason})" if isinstance(reason, str) and reason
                 else "the model has no bound on its Taylor remainders")
                if own_method(model, "factor_bound") is None else
-               "data read from files" if ds.in_files(data) else "rows sharded over devices" if rows_sharded else
+               "data read from files" if ds.in_files(data) else
                "control variates given that the exact test cannot use" if not cv_usable else "N >= 2^31")
         return Austerity(error=0.05), ControlVariates(order=2), f"differentiable model; {why}"
     return Exact(), None, "the model has no finite gradient at the start: exact MH"
@@ -282,9 +283,14 @@ def method(run, data, init):
     for msg in getattr(model, "notes", None) or ():  # what the front end did to the model (e.g. recentred)
         if isinstance(msg, str) and msg not in notes:
             notes.append(msg)
+    conv = int(getattr(model, "conversion_items", 0) or 0)
+    if conv and not getattr(model, "conversion_counted", False):  # (once per converted model: a later call read none)
+        run.setup_items += conv
+        model.conversion_counted = True
+        notes.append(f"the front end read {conv:,} rows while converting the model (its checks, fits and the "
+                     "reading of its design; counted in the set-up's items of this first run)")
     if run.auto_test:
-        test, cv_auto, why = recommended(model, run.data, n, init, rows_sharded=rows_sharded(run.mesh),
-                                         cv_given=control_variates)
+        test, cv_auto, why = recommended(model, run.data, n, init, cv_given=control_variates)
         test.check(n)
         control_variates = cv_auto if control_variates is None else (control_variates or None)
         notes.append(f"default method: {method_label(test, control_variates)} ({why}); "
@@ -323,11 +329,6 @@ def method(run, data, init):
     run.cv_order = control_variates.order if control_variates is not None else None
     run.kernel = build_kernel(model, proposal, test, n, run.unravel, None, run.cv_order)
     set_keys(run, run.flat0.dtype, run.flat0.shape[0])
-
-
-def rows_sharded(mesh) -> bool:
-    """Whether ``mesh`` splits the rows over devices."""
-    return mesh is not None and int(dict(getattr(mesh, "shape", {})).get("rows", 1)) > 1
 
 
 def factor_test_settings(run, model, test, control_variates):
@@ -403,8 +404,7 @@ def plan_devices(run, mesh):
     if run.program is not None and run.plan is not None and run.plan.rows > 1:
         raise ConfigError("a program's blocks read items by index over the whole data: split its chains over "
                           "devices (make_mesh(chains=k, rows=1)), not its rows")
-    reads_by_index = getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None)) \
-        or getattr(run.test, "needs_factor_table", False)
+    reads_by_index = getattr(run.test, "own_kernel", False) or callable(getattr(run.test, "build_kernel", None))
     if run.plan is not None and run.plan.rows > 1 and reads_by_index:
         raise ConfigError(f"the {getattr(run.test, 'name', type(run.test).__name__)} test reads rows by their index "
                           "over the whole data: row sharding (a mesh with rows > 1) is not supported for it")
