@@ -1,4 +1,8 @@
-"""The exact effects block of a hierarchical logistic GLM: fixed and group effects by exact subsampled MH.
+"""The exact effects block of a hierarchical GLM: fixed and group effects by exact subsampled MH.
+
+Written below for the logistic family; the Poisson-log and known-sd Gaussian families (their recognition, remainders
+and bounds: a trust region for the Poisson, none needed for the Gaussian, whose remainder is zero) are in
+:mod:`tallmh.glm_families`.
 
 Given the hyperparameters, the fixed effects ``beta`` and the group effects ``u`` of a hierarchical logistic
 regression reach the likelihood only through ``eta_i = x_i . beta + c_i u_{g(i)} + o_i``: a logistic
@@ -68,8 +72,8 @@ _CHUNK_BYTES = 1 << 25
 
 
 class GLMView(NamedTuple):
-    """A recognised logistic GLM in the flat effects: ``l_i(e) = log sigmoid(x_i . e[fixed] + c_i e[group][g_i] +
-    b_i)`` (host arrays)."""
+    """A recognised GLM in the flat effects: ``l_i(e) = f(x_i . e[fixed] + c_i e[group][g_i] + b_i; y_i) + k_i``, ``f``
+    the family's (:mod:`tallmh.glm_families`; ``log sigmoid`` for the logistic) (host arrays)."""
 
     x: np.ndarray  # (N, p) float32
     g: np.ndarray  # (N,) int32
