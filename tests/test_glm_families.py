@@ -39,7 +39,8 @@ def _groups_model(family, n_j=(3, 4, 5, 6, 8, 12), seed=1):
     return tm.from_pymc(m)
 
 
-@pytest.mark.parametrize("family", ["poisson", "gaussian", "gaussian-sd", "student", "negbin"])
+@pytest.mark.parametrize("family", ["poisson", "gaussian", "gaussian-sd", pytest.param("student", marks=pytest.mark.slow),
+                                    pytest.param("negbin", marks=pytest.mark.slow)])
 def test_which_families_are_recognised(family):
     model, data = _groups_model(family)
     bm, program, note = hierarchical.auto_program(model, data)
