@@ -406,6 +406,14 @@ class GLMEffects:
         object.__setattr__(self, "fixed", np.asarray(self.fixed))
         object.__setattr__(self, "group", np.asarray(self.group))
 
+    def _st(self):
+        """The set-up with JAX arrays (a program read back from a saved result, to resume, has NumPy arrays: a
+        checkpoint rebuilds the block without running ``__post_init__``)."""
+        st = self.setup
+        if isinstance(st.center, np.ndarray):
+            self.__post_init__()
+        return self.setup
+
     @property
     def label(self):
         fam = "" if self.family == "logistic" else f"{self.family}, "
@@ -423,7 +431,7 @@ class GLMEffects:
 
     def _gaussian(self, model, h):
         """``(P, mu)``: the surrogate's Gaussian at the hyperparameters ``h`` (the module's proposal)."""
-        st = self.setup
+        st = self._st()
         F, Gp = self.fixed, self.group
         _, pieces = _prior_fns(model)
         g0, l0 = pieces(h, st.center)
@@ -450,7 +458,7 @@ class GLMEffects:
 
     def _phi(self, e, ep):
         """Per-group ``phi_j`` (the module's bound) at ``(e, e')``."""
-        st = self.setup
+        st = self._st()
         F, Gp = self.fixed, self.group
         c = st.center
         nf = lambda v: jnp.linalg.norm(st.lstf @ v) / st.lam if F.shape[0] else jnp.zeros((), e.dtype)  # noqa: E731
@@ -463,7 +471,7 @@ class GLMEffects:
 
     def _draw(self, key, cum_mass, lam_total, m, data):
         """``m`` points: (items, their per-point rate divided by phi of their group, their groups)."""
-        st = self.setup
+        st = self._st()
         k1, k2, k3 = jax.random.split(key, 3)
         G = st.T.shape[0]
         j = jnp.minimum(jnp.searchsorted(cum_mass, jax.random.uniform(k1, (m,)) * lam_total, side="right"), G - 1)
@@ -486,7 +494,7 @@ class GLMEffects:
         """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``)."""
         from .acceptance.base import CompSum, StreamReader
 
-        c = self.setup.center
+        c = self._st().center
 
         def rem(idx):
             m, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
@@ -499,7 +507,7 @@ class GLMEffects:
         from .acceptance.base import draw_u
         from .acceptance.exact import exact_accept
 
-        st = self.setup
+        st = self._st()
         F, Gp = self.fixed, self.group
         h, e = values["hyper"], values[self.site]
         k_prop, k_dec = jax.random.split(key)
@@ -541,7 +549,7 @@ class GLMEffects:
             return jnp.bool_(True), z, z
         m = int(self.chunk)
         cum = jnp.cumsum(mass)
-        c = self.setup.center
+        c = self._st().center
 
         def cond(s):
             done, rejected, _, _ = s
