@@ -18,6 +18,10 @@ For each N, two runs, each in its own process (so that peak memory is measured a
                 control_variates=tm.ControlVariates(order=2), num_samples=..., num_warmup=...,
                 num_chains=2, seed=0)
 
+  With ``--test default`` the call is ``tm.sample(model, data, num_samples=..., num_warmup=..., num_chains=...,
+  seed=0)``: the default, for this model the exact subsampled test, whose item table is one more pass over the
+  files (timed apart: ``table_s``, inside ``setup_s``).
+
 - ``memory``: the same call on ``np.load`` of the same files (skipped when the data is more than
   ``--memory-fraction`` of the available RAM).
 
@@ -164,14 +168,26 @@ def run_one(mode, folder, args):
         kinds = {"X": "memory", "y": "memory"}
     open_s = time.perf_counter() - t0
     model = tm.models.LogisticRegression(prior_scale=10.0)
+    from tallmh import factor_bounds
+
+    table = {"s": 0.0}
+    prepare = factor_bounds.prepare
+
+    def timed_prepare(*a, **k):  # the exact test's table pass, timed apart (inside setup_s)
+        t = time.perf_counter()
+        try:
+            return prepare(*a, **k)
+        finally:
+            table["s"] += time.perf_counter() - t
+
+    factor_bounds.prepare = timed_prepare
+    how = {} if args.test == "default" else dict(
+        test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
+        proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = tm.sample(model, data, test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch),
-                        control_variates=tm.ControlVariates(order=2), num_samples=args.samples,
-                        proposal=tm.proposals.Langevin() if args.proposal == "langevin"
-                        else tm.proposals.AdaptiveMetropolis(),
-                        num_warmup=args.warmup, num_chains=args.chains, seed=0, audit=args.audit,
-                        progress=args.progress)
+        res = tm.sample(model, data, num_samples=args.samples, num_warmup=args.warmup, num_chains=args.chains,
+                        seed=0, audit=args.audit, progress=args.progress, **how)
     wall = time.perf_counter() - t0
     peak = mon.stop()
     o = res.summary().overall
@@ -181,7 +197,7 @@ def run_one(mode, folder, args):
     post_mean = res.flat_samples.reshape(-1, res.flat_samples.shape[-1]).mean(axis=0)
     out = {
         "mode": mode, "N": n, "gather": kinds, "chains": args.chains, "draws": draws, "warmup": args.warmup,
-        "open_s": open_s, "setup_s": res.timings["setup_s"], "compile_s": res.timings["compile_s"],
+        "method": res.label, "open_s": open_s, "setup_s": res.timings["setup_s"], "table_s": table["s"], "compile_s": res.timings["compile_s"],
         "warmup_s": res.timings["warmup_s"], "sampling_s": res.timings["sampling_s"],
         "call_s": res.timings["total_s"], "wall_s": wall,
         "time_per_step_us": 1e6 * res.timings["sampling_s"] / max(1, draws),
@@ -266,6 +282,9 @@ def main(argv=None):
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--audit", type=float, default=None,
                    help="self-audit rate (default: tallmh's, ~40 exact full passes in warmup; 0 for N >= 1e9)")
+    p.add_argument("--test", default="austerity", choices=["austerity", "default"],
+                   help="austerity with control variates and --proposal (the earlier runs), or tm.sample's default "
+                        "(no test, control variates or proposal given: the exact subsampled test for this model)")
     p.add_argument("--batch", type=int, default=100, help="the austerity test's batch size")
     p.add_argument("--proposal", default="am", choices=["am", "langevin"],
                    help="tm.proposals.AdaptiveMetropolis() (the earlier runs) or tm.proposals.Langevin() "
@@ -306,7 +325,7 @@ def main(argv=None):
             for mode in modes:
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
                        str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains),
-                       "--batch", str(args.batch), "--proposal", args.proposal,
+                       "--batch", str(args.batch), "--proposal", args.proposal, "--test", args.test,
                        "--gather", args.gather] + (["--audit", str(args.audit)] if args.audit is not None else []) + \
                     (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else [])
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -317,8 +336,10 @@ def main(argv=None):
                     continue
                 r = json.loads(line[-1][7:])
                 rows.append(r)
-                print(f"  {mode:6s} [{'/'.join(sorted(set(r['gather'].values())))}]: open {r['open_s']:.1f} s, "
-                      f"set-up {r['setup_s']:.1f} s ({r['setup_passes']:.0f} passes), compile {r['compile_s']:.1f} s, "
+                print(f"  {mode:6s} [{'/'.join(sorted(set(r['gather'].values())))}] {r['method']}: open {r['open_s']:.1f} s, "
+                      f"set-up {r['setup_s']:.1f} s ({r['setup_passes']:.2f} passes; table {r['table_s']:.1f} s), "
+                      f"compile {r['compile_s']:.1f} s, warmup {r['warmup_s']:.1f} s, sampling {r['sampling_s']:.1f} s, "
+                      f"call {r['call_s']:.1f} s, "
                       f"{r['time_per_step_us']:.0f} us/step, {r['items_per_step']:.0f} items/step/chain, "
                       f"ESS {r['ess_min']:.0f}, ESS/s {r['ess_per_s']:.0f} (whole call {r['ess_per_s_whole_call']:.1f}), "
                       f"peak anon {r['peak_anon_gb']:.2f} GB (data {r['data_gb']:.2f} GB), {r['verdict'][:60]}",
@@ -334,7 +355,7 @@ def main(argv=None):
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": meta, "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
                               "proposal": args.proposal, "batch": args.batch,
-                                           "audit": args.audit, "gather": args.gather, "test": f"Austerity(0.05, {args.batch})",
+                                           "audit": args.audit, "gather": args.gather, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}

@@ -49,7 +49,7 @@ from .errors import ConfigError
 from .storage import datasource as ds
 
 __all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
-           "prepare", "FACTOR_KEY", "SAFETY"]
+           "TableBuilder", "prepare", "FACTOR_KEY", "SAFETY"]
 
 FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
 
@@ -205,37 +205,98 @@ def _exp3(t):
 
 # --- the set-up pass ------------------------------------------------------------------------------------
 
-def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
-    """The grouped sampler of items by weight ``w`` (float64, length N; zeros never drawn).
+_KEY_MIN, _KEY_ZERO = -8600, 8200  # floor(8 log2 w) of a positive finite float64 lies in [-8592, 8191]
+_KEY_SPAN = _KEY_ZERO - _KEY_MIN + 1
 
-    Items with ``w_i > 0`` are grouped by ``floor(8 log2 w_i)``; group ``g`` of ``n_g`` items and largest weight
-    ``b_g`` gets ``k_g = ceil(p_g (2^30 - G))`` of the integer draw range, ``p_g = n_g b_g / sum_h n_h b_h``.
-    A draw picks an integer below ``K = sum k_g``, its group by the cumulative ``k``, and an item uniformly in
-    the group: item ``i`` of group ``g`` is drawn with probability ``k_g / (K n_g)``. With ``total =
-    max_g n_g b_g K / k_g`` (>= sum_h n_h b_h) the rate of item ``i`` is ``phi total k_g / (K n_g) =: phi
-    rate_g >= phi b_g >= phi w_i``: a valid dominating rate, used as such by the thinning.
-    """
+
+def _group_keys(w):
+    """``(floor(8 log2 w_i)`` (``_KEY_ZERO`` for ``w_i = 0``) minus ``_KEY_MIN``, int16; the weights as float64)
+    of a block of weights, checked finite and non-negative."""
     w = np.asarray(w, np.float64)
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
+    if not np.isfinite(np.sum(w)) or np.any(w < 0):  # (a sum is finite iff every term is, for w >= 0)
         bad = int(np.sum(~np.isfinite(w) | (w < 0)))
         raise ConfigError(f"the remainder bound's item weights must be finite and non-negative; {bad} are not "
                           "(the trust region's weights overflow: use a smaller radius)")
-    n = w.size
-    idx = np.nonzero(w > 0)[0]
-    dt = np.dtype(dtype)
-    if idx.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
-        G0 = MAX_GROUPS
-        return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
-                           jnp.zeros(n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
-                           jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
-    wk = w[idx]
-    key = np.floor(np.log2(wk) / np.log2(_GROUP_RATIO)).astype(np.int64)
-    key = np.maximum(key, key.max() - (MAX_GROUPS - 1))
-    o = np.argsort(key, kind="stable")
-    key_s = key[o]
-    starts = np.concatenate([[0], np.nonzero(np.diff(key_s))[0] + 1])
-    counts = np.diff(np.concatenate([starts, [key_s.size]]))
-    b = np.maximum.reduceat(wk[o], starts)
+    with np.errstate(divide="ignore"):
+        key = np.floor(np.log2(w) / np.log2(_GROUP_RATIO))  # (-inf for w = 0)
+    key = np.where(w > 0, key, _KEY_ZERO) - _KEY_MIN
+    return key.astype(np.int16), w
+
+
+class TableBuilder:
+    """:func:`build_table` in blocks of rows, in memory of order 6 bytes per item (an int16 group key, then the
+    int32 order), never N weights nor a sort of N: ``add(start, w_block)`` for consecutive blocks, then
+    ``table(...)``. Per block it keeps the items' keys, the count and the largest weight of each key; the
+    table's grouping is then a counting sort over the at most :data:`MAX_GROUPS` groups (each block's items
+    placed stably at their group's running offset), so items lie in ascending index within a group and the
+    table is the same, array for array, as from the whole weight vector."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.keys = np.empty(self.n, np.int16)
+        self.count = np.zeros(_KEY_SPAN, np.int64)
+        self.maxw = np.zeros(_KEY_SPAN, np.float64)
+        self.filled = 0
+
+    def add(self, start: int, w) -> None:
+        if start != self.filled:
+            raise ValueError(f"TableBuilder.add: blocks must come in order (expected row {self.filled}, got {start})")
+        key, w = _group_keys(w)
+        self.keys[start:start + key.size] = key
+        self.count += np.bincount(key, minlength=_KEY_SPAN)
+        np.maximum.at(self.maxw, key, w)  # (the zero weights' entry stays 0)
+        self.filled += key.size
+
+    def table(self, center, rt, chol_cov, dtype=np.float32, block: int = 1 << 20) -> FactorTable:
+        if self.filled != self.n:
+            raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
+        dt = np.dtype(dtype)
+        present = np.nonzero(self.count[:-1])[0]  # (keys less _KEY_MIN; the last is the zero weights')
+        if present.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
+            G0 = MAX_GROUPS
+            return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
+                               jnp.zeros(self.n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
+                               jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
+        # keys more than MAX_GROUPS - 1 below the largest share the lowest group
+        low = max(int(present[0]), int(present[-1]) - (MAX_GROUPS - 1))
+        merged = present[present <= low]
+        groups = np.concatenate([[low], present[present > low]])
+        counts = np.concatenate([[self.count[merged].sum()], self.count[groups[1:]]])
+        b = np.concatenate([[self.maxw[merged].max()], self.maxw[groups[1:]]])
+        G = groups.size
+        gid = np.full(_KEY_SPAN, G, np.int16)  # key -> group (G: the zero weights, placed after the drawn items)
+        gid[:low + 1] = 0
+        gid[groups[1:]] = np.arange(1, G, dtype=np.int16)
+        gid[-1] = G
+        n_zero = self.n - int(counts.sum())
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        offset = np.concatenate([starts, [self.n - n_zero]]).astype(np.int64)
+        order = _aligned_int32(self.n)
+        for s in range(0, self.n, block):  # the counting sort, stable: blocks in order, rows stably within one
+            g = gid[self.keys[s:s + block]]
+            o = np.argsort(g, kind="stable").astype(np.int32) + np.int32(s)  # (a radix sort of int16)
+            c = np.bincount(g, minlength=G + 1)
+            a = 0
+            for j in np.nonzero(c)[0]:  # each group's rows of the block: one run, at the group's offset
+                order[offset[j]:offset[j] + c[j]] = o[a:a + c[j]]
+                a += c[j]
+            offset += c
+        self.keys = None
+        return _finish_table(order, starts, counts, b, center, rt, chol_cov, dt)
+
+
+def _aligned_int32(n: int) -> np.ndarray:
+    """An int32 array of n entries in page-aligned memory of its own, which ``jax.device_put`` on the CPU takes
+    without a copy (the JAX array then keeps it alive): the item order is never in memory twice."""
+    import mmap
+
+    if n < 1 << 16:
+        return np.empty(n, np.int32)
+    return np.frombuffer(mmap.mmap(-1, 4 * n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.int32)
+
+
+def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorTable:
+    """The draw ranges and rates of the groups (sizes ``counts``, largest weights ``b``): :func:`build_table`."""
     G = starts.size
     mass = b * counts
     p = mass / mass.sum()
@@ -249,14 +310,59 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
     # fixed shapes: N positions (items of weight 0 after the drawn ones, never drawn) and MAX_GROUPS groups
     # (the padding groups: size 1, rate 0 and an empty draw range at the end, so never drawn)
     pad = MAX_GROUPS - G
-    order = np.concatenate([idx[o], np.nonzero(w <= 0)[0]]).astype(np.int32)
     cum = np.cumsum(k)
     return FactorTable(jnp.asarray(center, dt), jnp.asarray(rt, dt), jnp.asarray(chol_cov, dt),
-                       jnp.asarray(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
+                       jax.device_put(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
                        jnp.asarray(np.pad(counts, (0, pad), constant_values=1).astype(np.int32)),
                        jnp.asarray(np.pad(cum, (0, pad), constant_values=K).astype(np.int32)),
                        jnp.asarray(np.pad(rate32, (0, pad)).astype(dt)),
                        jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+
+
+def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
+    """The grouped sampler of items by weight ``w`` (float64, length N; zeros never drawn).
+
+    Items with ``w_i > 0`` are grouped by ``floor(8 log2 w_i)``; group ``g`` of ``n_g`` items and largest weight
+    ``b_g`` gets ``k_g = ceil(p_g (2^30 - G))`` of the integer draw range, ``p_g = n_g b_g / sum_h n_h b_h``.
+    A draw picks an integer below ``K = sum k_g``, its group by the cumulative ``k``, and an item uniformly in
+    the group: item ``i`` of group ``g`` is drawn with probability ``k_g / (K n_g)``. With ``total =
+    max_g n_g b_g K / k_g`` (>= sum_h n_h b_h) the rate of item ``i`` is ``phi total k_g / (K n_g) =: phi
+    rate_g >= phi b_g >= phi w_i``: a valid dominating rate, used as such by the thinning. Items lie in
+    ascending index within a group. Made in blocks by :class:`TableBuilder` (which :func:`prepare` feeds as it
+    computes the weights, never holding N of them).
+    """
+    w = np.asarray(w, np.float64).reshape(-1)
+    tb = TableBuilder(w.size)
+    block = 1 << 20
+    for s in range(0, w.size, block):
+        tb.add(s, w[s:s + block])
+    return tb.table(center, rt, chol_cov, dtype)
+
+
+TABLE_BYTES_PER_ITEM = 6  # the set-up's int16 key and int32 order per item (the chain's order: the same memory)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable; else the free pages)."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2**63
+
+
+def table_fits(n: int, fraction: float = 0.5) -> bool:
+    """Whether the item table of N items (at most :data:`TABLE_BYTES_PER_ITEM` bytes each while it is made)
+    takes at most ``fraction`` of the memory available now: the default's test for data read from files."""
+    return TABLE_BYTES_PER_ITEM * int(n) <= fraction * available_memory()
 
 
 def table_shapes(n: int, d: int, dtype) -> FactorTable:
@@ -298,8 +404,9 @@ def prepare(model, data, n, unravel, cv, bound=None):
     """The set-up pass of the exact subsampled test: ``(FactorTable, items read)``.
 
     ``cv`` is the control variates' state at the centre (its Hessian sum gives the whitening); one pass over
-    the N items makes the weights (on the host in float64 when the data are NumPy arrays, else on the
-    device in the working precision, inflated by 1e-3 for its rounding).
+    the N items makes the weights (on the host in float64 when the data are NumPy arrays, else in compiled
+    code in the working precision, inflated by 1e-3 for its rounding, for rows in memory and in files alike),
+    block by block into a :class:`TableBuilder`.
     """
     from .model import own_method
 
@@ -312,21 +419,26 @@ def prepare(model, data, n, unravel, cv, bound=None):
     rt, chol_cov, rinv = laplace_factors(model, unravel, cv)
     center64 = np.asarray(cv.center, np.float64)
     leaves = jax.tree_util.tree_leaves(data)
-    w = np.empty(n, np.float64)
+    tb = TableBuilder(n)  # (the weights go to it block by block: never N of them in memory)
     block = 1 << 18
-    reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
-    if reader is not None or all(isinstance(a, np.ndarray) for a in leaves):
+    if all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
-            batch = reader(s, min(n, s + block)) if reader is not None else \
-                jax.tree_util.tree_map(lambda a: a[s:s + block], data)
-            w[s:s + block] = bound.weights_host(center64, rinv, batch)
-    else:
+            tb.add(s, bound.weights_host(center64, rinv, jax.tree_util.tree_map(lambda a: a[s:s + block], data)))
+    else:  # (rows read from files in blocks get the same weights as the same rows in memory)
+        reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
         c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)
         fn = jax.jit(bound.weights)
-        for s in range(0, n, block):
-            batch = jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
-            w[s:s + block] = np.asarray(fn(c, ri, batch), np.float64) * (1 + 1e-3)
-    table = build_table(w, cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
+        pending = None
+        for s in range(0, n + block, block):  # (the next block's weights computed while this one is grouped)
+            nxt = None
+            if s < n:
+                batch = reader(s, min(n, s + block)) if reader is not None else \
+                    jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
+                nxt = (s, fn(c, ri, batch))  # (dispatched: runs while the host groups the previous block)
+            if pending is not None:
+                tb.add(pending[0], np.asarray(pending[1], np.float64) * (1 + 1e-3))
+            pending = nxt
+    table = tb.table(cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
     return table, n
 
 

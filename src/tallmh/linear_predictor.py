@@ -148,12 +148,13 @@ class LinearPredictorBound:
 
     def __init__(self, family: str, eta: Callable, y_key: str, dim: int, radius: float = 6.0):
         from .factor_bounds import PoissonTrustBound
-        from .models.logistic import LogisticCubicBound
+        from .models.logistic import LogisticLocalBound
 
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}; got {family!r}")
         self.family, self.eta, self.y_key, self.dim = family, eta, y_key, int(dim)
-        self.base = LogisticCubicBound() if family == "bernoulli_logit" else PoissonTrustBound(radius, offset="_a")
+        self.base = LogisticLocalBound(offset="_a") if family == "bernoulli_logit" else \
+            PoissonTrustBound(radius, offset="_a")
         self._design_host = jax.jit(lambda batch: self.design(batch))  # (the set-up pass: compiled once per shape)
 
     def design(self, batch, dtype=None):

@@ -109,7 +109,7 @@ def test_local_bound_chain_matches_exact_mh_with_fewer_reads(chains_case):
     draws, _, nd = run_chains(LOCAL, data, PoissonThinning(), prop, unravel, cv, stats, STEPS, seed=1)
     ok, zm, zs, report = compare(draws, ref)
     assert ok, report
-    glob = tm.models.LogisticRegression()
+    glob = tm.models.LogisticRegression(remainder_bound="global")
     g_unravel, g_cv, g_stats, _ = setup(glob, data)
     _, _, nd_g = run_chains(glob, data, PoissonThinning(), prop, g_unravel, g_cv, g_stats, 500, seed=1)
     assert nd.mean() < 0.5 * nd_g.mean(), (nd.mean(), nd_g.mean())

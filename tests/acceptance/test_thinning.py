@@ -61,7 +61,7 @@ class Shrunk(LogisticCubicBound):
         return self.f * super().weights_host(center, rinv, batch)
 
 
-MODEL = tm.models.LogisticRegression()
+MODEL = tm.models.LogisticRegression(remainder_bound="global")  # (the local bound: test_local_bound.py)
 
 
 def _problem(data, unravel, cv, stats, z, zp):

@@ -109,10 +109,12 @@ def recommended(model, data, n, init, cv_given=None):
     the chain targets the exact posterior and reads O(1) items per step. Any other differentiable model gets the
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
     variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
-    gradients gets exact MH. Data read from disk (its item table would need memory of order N) and control
-    variates the exact test cannot use (``cv_given``: turned off, first order, stratified) keep austerity. With
-    rows sharded over devices the exact test reads each drawn row on the device that holds it.
+    gradients gets exact MH. Control variates the exact test cannot use (``cv_given``: turned off, first order,
+    stratified) and data read from files whose item table (6 bytes per item while it is made, 4 in the chain:
+    :func:`tallmh.factor_bounds.table_fits`) would take more than half the memory available keep austerity.
+    With rows sharded over devices the exact test reads each drawn row on the device that holds it.
     """
+    from .. import factor_bounds as fbm
     from ..control_variates import ControlVariates
     from ..acceptance import Austerity, PoissonThinning
     from ..model import own_method
@@ -120,15 +122,16 @@ def recommended(model, data, n, init, cv_given=None):
     cv_usable = cv_given is None or (cv_given is not False and getattr(cv_given, "order", 2) == 2
                                      and not cv_given.exact_row_cap(n))
     if differentiable(model, data, n, init):
-        if own_method(model, "factor_bound") is not None and not ds.in_files(data) \
-                and n < 2**31 and cv_usable:
+        fits = not ds.in_files(data) or fbm.table_fits(n)
+        if own_method(model, "factor_bound") is not None and fits and n < 2**31 and cv_usable:
             return PoissonThinning(), ControlVariates(order=2), \
                 "the model bounds its Taylor remainders: exact subsampled MH"
         reason = getattr(model, "factor_bound_reason", None)  # (a front end's reading of the model, if any)
         why = ((f"the model has no bound on its Taylor remainders ({reason})" if isinstance(reason, str) and reason
                 else "the model has no bound on its Taylor remainders")
                if own_method(model, "factor_bound") is None else
-               "data read from files" if ds.in_files(data) else
+               f"data read from files whose exact test's item table ({fbm.TABLE_BYTES_PER_ITEM * n / 1e9:.1f} GB) "
+               "would take more than half the memory available" if not fits else
                "control variates given that the exact test cannot use" if not cv_usable else "N >= 2^31")
         return Austerity(error=0.05), ControlVariates(order=2), f"differentiable model; {why}"
     return Exact(), None, "the model has no finite gradient at the start: exact MH"
