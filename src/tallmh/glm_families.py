@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .factor_bounds import _exp3
+from .factor_bounds import exp3
 from .models.logistic import M3_LOGISTIC, logistic_remainder_diff
 
 __all__ = ["FAMILIES", "WORDS", "host_terms", "remainder_diff", "item_rates", "row_loglik", "second_order_rows"]
@@ -66,7 +66,7 @@ def remainder_diff(family, m, d, dp):
     if family == "logistic":
         return logistic_remainder_diff(m, d, dp)
     if family == "poisson":
-        return -jnp.exp(m) * (_exp3(dp) - _exp3(d))
+        return -jnp.exp(m) * (exp3(dp) - exp3(d))
     return jnp.zeros_like(m)
 
 
