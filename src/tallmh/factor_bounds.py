@@ -191,10 +191,10 @@ class PoissonTrustBound:
         mu = jnp.exp(eta)
         # R(t) = -(exp(eta + t) - exp(eta) - exp(eta) t - exp(eta) t^2/2) = -mu (expm1(t) - t - t^2/2)
         # (the y t terms cancel); R(d') - R(d), with the small-|t| series to avoid cancellation
-        return -mu * (_exp3(dp) - _exp3(d))
+        return -mu * (exp3(dp) - exp3(d))
 
 
-def _exp3(t):
+def exp3(t):
     """``expm1(t) - t - t^2/2`` without cancellation for small ``|t|`` (series to t^9 below 1/2)."""
     small = jnp.abs(t) <= 0.5
     ts = jnp.where(small, t, 0.0)
