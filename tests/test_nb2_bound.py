@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tallmh as tm
+from tallmh import factor_bounds as fbm
 from tallmh.frontends.formula import NegativeBinomialRegression
 from tallmh.models.nb2_bound import NB2TrustBound, g3_bound, nb2_remainder_diff
 
@@ -18,11 +19,18 @@ sys.path.insert(0, str(Path(__file__).parent / "acceptance"))
 from thinning_helpers import compare, run_chains, setup  # noqa: E402
 
 
-def nb_data(n, seed=0, beta=(1.5, 0.8, -0.3), alpha=0.5):
-    """Overdispersed counts: ``X = (1, x1, x2)`` normal features, ``y ~ NB2(exp(X beta), alpha)`` (gamma-Poisson);
-    the largest counts are a few hundred."""
+def nb_data(n, seed=0, beta=(1.5, 0.8, -0.3), alpha=0.5, rare=0, rare_coef=-2.0):
+    """Overdispersed counts: ``X = (1, x1, x2)`` normal features (and, with ``rare`` > 0, a one-hot column set in
+    ``rare`` rows, coefficient ``rare_coef``: few small counts, a skewed posterior), ``y ~ NB2(exp(X beta), alpha)`` (gamma-Poisson); the largest
+    counts are a few hundred."""
     rng = np.random.default_rng(seed)
-    X = np.column_stack([np.ones(n), rng.normal(size=n), rng.normal(size=n)]).astype(np.float32)
+    cols = [np.ones(n), rng.normal(size=n), rng.normal(size=n)]
+    if rare:
+        r = np.zeros(n)
+        r[rng.choice(n, rare, replace=False)] = 1.0
+        cols.append(r)
+        beta = tuple(beta) + (rare_coef,)
+    X = np.column_stack(cols).astype(np.float32)
     mu = np.exp(X.astype(np.float64) @ np.asarray(beta))
     y = rng.poisson(rng.gamma(1.0 / alpha, mu * alpha)).astype(np.float32)
     return {"X": X, "y": y}
@@ -143,3 +151,54 @@ def test_g3_bound_covers_the_sum():
             k = np.arange(1, max(y, 1), dtype=np.float64)
             s = float(np.sum(sp3(np.log(a_max / k)))) if y > 1 else 0.0
             assert s <= g3_bound(np.float64(y), a_max) * (1 + 1e-6) + 1e-12, (a_max, y)
+
+
+# --- chains against exact MH ---------------------------------------------------------------------------------
+
+class Shrunk:
+    """A deliberately wrong bound: the weights times ``f`` (the negative control)."""
+
+    def __init__(self, inner, f):
+        self.inner, self.f = inner, f
+
+    def weights_host(self, center, rinv, batch):
+        return self.f * self.inner.weights_host(center, rinv, batch)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+STEPS = 3000
+
+
+@pytest.fixture(scope="module")
+def nb_case():
+    data = nb_data(5000, seed=6, rare=20, rare_coef=-3.5)
+    model = NegativeBinomialRegression()
+    unravel, cv, stats, _ = setup(model, data)
+    T = stats[fbm.FACTOR_KEY]
+    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
+    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
+                           cv_order=None)
+    return model, data, unravel, cv, stats, prop, ref
+
+
+@pytest.mark.slow
+def test_nb2_chain_matches_exact_mh(nb_case):
+    model, data, unravel, cv, stats, prop, ref = nb_case
+    draws, _, nd = run_chains(model, data, tm.acceptance.PoissonThinning(), prop, unravel, cv, stats, STEPS, seed=1)
+    ok, zm, zs, report = compare(draws, ref)
+    print(report, "\nrows per step", nd.mean())
+    assert ok, report
+    assert nd.mean() < 50, nd.mean()
+
+
+@pytest.mark.slow
+def test_nb2_chain_with_shrunk_bound_fails_the_same_check(nb_case):
+    model, data, unravel, cv, stats, prop, ref = nb_case
+    table, _ = fbm.prepare(model, data, 5000, unravel, cv, Shrunk(model.factor_bound(), 0.02))
+    draws, _, _ = run_chains(model, data, tm.acceptance.PoissonThinning(), prop, unravel, cv,
+                             {**stats, fbm.FACTOR_KEY: table}, STEPS, seed=1)
+    ok, zm, zs, report = compare(draws, ref)
+    print(report)
+    assert not ok, report

@@ -23,6 +23,8 @@ from .logistic import M3_LOGISTIC, _m3_local, logistic_remainder_diff, softplus_
 
 __all__ = ["NB2TrustBound", "nb2_remainder_diff", "g3_bound"]
 
+_K_BLOCK = 64  # values of k per block of the sum over k < y
+
 
 def g3_bound(y, a_max, xp=np):
     """An upper bound on ``sum_{k=1}^{y-1} |softplus'''(u_k)|`` for ``u_k <= log(a_max / k)``: each term is at most
@@ -119,21 +121,26 @@ def nb2_remainder_diff(X, y, center, theta, theta_p):
     # multiple of a step difference (so that small steps keep their relative accuracy)
     out = out - jnp.exp(-tau_c) * _product_remainder_diff(s_c, ds, dt, dsp, dtp)
     # + sum_{k=1}^{y-1} softplus(-tau - log k): each term's remainder difference is -R_f(tau_c + log k; dt -> dt'),
-    # the same for every row; summed (compensated) over k < y_i, one k at a time up to the batch's largest count
+    # the same for every row; in blocks of _K_BLOCK values of k (each block's prefix sums, read by each row at its
+    # own count), the blocks' sums compensated, up to the batch's largest count
     ymax = jnp.max(jnp.where(jnp.isfinite(y), y, 0.0)).astype(jnp.int32)
-    t0, t1 = dt[..., :1], dtp[..., :1]
+    nblocks = (jnp.maximum(ymax - 1, 0) + _K_BLOCK - 1) // _K_BLOCK
+    t0, t1 = dt.reshape(-1)[:1], dtp.reshape(-1)[:1]
+    ks = jnp.arange(1, _K_BLOCK + 1, dtype=ds.dtype)
+    n_terms = jnp.maximum(jnp.where(jnp.isfinite(y), y, 0.0) - 1.0, 0.0)
 
-    def body(k, acc):
+    def body(b, acc):
         hi, lo = acc
-        kf = k.astype(ds.dtype)
-        g = -logistic_remainder_diff(tau_c + jnp.log(kf), t0, t1)
-        g = jnp.where(kf <= y - 1.0, g, 0.0)
-        s = hi + g  # (two-sum: hi + lo holds the sum to about one rounding)
+        k0 = (b * _K_BLOCK).astype(ds.dtype)
+        k = k0 + ks
+        g = jnp.where(k <= ymax - 1, -logistic_remainder_diff(tau_c + jnp.log(k), t0, t1), 0.0)
+        prefix = jnp.concatenate([jnp.zeros((1,), g.dtype), jnp.cumsum(g)])
+        part = prefix[jnp.clip(n_terms - k0, 0, _K_BLOCK).astype(jnp.int32)]
+        s = hi + part  # (two-sum: hi + lo holds the sum to about one rounding)
         bb = s - hi
-        err = (hi - (s - bb)) + (g - bb)
-        return s, lo + err
+        return s, lo + ((hi - (s - bb)) + (part - bb))
 
-    hi, lo = jax.lax.fori_loop(1, jnp.maximum(ymax, 1), body, (zero, zero))
+    hi, lo = jax.lax.fori_loop(0, nblocks, body, (zero, zero))
     return out + (hi + lo)
 
 
