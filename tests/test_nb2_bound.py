@@ -98,6 +98,10 @@ def test_float32_remainder_agrees_with_float64():
     rinv = np.linalg.inv(rt.T)
     bound = NB2TrustBound()
     w = bound.weights_host(c, rinv, data)
+    # the compiled weights (rows read from files) in float32 agree with the host's float64 ones
+    w32 = np.asarray(bound.weights(jnp.asarray(c, jnp.float32), jnp.asarray(rinv, jnp.float32),
+                                   {k: jnp.asarray(v) for k, v in data.items()}), np.float64)
+    np.testing.assert_allclose(w32, w, rtol=1e-4)
     rng = np.random.default_rng(4)
     worst = 0.0
     for z, zp in zip(*_pairs(rng, 4, 40, 3.0)):
@@ -202,3 +206,18 @@ def test_nb2_chain_with_shrunk_bound_fails_the_same_check(nb_case):
     ok, zm, zs, report = compare(draws, ref)
     print(report)
     assert not ok, report
+
+
+@pytest.mark.slow
+def test_sample_picks_the_exact_test_for_nb2():
+    """``tm.sample`` with defaults takes the exact subsampled test for NB2 regression, reads few rows per step, is
+    trusted, and its posterior holds the simulation's parameters (within 4 posterior sds)."""
+    data = nb_data(10_000, seed=7)
+    res = tm.sample(NegativeBinomialRegression(), data, num_chains=2, seed=0, progress=False)
+    assert res.notes[0].startswith("default method: exact-subsampled"), res.notes[0]
+    assert res.trusted, res.verdict
+    assert float(np.mean(res.stats["n_data"])) < 100
+    draws = np.asarray(res.flat_samples, np.float64).reshape(-1, 4)
+    truth = np.array([1.5, 0.8, -0.3, np.log(0.5)])
+    z = (draws.mean(axis=0) - truth) / draws.std(axis=0)
+    assert np.all(np.abs(z) < 4.0), z
