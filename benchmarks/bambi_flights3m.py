@@ -1,18 +1,21 @@
 """A Bambi model with a categorical predictor and a group-level intercept on 3,000,000 US flights: tallmh on
 the whole table and on a 10^5-row subset, PyMC's NUTS (through NumPyro) on the subset only.
 
-    late ~ log_dist + C(dep_time) + (1|day),   family bernoulli
+    late ~ log_dist + C(dep_time) + (1|day),   family bernoulli     (--group origin: (1|origin))
 
 The table is ``flights-3m.parquet`` of the ``vega-datasets`` package (3,000,000 domestic US flights,
 January to June 2001: scheduled departure, delay in minutes, distance, origin, destination). Get it with
 ``npm pack vega-datasets@3.2.1 && tar xzf vega-datasets-3.2.1.tgz package/data/flights-3m.parquet`` (or
 from any mirror of the npm package). Columns made here: ``late`` = delay over 15 minutes; ``log_dist`` =
 log distance, standardised; ``dep_time`` = departure time in five bands (06-09, 09-13, 13-17, 17-21,
-21-06); ``day`` = calendar day (182 levels, about 16,000 flights each: the day's weather and traffic).
+21-06); ``day`` = calendar day (182 levels, about 16,000 flights each: the day's weather and traffic);
+``origin`` = the departure airport (229 levels, from 166,341 flights down to 1; 73 airports with fewer than
+1,000), the group with ``--group origin``.
 
 Needs ``bambi`` and ``numpyro`` (``pip install ".[test]"`` has both). Run::
 
     python benchmarks/bambi_flights3m.py --table flights-3m.parquet [--subset 100000] [--nuts-cache F.npz]
+    python benchmarks/bambi_flights3m.py --table flights-3m.parquet --group origin --skip-subset
 
 Everything of tallmh is ``tm.sample``'s default (``--budget`` sets ``budget_s``). Times are whole calls
 from the data frame: Bambi's model build, the conversion (``tm.from_bambi``, with its pilot fit) and the
@@ -28,7 +31,7 @@ import numpy as np
 
 from bambi_flights import flat, moments, show
 
-FORMULA = "late ~ log_dist + C(dep_time) + (1|day)"
+FORMULA = "late ~ log_dist + C(dep_time) + (1|{group})"
 
 
 def table(path):
@@ -44,12 +47,13 @@ def table(path):
         "log_dist": (ld - ld.mean()) / ld.std(),
         "dep_time": pd.Categorical(band),
         "day": d["date"].dt.strftime("%m-%d"),
+        "origin": d["origin"].astype(str),
     })
 
 
 def by_tallmh(bmb, tm, frame, label, args):
     t = time.time()
-    bm = bmb.Model(FORMULA, frame, family="bernoulli")
+    bm = bmb.Model(FORMULA.format(group=args.group), frame, family="bernoulli")
     model, data = tm.from_bambi(bm)
     t_conv = time.time() - t
     kw = {} if args.budget is None else {"budget_s": args.budget}
@@ -71,7 +75,7 @@ def by_nuts(bmb, frame, args, names):
     import pymc as pm
 
     t = time.time()
-    bm = bmb.Model(FORMULA, frame, family="bernoulli")
+    bm = bmb.Model(FORMULA.format(group=args.group), frame, family="bernoulli")
     bm.build()
     with bm.backend.model:
         idata = pm.sample(draws=args.nuts_draws, tune=args.nuts_tune, chains=2, nuts_sampler="numpyro",
@@ -96,6 +100,7 @@ def main():
     ap.add_argument("--skip-subset", action="store_true", help="the whole table only")
     ap.add_argument("--skip-full", action="store_true", help="the subset only")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--group", default="day", choices=["day", "origin"], help="the group-level intercept's group")
     ap.add_argument("--budget", type=float, default=None, help="tm.sample's budget_s (default: its own, 600 s)")
     args = ap.parse_args()
     if not os.path.exists(args.table):
@@ -112,9 +117,10 @@ def main():
 
     df = table(args.table)
     print(f"imports and table {time.time() - t0:.1f}s; bambi {bmb.__version__}, tallmh {tm.__version__}; "
-          f"{len(df):,} rows, {df['day'].nunique()} days, late {df['late'].mean():.3f}")
+          f"{len(df):,} rows, {df[args.group].nunique()} levels of {args.group}, late {df['late'].mean():.3f}")
     res = {}
-    names = ["Intercept", "log_dist", "C(dep_time)", "1|day_sigma", "1|day"]
+    gt = f"1|{args.group}"
+    names = ["Intercept", "log_dist", "C(dep_time)", f"{gt}_sigma", gt]
     if not args.skip_subset:
         sub = df.sample(n=min(args.subset, len(df)), random_state=args.seed).reset_index(drop=True)
         r_sub, w_sub = by_tallmh(bmb, tm, sub, f"{len(sub):,}-row subset", args)
@@ -132,7 +138,7 @@ def main():
         z = {k: abs(mt[k][0] - mn[k][0]) / np.hypot(float(tm.diagnostics.mcse_mean(d_t[k])),
                                                     float(tm.diagnostics.mcse_mean(d_n[k]))) for k in common}
         sds = {k: mt[k][1] / mn[k][1] for k in common}
-        main_names = [k for k in common if not k.startswith("1|day[") and not k.startswith("1|day_offset")]
+        main_names = [k for k in common if not k.startswith(gt + "[") and not k.startswith(gt + "_offset")]
         show("means and sds on the subset (common effects and the group scale)",
              {k: v[0] for k, v in res.items()}, main_names)
         v = np.array([diff[k] for k in common])
@@ -144,7 +150,7 @@ def main():
     if not args.skip_full:
         r_full, w_full = by_tallmh(bmb, tm, df, "whole table", args)
         res["tallmh whole table"] = (moments(flat(r_full.samples)), r_full.verdict, w_full)
-        keys = [k for k in flat(r_full.samples) if not k.startswith("1|day[") and not k.startswith("1|day_offset")]
+        keys = [k for k in flat(r_full.samples) if not k.startswith(gt + "[") and not k.startswith(gt + "_offset")]
         show("means and sds (common effects and the group scale)", {k: v[0] for k, v in res.items()}, keys)
     print("\nwall times: " + ", ".join(f"{k} {v[2]:.1f}s" for k, v in res.items()))
     print("verdicts: " + "; ".join(f"{k}: {v[1]}" for k, v in res.items()))

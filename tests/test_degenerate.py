@@ -138,3 +138,22 @@ def test_cli_names_collinear_columns_of_a_npy_table(tmp_path, monkeypatch, capsy
     assert "data note: columns intercept, 1, 2, 3" in captured.out
     assert "X[:, " not in captured.out + captured.err  # said once, by the table's names (not again by tm.sample)
     assert len(json.loads((out / "results.json").read_text())["data_notes"]) == 1
+
+
+def test_tm_sample_names_collinear_columns_of_an_array_read_in_place(monkeypatch):
+    """A large design read in place (no copy: an InPlaceArray or an aliasing jax.Array) is checked too."""
+    from tallmh.storage import datasource as ds
+
+    monkeypatch.setattr(ds, "_COPY_BELOW_BYTES", 0)  # (in place from any size: as above 32 MiB)
+    df, y = _design(n=2000, collinear=True)
+    X0 = np.column_stack([np.ones(len(df)), df.to_numpy()]).astype(np.float32)
+    X = np.empty(X0.size + 1, np.float32)[1:].reshape(X0.shape)  # (4 bytes past an aligned start: InPlaceArray)
+    X[:] = X0
+    seen = []
+    orig = ds.in_place_leaf
+    monkeypatch.setattr(ds, "in_place_leaf", lambda a, **kw: seen.append(r := orig(a, **kw)) or r)
+    kw = dict(test=tm.acceptance.Exact(), num_samples=20, num_warmup=20, num_chains=1, progress=False, seed=0)
+    with pytest.warns(UserWarning, match="are exactly collinear"):
+        r = tm.sample(tm.models.LogisticRegression(), {"X": X, "y": y.astype(np.float32)}, **kw)
+    assert any(isinstance(s, ds.InPlaceArray) for s in seen)  # (the design was read in place)
+    assert len([m for m in r.notes if m.startswith("data note: ")]) == 1

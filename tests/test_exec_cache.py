@@ -64,6 +64,24 @@ def test_an_edited_tallmh_stores_its_chain_again(tmp_path, monkeypatch):
         tm.set_compilation_cache(previous)
 
 
+def test_the_source_hash_reads_every_module_of_the_package(monkeypatch):
+    """The key's source hash covers the whole package (an edit to an acceptance test or a proposal changes the chain's
+    program as much as one to the runner): every module is read, not only those beside the cache's own."""
+    import builtins
+    import os
+
+    import tallmh
+
+    read = []
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: read.append(os.path.abspath(p)) or real_open(p, *a, **k))
+    monkeypatch.setattr(_exec_cache, "_SOURCE_HASH", [])
+    _exec_cache._source_hash()
+    root = os.path.dirname(os.path.abspath(tallmh.__file__))
+    for mod in ("acceptance/thinning.py", "proposals/laplace.py", "factor_bounds.py", "run/programs.py"):
+        assert os.path.join(root, mod) in read, mod
+
+
 def test_with_the_cache_off_nothing_is_kept(tmp_path):
     previous = jax.config.jax_compilation_cache_dir
     tm.set_compilation_cache(None)

@@ -1,6 +1,6 @@
 """Automatic blocking of models with group-level terms (tallmh.hierarchical): which parameters go to the data-free
 block and which to the subsampled one, for a Bambi, a PyMC and a NumPyro model; ``tm.sample(..., program="auto")`` builds the program (the default call
-does not); a small hierarchical posterior against its quadrature reference."""
+does where the effects' likelihood is a recognised GLM); a small hierarchical posterior against its quadrature reference."""
 
 import numpy as np
 import pytest
@@ -74,6 +74,12 @@ def test_blocks_of_a_numpyro_model():
     bm, program, _ = hierarchical.auto_program(model, data)
     assert bm.hyper_keys == ["s"]
     assert sorted(bm.effect_keys) == ["a", "b", "mu"]
+    assert [type(getattr(b, "block", b)).__name__ for b in program.blocks] == ["MH", "GLMEffects"]
+    # the default call builds the same blocks (a logistic likelihood, recognised)
+    got, prog, note = hierarchical.default_program(model, data, None, None, None, None, None)
+    assert isinstance(got, hierarchical.BlockedModel) and got.hyper_keys == ["s"]
+    assert note.startswith("default for a group-level logistic GLM (exact effects step)")
+    assert type(prog.blocks[-1]).__name__ == "GLMEffects"
 
 
 def test_model_without_hyperparameters_is_not_blocked():
@@ -212,6 +218,10 @@ def test_auto_program_is_asked_for_and_refuses_a_method_beside_it():
         tm.sample(model, data, program="auto", test=tm.acceptance.Exact(), progress=False)
     with pytest.raises(tm.ConfigError, match="'auto'"):
         tm.sample(model, data, program="blocks", progress=False)
-    # the default call keeps the single-block method: no automatic blocks unless asked for
+    # the default call: this Gaussian likelihood with a known noise sd is a recognised GLM, so the blocks with the
+    # exact effects step (tests/test_glm_families.py); with a method given, the single-block method
     got, program, note = hierarchical.default_program(model, data, None, None, None, None, None)
+    assert isinstance(got, hierarchical.BlockedModel) and program.blocks[-1].family == "gaussian"
+    assert note.startswith("default for a group-level Gaussian (known noise sd) GLM")
+    got, program, note = hierarchical.default_program(model, data, tm.acceptance.Exact(), None, None, None, None)
     assert got is model and program is None and note is None

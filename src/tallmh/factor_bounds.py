@@ -191,10 +191,10 @@ class PoissonTrustBound:
         mu = jnp.exp(eta)
         # R(t) = -(exp(eta + t) - exp(eta) - exp(eta) t - exp(eta) t^2/2) = -mu (expm1(t) - t - t^2/2)
         # (the y t terms cancel); R(d') - R(d), with the small-|t| series to avoid cancellation
-        return -mu * (_exp3(dp) - _exp3(d))
+        return -mu * (exp3(dp) - exp3(d))
 
 
-def _exp3(t):
+def exp3(t):
     """``expm1(t) - t - t^2/2`` without cancellation for small ``|t|`` (series to t^9 below 1/2)."""
     small = jnp.abs(t) <= 0.5
     ts = jnp.where(small, t, 0.0)
@@ -375,12 +375,35 @@ def table_shapes(n: int, d: int, dtype) -> FactorTable:
 
 def draw_items(key, table: FactorTable, m: int):
     """``m`` items drawn independently, item ``i`` of group ``g`` with probability ``k_g / (K n_g)``
-    (:func:`build_table`): ``(items, their groups)``. O(log G) per item (a search of the G thresholds)."""
-    k1, k2 = jax.random.split(key)
-    r = jax.random.randint(k1, (m,), 0, table.cum[-1])
+    (:func:`build_table`): ``(items, their groups)``. O(log G) per item (a search of the G thresholds). The two
+    integers of a draw come from 64 random bits each, all four words from one hash of the key."""
+    w = jax.random.bits(key, (4, m), jnp.uint32)
+    r = below(w[0], w[1], table.cum[-1])
     g = jnp.searchsorted(table.cum, r, side="right")
-    j = jax.random.randint(k2, (m,), 0, table.count[g])
+    j = below(w[2], w[3], table.count[g])
     return table.order[table.start[g] + j], g
+
+
+def _mul32(a, b):
+    """``a * b`` of two uint32 arrays as the 64-bit pair ``(high word, low word)`` (16-bit halves: no overflow)."""
+    a1, a0, b1, b0 = a >> 16, a & 0xFFFF, b >> 16, b & 0xFFFF
+    lo = a0 * b0
+    mid1, mid2 = a1 * b0, a0 * b1
+    mid = (lo >> 16) + (mid1 & 0xFFFF) + (mid2 & 0xFFFF)  # (< 3 * 2^16: no overflow)
+    hi = a1 * b1 + (mid1 >> 16) + (mid2 >> 16) + (mid >> 16)
+    return hi, (mid << 16) | (lo & 0xFFFF)
+
+
+def below(hi, lo, span):
+    """``floor(x span / 2^64)`` for the 64-bit ``x = hi 2^32 + lo`` (uint32 words) and ``0 < span < 2^31``: an
+    integer in ``[0, span)`` whose every value has ``floor`` or ``ceil`` of ``2^64 / span`` of the ``x``, so uniform
+    to within ``span / 2^64`` relative (multiply-high, without the rejection step; Lemire, *Fast random integer
+    generation in an interval*, ACM TOMACS 2019)."""
+    s = jnp.asarray(span).astype(jnp.uint32)
+    h1, l1 = _mul32(hi, s)  # hi * s
+    h0, _ = _mul32(lo, s)  # floor(lo * s / 2^32)
+    carry = (l1 + h0 < l1).astype(jnp.uint32)  # (the low word's sum wrapped)
+    return (h1 + carry).astype(jnp.int32)
 
 
 def laplace_factors(model, unravel, cv):

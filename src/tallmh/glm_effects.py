@@ -1,4 +1,8 @@
-"""The exact effects block of a hierarchical logistic GLM: fixed and group effects by exact subsampled MH.
+"""The exact effects block of a hierarchical GLM: fixed and group effects by exact subsampled MH.
+
+Written below for the logistic family; the Poisson-log and known-sd Gaussian families (their recognition, remainders
+and bounds: a trust region for the Poisson, none needed for the Gaussian, whose remainder is zero) are in
+:mod:`tallmh.glm_families`.
 
 Given the hyperparameters, the fixed effects ``beta`` and the group effects ``u`` of a hierarchical logistic
 regression reach the likelihood only through ``eta_i = x_i . beta + c_i u_{g(i)} + o_i``: a logistic
@@ -57,7 +61,7 @@ import numpy as np
 
 from .blocks.state import BlockInfo
 from .factor_bounds import SAFETY
-from .models.logistic import M3_LOGISTIC, logistic_remainder_diff, softplus_diff
+from .glm_families import POISSON_RADIUS, host_terms, item_rates, remainder_diff
 
 __all__ = ["recognise", "GLMEffects", "glm_setup", "DATA_KEYS"]
 
@@ -68,8 +72,8 @@ _CHUNK_BYTES = 1 << 25
 
 
 class GLMView(NamedTuple):
-    """A recognised logistic GLM in the flat effects: ``l_i(e) = log sigmoid(x_i . e[fixed] + c_i e[group][g_i] +
-    b_i)`` (host arrays)."""
+    """A recognised GLM in the flat effects: ``l_i(e) = f(x_i . e[fixed] + c_i e[group][g_i] + b_i; y_i) + k_i``, ``f``
+    the family's (:mod:`tallmh.glm_families`; ``log sigmoid`` for the logistic) (host arrays)."""
 
     x: np.ndarray  # (N, p) float32
     g: np.ndarray  # (N,) int32
@@ -77,6 +81,9 @@ class GLMView(NamedTuple):
     b: np.ndarray  # (N,) float32
     fixed: np.ndarray  # (p,) positions of the fixed effects in the flat effects
     group: np.ndarray  # (G,) positions of the group effects
+    family: str = "logistic"  # tallmh.glm_families: "logistic", "poisson" or "gaussian"
+    y: Optional[np.ndarray] = None  # (N,) float32: the response in the family's form (unused for "logistic")
+    k: Optional[np.ndarray] = None  # (N,) float32: the rows' constants (checks only)
 
 
 def _positions(bm):
@@ -96,26 +103,47 @@ def _row_fn(bm):
 
 
 def recognise(bm, data, n) -> Optional[GLMView]:
-    """The effects' GLM structure (see the module), or None where the likelihood is not a logistic GLM with one
-    group key (checked on every row at two points). One pass of per-row gradients and two of values, in chunks."""
-    from .storage.data import take
-
+    """The effects' GLM structure (see the module and :mod:`tallmh.glm_families`), or None where the likelihood is
+    not a logistic, Poisson-log or known-sd Gaussian GLM with one group key (checked on every row at two points).
+    Each form is first tried on up to ``PROBE_ROWS`` rows; the one that fits there is read from all rows (one pass
+    of per-row derivatives) and checked (two passes of values), in chunks."""
     pos = _positions(bm)
     gkey = max(pos, key=lambda k: pos[k].size)
     group = pos[gkey]
     fixed = np.sort(np.concatenate([pos[k] for k in pos if k != gkey] or [np.zeros(0, np.int64)]))
     if group.size < 2 or fixed.size > MAX_FIXED:
         return None
+    d = int(bm.start["effects"].shape[0])
+    size = int(max(256, min(8192, _CHUNK_BYTES // (8 * max(d, 1)))))
+    for form in ("logistic", "second-order"):
+        probe = min(n, PROBE_ROWS)
+        if _read(bm, data, probe, form, fixed, group, size, probe) is None:
+            continue
+        return _read(bm, data, n, form, fixed, group, size, n)
+    return None
+
+
+PROBE_ROWS = 2048
+
+
+def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
+    """The view read from the first ``rows`` rows by ``form`` (``"logistic"``, or ``"second-order"``: Poisson or
+    Gaussian), checked on those rows at the start and at a moved point; None where it does not fit."""
+    from .glm_families import second_order_rows
+    from .storage.data import take
+
     e0 = bm.start["effects"]
     d = int(e0.shape[0])
     ell = _row_fn(bm)
     fj, gj = jnp.asarray(fixed), jnp.asarray(group)
+    w = jnp.asarray(np.random.default_rng(4).standard_normal(d), e0.dtype)
 
     @jax.jit
     def chunk(idx):
-        rows = take(data, idx)
-        one = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
-        val, grad = one(e0, jax.tree_util.tree_map(lambda a: a[:, None], rows))
+        rows = jax.tree_util.tree_map(lambda a: a[:, None], take(data, idx))
+        if form != "logistic":
+            return second_order_rows(ell, e0, w, rows, fj, gj)
+        val, grad = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))(e0, rows)
         a = grad / (-jnp.expm1(val))[:, None]
         v = -jnp.log(jnp.expm1(-val))
         ag = a[:, gj]
@@ -125,43 +153,45 @@ def recognise(bm, data, n) -> Optional[GLMView]:
         b = v - xf @ e0[fj] - ci * e0[gj][gi]
         nnz = jnp.sum(ag != 0, axis=1)
         ok = (nnz <= 1) & jnp.all(jnp.isfinite(a), axis=1) & jnp.isfinite(b)
-        return xf, gi, ci, b, jnp.all(ok)
+        z = jnp.zeros_like(b)
+        return jnp.int32(0), xf, gi, ci, b, z, z, jnp.all(ok)
 
-    size = int(max(256, min(8192, _CHUNK_BYTES // (4 * max(d, 1)))))
-    parts = []
-    for s in range(0, n, size):
-        idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
-        xf, gi, ci, b, ok = chunk(idx)
-        if not bool(ok):
+    parts, kinds = [], set()
+    for s in range(0, rows, size):
+        idx = jnp.asarray(np.minimum(np.arange(s, s + size), rows - 1).astype(np.int32))
+        kind, xf, gi, ci, b, y, k, ok = chunk(idx)
+        kinds.add(int(kind))
+        if not bool(ok) or len(kinds) > 1:
             return None
-        m = min(size, n - s)
-        parts.append(tuple(np.asarray(t)[:m] for t in (xf, gi, ci, b)))
-    view = GLMView(np.concatenate([p[0] for p in parts]).astype(np.float32),
-                   np.concatenate([p[1] for p in parts]).astype(np.int32),
-                   np.concatenate([p[2] for p in parts]).astype(np.float32),
-                   np.concatenate([p[3] for p in parts]).astype(np.float32), fixed, group)
+        m = min(size, rows - s)
+        parts.append(tuple(np.asarray(t)[:m] for t in (xf, gi, ci, b, y, k)))
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(6)]
+    family = ("logistic", "poisson", "gaussian")[kinds.pop()]
+    view = GLMView(cat[0].astype(np.float32), cat[1].astype(np.int32), cat[2].astype(np.float32),
+                   cat[3].astype(np.float32), fixed, group, family, cat[4].astype(np.float32), cat[5].astype(np.float32))
     shift = 0.3 * np.random.default_rng(3).standard_normal(d)
     for e in (e0, e0 + jnp.asarray(shift, e0.dtype)):
-        if not _matches(bm, data, n, view, e, size):
+        if not _matches(bm, data, rows, view, e, size):
             return None
     return view
 
 
 def _matches(bm, data, n, view, e, size) -> bool:
-    """Whether the model's per-row log-likelihood at ``e`` equals the reconstruction's on every row (to 1e-4,
-    relative above 1)."""
+    """Whether the model's per-row log-likelihood at ``e`` equals the reconstruction's on the first ``n`` rows (to
+    1e-4, relative to the larger of the value, the family's terms and 1)."""
+    from .glm_families import row_loglik
     from .storage.data import take
 
     h0 = bm.start["hyper"]
     fj, gj = jnp.asarray(view.fixed), jnp.asarray(view.group)
-    arrays = {k: jnp.asarray(v) for k, v in zip(("x", "g", "c", "b"), view[:4])}
+    arrays = {k: jnp.asarray(v) for k, v in zip(("x", "g", "c", "b", "y", "k"), view[:4] + view[-2:])}
 
     @jax.jit
     def differs(idx):
         a = bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), take(data, idx))
         eta = arrays["x"][idx] @ e[fj] + arrays["c"][idx] * e[gj][arrays["g"][idx]] + arrays["b"][idx]
-        r = -jax.nn.softplus(-eta)
-        return jnp.any(~jnp.isfinite(a) | (jnp.abs(r - a) > 1e-4 * jnp.maximum(1.0, jnp.abs(a))))
+        r, scale = row_loglik(view.family, eta, arrays["y"][idx], arrays["k"][idx])
+        return jnp.any(~jnp.isfinite(a) | (jnp.abs(r - a) > 1e-4 * jnp.maximum(1.0, scale)))
 
     size = max(size, 1 << 14)
     for s in range(0, n, size):
@@ -200,10 +230,8 @@ def _glm_sums(view, ef, eg):
     c = view.c.astype(np.float64)
     G = view.group.size
     m = x @ ef + c * eg[view.g] + view.b
-    e = np.exp(-np.abs(m))
-    val = float(np.sum(np.minimum(m, 0.0) - np.log1p(e)))
-    d1 = np.where(m >= 0, e / (1 + e), 1 / (1 + e))  # sigmoid(-m)
-    w = e / (1 + e) ** 2
+    y = None if view.y is None else view.y.astype(np.float64)
+    val, d1, w = host_terms(view.family, m, y)  # f, f' and -f'' at the margins
     gf = x.T @ d1
     gg = np.bincount(view.g, weights=c * d1, minlength=G)
     A = (x * w[:, None]).T @ x
@@ -300,7 +328,10 @@ def glm_setup(bm, view, e0):
     r = np.sqrt(np.sum(np.linalg.solve(L, xr.T) ** 2, axis=0)) if p else 0.0
     del xr
     kappa = (lam * r + np.abs(view.c.astype(np.float64)) * s[view.g]) * (1 + 1e-5)
-    w = kappa**3
+    mc = view.x.astype(np.float64) @ c[F] + view.c.astype(np.float64) * c[Gp][view.g] + view.b
+    w = item_rates(view.family, mc, kappa)
+    if view.family == "gaussian":
+        w = kappa**3  # (tables for the record: a Gaussian's remainder is zero and its steps draw no point)
     gl = np.zeros_like(c)
     gl[F], gl[Gp] = gf, gg
     return _tables(c, gl, P, L.T, v, s, lam, w, view.g, Gp.size)
@@ -363,6 +394,8 @@ class GLMEffects:
     chunk: int = 8
     shrink: float = 1.0
     site: str = "effects"
+    family: str = "logistic"
+    radius: float = POISSON_RADIUS
 
     def __post_init__(self):
         st = self.setup
@@ -373,9 +406,18 @@ class GLMEffects:
         object.__setattr__(self, "fixed", np.asarray(self.fixed))
         object.__setattr__(self, "group", np.asarray(self.group))
 
+    def _st(self):
+        """The set-up with JAX arrays (a program read back from a saved result, to resume, has NumPy arrays: a
+        checkpoint rebuilds the block without running ``__post_init__``)."""
+        st = self.setup
+        if isinstance(st.center, np.ndarray):
+            self.__post_init__()
+        return self.setup
+
     @property
     def label(self):
-        return f"glm_effects({self.site}, {'exact-subsampled' if self.test == 'thinning' else 'exact'}, pcn)"
+        fam = "" if self.family == "logistic" else f"{self.family}, "
+        return f"glm_effects({self.site}, {fam}{'exact-subsampled' if self.test == 'thinning' else 'exact'}, pcn)"
 
     def validate(self, model, values, n):
         from .errors import ConfigError
@@ -389,7 +431,7 @@ class GLMEffects:
 
     def _gaussian(self, model, h):
         """``(P, mu)``: the surrogate's Gaussian at the hyperparameters ``h`` (the module's proposal)."""
-        st = self.setup
+        st = self._st()
         F, Gp = self.fixed, self.group
         _, pieces = _prior_fns(model)
         g0, l0 = pieces(h, st.center)
@@ -416,7 +458,7 @@ class GLMEffects:
 
     def _phi(self, e, ep):
         """Per-group ``phi_j`` (the module's bound) at ``(e, e')``."""
-        st = self.setup
+        st = self._st()
         F, Gp = self.fixed, self.group
         c = st.center
         nf = lambda v: jnp.linalg.norm(st.lstf @ v) / st.lam if F.shape[0] else jnp.zeros((), e.dtype)  # noqa: E731
@@ -424,11 +466,12 @@ class GLMEffects:
         t = jnp.maximum(nf(e[F] - c[F]), tau(e - c))
         tp = jnp.maximum(nf(ep[F] - c[F]), tau(ep - c))
         dd = jnp.maximum(nf(ep[F] - e[F]), tau(ep - e))
-        return (SAFETY * M3_LOGISTIC / 6.0 * self.shrink) * dd * (t * t + t * tp + tp * tp)
+        m3 = 0.0 if self.family == "gaussian" else 1.0  # (the family's M_i is in the rows' rates: glm_families)
+        return (SAFETY * m3 / 6.0 * self.shrink) * dd * (t * t + t * tp + tp * tp), jnp.maximum(jnp.max(t), jnp.max(tp))
 
     def _draw(self, key, cum_mass, lam_total, m, data):
         """``m`` points: (items, their per-point rate divided by phi of their group, their groups)."""
-        st = self.setup
+        st = self._st()
         k1, k2, k3 = jax.random.split(key, 3)
         G = st.T.shape[0]
         j = jnp.minimum(jnp.searchsorted(cum_mass, jax.random.uniform(k1, (m,)) * lam_total, side="right"), G - 1)
@@ -451,11 +494,11 @@ class GLMEffects:
         """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``)."""
         from .acceptance.base import CompSum, StreamReader
 
-        c = self.setup.center
+        c = self._st().center
 
         def rem(idx):
             m, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
-            return logistic_remainder_diff(m, d, dp)
+            return remainder_diff(self.family, m, d, dp)
 
         reader = StreamReader(n, 4096, rem, permuted=False, stop_on_nonfinite=True)
         return reader.advance(None, CompSum.zero(e.dtype), jnp.where(go, n, 0))
@@ -464,7 +507,7 @@ class GLMEffects:
         from .acceptance.base import draw_u
         from .acceptance.exact import exact_accept
 
-        st = self.setup
+        st = self._st()
         F, Gp = self.fixed, self.group
         h, e = values["hyper"], values[self.site]
         k_prop, k_dec = jax.random.split(key)
@@ -481,10 +524,12 @@ class GLMEffects:
             fallback, lam_total, count = jnp.bool_(True), jnp.zeros((), e.dtype), jnp.zeros((), jnp.int32)
             mass = None
         else:
-            phi = self._phi(e, ep)
+            phi, tmax = self._phi(e, ep)
             mass = phi * st.T
             lam_total = jnp.sum(mass)
             fallback = ~(lam_total <= max(64.0, n / 4.0))
+            if self.family == "poisson":  # outside the trust region the rates do not bound: every row decides
+                fallback = fallback | ~(tmax <= self.radius)
             go = (jnp.log(u) < log_base) & ~fallback
             count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam_total, 0.0)), 0).astype(jnp.int32)
         thin_ok, touched, rounds = self._thin(k_points, count, mass, lam_total, phi if mass is not None else None,
@@ -504,7 +549,7 @@ class GLMEffects:
             return jnp.bool_(True), z, z
         m = int(self.chunk)
         cum = jnp.cumsum(mass)
-        c = self.setup.center
+        c = self._st().center
 
         def cond(s):
             done, rejected, _, _ = s
@@ -516,7 +561,7 @@ class GLMEffects:
             idx, rate, j = self._draw(k1, cum, lam_total, m, data)
             live = jnp.arange(m) < count - done
             mm, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
-            dr = logistic_remainder_diff(mm, d, dp)
+            dr = remainder_diff(self.family, mm, d, dp)
             bad = live & ~jnp.isfinite(dr)
             lam_i = phi[j] * rate  # (positive for a drawn point; a rounding edge that lands on a zero rate: no point)
             p = jnp.where(live & ~bad & (lam_i > 0), jnp.maximum(-dr, 0.0) / jnp.where(lam_i > 0, lam_i, 1.0), 0.0)

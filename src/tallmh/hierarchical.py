@@ -53,8 +53,8 @@ PILOT_ROWS = 2**16  # rows (drawn at random) of the Hessian that sets the effect
 DENSE_MAX = 400  # above this many effects the proposal uses the Hessian's diagonal only
 CV_ORDER2_MAX = 400  # above this many effects no control variates (their sums are effects x effects)
 LANGEVIN = True
-AUTO_DEFAULT = True  # tm.sample's default for a group-level logistic GLM from PyMC/Bambi: the blocks, exact effects
-EXACT_GLM = True  # a logistic GLM's effects by the exact block of glm_effects.py (else austerity + control variates)
+AUTO_DEFAULT = True  # tm.sample's default for a recognised group-level GLM from PyMC/Bambi/NumPyro: the blocks
+EXACT_GLM = True  # a recognised GLM's effects by the exact block of glm_effects.py (else austerity + control variates)
 GLM_TEST = "thinning"  # that block's decision: "thinning" (exact, subsampled) or "exact" (every row)
 GLM_PCN = 0.9  # its Crank-Nicolson parameter (measured at 10^5 x 100: 0.5, 0.8, 1.0 gave ESS/s 132, 567, 1,097)
 EXACT_BELOW = 1000  # rows: up to this many the effects block decides exactly (a subsample would not read fewer)
@@ -421,23 +421,29 @@ def auto_program(model, data):
 
 
 def _default_blocks(model, data):
-    """The default for a PyMC/Bambi model with group-level terms whose effects' likelihood is a logistic GLM: the
-    automatic blocks with the exact effects block (:func:`auto_program`); any other model as it is."""
+    """The default for a PyMC, Bambi or NumPyro model with group-level terms whose effects' likelihood is a
+    recognised GLM (:func:`tallmh.glm_effects.recognise`: logistic, Poisson-log, Gaussian with a known noise sd):
+    the automatic blocks with the exact effects block (:func:`auto_program`); any other model as it is (a model
+    written directly as a :class:`~tallmh.model.Model` included: its author chose its method)."""
+    from .frontends.numpyro_model import NumPyroModel
     from .frontends.pymc_model import PyMCModel
     from .glm_effects import GLMEffects
 
-    if not isinstance(model, PyMCModel) or callable(getattr(model, "factor_bound", None)):
+    if not isinstance(model, (PyMCModel, NumPyroModel)) or callable(getattr(model, "factor_bound", None)):
         return model, None, None  # (a GLM without group terms: the exact subsampled test over all its parameters)
     got = auto_program(model, data)
     if got is None or not isinstance(got[1].blocks[-1], GLMEffects):
         return model, None, None
     bm, program, note = got
-    return bm, program, "default for a group-level logistic GLM (exact effects step): " + note
+    from .glm_families import WORDS
+
+    fam = WORDS[got[1].blocks[-1].family]
+    return bm, program, f"default for a group-level {fam} GLM (exact effects step): " + note
 
 
 def _exact_glm_block(bm, data, n):
-    """``(GLMEffects block, jitter sds, its data arrays)`` where the effects' likelihood is a logistic GLM with one
-    group key (:mod:`tallmh.glm_effects`), else None."""
+    """``(GLMEffects block, jitter sds, its data arrays)`` where the effects' likelihood is a logistic, Poisson-log
+    or known-sd Gaussian GLM with one group key (:mod:`tallmh.glm_effects`), else None."""
     from . import glm_effects as ge
 
     try:
@@ -447,7 +453,9 @@ def _exact_glm_block(bm, data, n):
         setup, order = ge.glm_setup(bm, view, bm.start["effects"])
     except Exception:  # noqa: BLE001 - a likelihood the recognition cannot read keeps the approximate block
         return None
-    block = ge.GLMEffects(setup, view.fixed, view.group, test=GLM_TEST, r=GLM_PCN)
+    # (a Gaussian's surrogate is its likelihood: r = 1 draws the effects' exact conditional given the hyperparameters)
+    block = ge.GLMEffects(setup, view.fixed, view.group, test=GLM_TEST, r=1.0 if view.family == "gaussian" else GLM_PCN,
+                          family=view.family)
     sd = np.zeros(int(bm.start["effects"].shape[0]))
     sd[view.group] = np.asarray(setup.s, np.float64)
     if view.fixed.size:
@@ -470,8 +478,15 @@ def _proposal_words(p) -> str:
     from .glm_effects import GLMEffects
 
     if isinstance(p, GLMEffects):
-        return (f"preconditioned Crank-Nicolson (r = {p.r}) on the surrogate's Gaussian at the current "
-                "hyperparameters; per-group remainder bounds")
+        from .glm_families import WORDS
+
+        if p.family == "gaussian":
+            return ("a Gaussian likelihood: the effects drawn from their conditional Gaussian at the current "
+                    "hyperparameters (a zero remainder: no row read per step)")
+        return (f"{WORDS[p.family]} likelihood; preconditioned Crank-Nicolson (r = {p.r}) on the surrogate's "
+                "Gaussian at the current hyperparameters; per-group remainder bounds"
+                + (f", on a trust region of radius {p.radius:g} (every row decides outside it)"
+                   if p.family == "poisson" else ""))
     if isinstance(p, _PreconditionedLangevin):
         return (f"Langevin proposal with the control variates' gradient on {p.inner.batch_size} rows, preconditioned "
                 f"by the effects' Laplace covariance at the start, step {p.inner.step_size:.3g}")

@@ -168,6 +168,20 @@ def test_items_are_drawn_by_their_rate(small):
     assert np.all(np.abs(obs - exp) <= 5 * se + 1e-6)
 
 
+@pytest.mark.parametrize("span", [1, 3, 1_000_003, 2**30 + 12_345, 2**31 - 1])
+def test_integers_below_a_span_are_the_multiply_high_of_64_bits(span):
+    """``below(hi, lo, s) = floor((hi 2^32 + lo) s / 2^64)`` exactly (Python integers as the reference), so every
+    value in ``[0, s)`` has floor or ceil of ``2^64 / s`` of the words; a plain ``lo % s`` is not that."""
+    rng = np.random.default_rng(span % 1000)
+    hi, lo = (rng.integers(0, 2**32, 5000, dtype=np.uint64) for _ in range(2))
+    got = np.asarray(jax.jit(fbm.below)(jnp.asarray(hi.astype(np.uint32)), jnp.asarray(lo.astype(np.uint32)), span))
+    want = np.array([((int(h) << 32 | int(v)) * span) >> 64 for h, v in zip(hi, lo)])
+    assert np.array_equal(got, want)
+    assert got.min() >= 0 and got.max() < span
+    if span > 1:  # (negative control: the low word's remainder is another integer)
+        assert not np.array_equal(lo.astype(np.int64) % span, want)
+
+
 def test_fallback_is_exact_mh_with_the_same_u(small):
     """With a rate limit below the bound's rate, the decision is plain MH's (same u) after a full pass."""
     data, unravel, cv, stats = small

@@ -18,8 +18,10 @@ points, each on item ``i`` with probability ``rate_i / total`` (SMH Alg. 2). So 
 (fewer: it stops at the first kept point), ``Lambda`` falls like ``N^(-1/2)`` near the mode, and no item is
 read when the surrogate's factor already rejects.
 
-Fixed shapes: the points are drawn in chunks of ``chunk`` (default 1) inside a ``lax.while_loop`` until ``K``
-are done or one is kept: exact for any ``K``. Fallback: where the bound fails (outside a model's trust region) or its rate
+Fixed shapes: the points are met in chunks of ``chunk`` (default 1) inside a ``lax.while_loop``, by their arrival
+times on ``[0, Lambda)`` in a unit-rate process (exponential gaps: ``K`` is never drawn in advance), until the
+next arrival is past ``Lambda`` or a point is kept: exact for any ``K``, and no Poisson sampler to compile.
+Fallback: where the bound fails (outside a model's trust region) or its rate
 is large (``Lambda > max_rate``), the test takes plain MH's decision from the full sum of the remainders (a
 full pass, counted). Which of the two decides is a function of ``Lambda(theta, theta')`` and the region, both
 symmetric in ``theta, theta'``, so the kernel is a mixture of two reversible rules chosen by a symmetric
@@ -35,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from .base import CompSum, Decision, Problem, StreamReader, draw_u
+from .base import CompSum, Decision, Problem, StreamReader, df_add, draw_u
 from .exact import exact_accept
 from ..factor_bounds import draw_items
 
@@ -79,7 +81,7 @@ class PoissonThinning:
         if f is None:
             raise ConfigError("the exact subsampled test needs Taylor control variates and a model with a remainder "
                               "bound (factor_bound), with its table in the statistics (tallmh.factor_bounds.prepare)")
-        u, k_count, k_points = draw_u(key)
+        u, k_first, k_points = draw_u(key)
         n = problem.n
         t = f.table
         dtype = problem.log_base.dtype
@@ -87,36 +89,56 @@ class PoissonThinning:
         fallback = ~f.region | ~(lam <= self.rate_limit(n))  # (a NaN rate falls back too)
         surrogate_ok = jnp.log(u) < problem.log_base
         go = surrogate_ok & ~fallback
-        count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam, 0.0)), 0).astype(jnp.int32)
+        lam_go = jnp.where(go, lam, jnp.zeros((), dtype))  # (no point unless the thinning decides)
         m = int(self.chunk)
+        valid = t.total >= 0  # (true for every table: a predicate the compiler cannot fold, shared by the chains)
+
+        def once(fn, idx):
+            # fn(idx) computed in a branch of its own, so that its result is stored once and read by each use (XLA
+            # otherwise re-emits the remainder's series into every consumer: 2 to 4 copies to compile per loop)
+            return jax.lax.cond(valid, fn, lambda i: jnp.full(i.shape, jnp.nan, dtype), idx)
+
+        # the superposed process on [0, Lambda) by its unit-rate arrival times T_1 < T_2 < ... (exponential
+        # gaps): the points are those with T_j < Lambda, K ~ Poisson(Lambda) of them, met one by one and never
+        # counted in advance; the arrival time is summed as a double-float pair (no drift over many points)
+        t1 = jax.random.exponential(k_first, (), dtype)
 
         def cond(s):
-            done, rejected, bad, _, _ = s
-            return (done < count) & ~rejected & (bad == 0)
+            hi, lo, rejected, bad, _, _, _ = s
+            return ((hi - lam_go) + lo < 0) & ~rejected & (bad == 0)
 
         def body(s):
-            done, rejected, bad, k, touched = s
+            hi, lo, rejected, bad, k, touched, rounds = s
             k, k1, k3 = jax.random.split(k, 3)
             idx, g = draw_items(k1, t, m)
-            live = jnp.arange(m) < count - done
-            dr = f.remainder(idx)
+            u2 = jax.random.uniform(k3, (2, m), dtype)  # the thinning's uniforms, and the next gaps'
+            gaps = -jnp.log1p(-u2[1])
+            # lane j's arrival: T + gaps[0] + ... + gaps[j-1] (lane 0 at T, the loop's condition)
+            ahead = jnp.cumsum(gaps) - gaps
+            live = (hi - lam_go) + (lo + ahead) < 0
+            dr = once(f.remainder, idx)
             nonfinite = live & ~jnp.isfinite(dr)
             p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * t.rate[g]), 0.0)
-            kept = jax.random.uniform(k3, (m,), dtype) < p
-            return (done + jnp.minimum(m, count - done), rejected | jnp.any(kept),
-                    bad + jnp.sum(nonfinite).astype(jnp.int32), k, touched + m)
+            kept = u2[0] < p
+            hi, lo = df_add((hi, lo), (jnp.sum(gaps), jnp.zeros((), dtype)))
+            return (hi, lo, rejected | jnp.any(kept), bad + jnp.sum(nonfinite).astype(jnp.int32), k, touched + m,
+                    rounds + 1)
 
         z = jnp.zeros((), jnp.int32)
-        done, rejected, bad, _, touched = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), z, k_points, z))
+        _, _, rejected, bad, _, touched, rounds = jax.lax.while_loop(
+            cond, body, (t1, jnp.zeros((), dtype), jnp.bool_(False), z, k_points, z, z))
         thin_accept = go & ~rejected & (bad == 0)
 
         # the fallback: plain MH from the full compensated sum of the remainders (a while loop with target 0 when
-        # not taken, so that under vmap it costs nothing at the steps that do not take it)
+        # not taken, so that under vmap it costs nothing at the steps that do not take it); chunks of one size
+        # (one loop, the remainder materialised once per chunk: the chain's program compiles in about half the
+        # time of a ladder of sizes whose every loop re-emitted the remainder for each of its uses)
         full = fallback & jnp.isfinite(problem.log_base)
-        reader = StreamReader(n, 4096, f.remainder, permuted=False, stop_on_nonfinite=True)
+        reader = StreamReader(n, 4096, lambda idx: once(f.remainder, idx), permuted=False,
+                              ladder_base=None, stop_on_nonfinite=True)
         acc = reader.advance(None, CompSum.zero(dtype), jnp.where(full, n, 0))
         full_accept = full & (acc.nonfinite == 0) & exact_accept("metropolis", u, problem.log_base, (acc.hi, acc.lo))
 
         accept = jnp.where(fallback, full_accept, thin_accept)
-        rounds = (done + m - 1) // m + jnp.where(full, 1, 0)
+        rounds = rounds + jnp.where(full, 1, 0)
         return Decision(accept, touched + acc.read, rounds.astype(jnp.int32), bad + acc.nonfinite)

@@ -38,9 +38,38 @@ def _from_run(theta, cov_hint, center, name):
                           "(tm.ControlVariates(order=2)) or pass center= and chol=")
     dt = theta.dtype
     cov = jnp.asarray(cov_hint, dt)
-    chol = jnp.linalg.cholesky(0.5 * (cov + cov.T))
-    chol_inv = jax.scipy.linalg.solve_triangular(chol, jnp.eye(theta.shape[0], dtype=dt), lower=True)
-    return jnp.asarray(center, dt), chol, chol_inv
+    chol = _cholesky(0.5 * (cov + cov.T))
+    return jnp.asarray(center, dt), chol, _lower_inverse(chol)
+
+
+# The factor and its inverse by loops of vector operations instead of LAPACK: on the CPU, JAX's first LAPACK call in
+# a process imports SciPy for its kernels (~0.7 s), on a fresh process's critical path (the chains' start states
+# wait for this init). d is the parameter's dimension: d iterations of O(d^2) work each.
+
+def _cholesky(a):
+    """Lower Cholesky factor of a symmetric positive definite ``a`` (column by column; NaN where ``a`` is not
+    positive definite: every entry, as ``jnp.linalg.cholesky``)."""
+    d = a.shape[0]
+    idx = jnp.arange(d)
+
+    def column(j, L):
+        v = a[:, j] - L @ jnp.where(idx < j, L[j], 0.0)  # (the columns from j on are still zero)
+        piv = jnp.sqrt(v[j])
+        return L.at[:, j].set(jnp.where(idx > j, v / piv, jnp.where(idx == j, piv, 0.0)))
+
+    L = jax.lax.fori_loop(0, d, column, jnp.zeros_like(a))
+    return jnp.where(jnp.all(jnp.isfinite(L)), L, jnp.nan)
+
+
+def _lower_inverse(L):
+    """``L^-1`` of a lower triangular ``L`` (forward substitution, row by row)."""
+    d = L.shape[0]
+    idx = jnp.arange(d)
+
+    def row(i, X):
+        return X.at[i].set((jnp.where(idx == i, 1.0, 0.0) - jnp.where(idx < i, L[i], 0.0) @ X) / L[i, i])
+
+    return jax.lax.fori_loop(0, d, row, jnp.zeros_like(L))
 
 
 def _checked(center, chol):

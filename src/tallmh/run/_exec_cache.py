@@ -95,7 +95,7 @@ def stable_key(obj) -> Optional[tuple]:
 def _source_hash() -> str:
     if not _SOURCE_HASH:
         h = hashlib.sha256()
-        root = os.path.dirname(os.path.abspath(__file__))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (the whole tallmh package, not run/ alone)
         for folder, dirs, files in sorted(os.walk(root)):
             dirs.sort()
             for f in sorted(files):

@@ -21,7 +21,7 @@ from .. import control_variates as cvm
 from ..storage import datasource as ds
 from .. import distributed
 from ..errors import DataChanged, Stopped
-from . import configure, finish, programs, rng, runstate, selfaudit, start, threads
+from . import configure, data_notes, finish, programs, rng, runstate, selfaudit, start, threads
 
 # an approximate test without control variates that reads more than this fraction of the data per step in
 # its first chunk is told about control variates (at N = 10^5-2.4*10^5 logistic regressions such runs read
@@ -101,6 +101,7 @@ def go(run, init, init_jitter, progress):
         start.factor_table(run)  # (the exact subsampled test's: also for a resumed run)
         selfaudit.audit_rates(run)
         programs.compile_chunk(run, early)
+        data_notes.name_degenerate(run)  # (its check ran beside the set-up and the compile)
         if progress is None:
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
         if progress:

@@ -1,8 +1,9 @@
 """Degenerate columns of a built-in regression's design named before sampling, through ``tallmh.sample``.
 
 For the built-in logistic, linear and Poisson regressions (``data = {"X": (N, d), "y": (N,)}``) held in
-memory, one extra pass over ``X`` (``O(N d^2)`` flops, in blocks of 65,536 rows; counted in the run's
-set-up items) finds exactly collinear columns (a one-hot coding of every level beside a column of ones)
+memory, one extra pass over ``X`` on the host (``O(N d^2)`` flops, in blocks of 65,536 rows; counted in the
+run's set-up items; made in a thread while the set-up's passes and the chain's compile run, and awaited before
+the first draw) finds exactly collinear columns (a one-hot coding of every level beside a column of ones)
 and, for the logistic regression, columns that separate the 0/1 target, with
 :class:`tallmh.frontends.degenerate.DesignCheck`, the check ``tallmh run`` makes. Each is said in one line
 (``result.notes``, a ``UserWarning`` before sampling, and a ``data note:`` line of ``summary()``): along
@@ -18,7 +19,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["name_degenerate", "checked_by_caller", "BLOCK_ROWS", "PREFIX"]
+__all__ = ["start", "name_degenerate", "checked_by_caller", "BLOCK_ROWS", "PREFIX"]
 
 _CALLERS_CHECK = [0]  # > 0 while a caller that named the columns itself (tallmh run) calls tm.sample
 
@@ -50,7 +51,9 @@ def _kind(model):
 def _in_memory(a) -> bool:
     import jax
 
-    return (isinstance(a, np.ndarray) and not isinstance(a, np.memmap)) or isinstance(a, jax.Array)
+    from ..storage import datasource as ds
+
+    return (isinstance(a, np.ndarray) and not isinstance(a, np.memmap)) or isinstance(a, (jax.Array, ds.InPlaceArray))
 
 
 def notes_of(X, y, binary: bool) -> list:
@@ -83,23 +86,38 @@ def notes_of(X, y, binary: bool) -> list:
     return notes
 
 
-def name_degenerate(run) -> None:
-    """Adds a note for each degenerate column of a built-in regression's in-memory design to ``run.notes``
-    (warned once, before sampling), and the extra pass to ``run.setup_items``."""
+def start(run) -> None:
+    """Start the check of a built-in regression's in-memory design in a thread (``run.degenerate``), where it
+    applies (not for data read from files, nor where the caller checks the table itself): its notes are taken by
+    :func:`name_degenerate` before sampling."""
+    from ..storage import datasource as ds
+    from . import threads
+
+    run.degenerate = None
     binary = _kind(run.model)
     data = run.data
-    if _CALLERS_CHECK[0]:
-        return
-    if binary is None or not isinstance(data, dict) or "X" not in data:
+    if _CALLERS_CHECK[0] or binary is None or not isinstance(data, dict) or "X" not in data or ds.in_files(data):
         return
     X, y = data["X"], data.get("y")
     if not _in_memory(X) or np.ndim(X) != 2 or (y is not None and not _in_memory(y)):
         return
     X = np.asarray(X)
-    notes = notes_of(X, None if y is None else np.asarray(y), binary)
-    run.setup_items = int(getattr(run, "setup_items", 0) or 0) + X.shape[0]
+    y = None if y is None else np.asarray(y)
+    run.degenerate = (X.shape[0], threads.started(lambda: notes_of(X, y, binary)))
+
+
+def name_degenerate(run) -> None:
+    """Adds a note for each degenerate column that :func:`start`'s check found to ``run.notes`` (warned once,
+    before sampling), and its pass to ``run.setup_items``."""
+    pending = getattr(run, "degenerate", None)
+    if pending is None:
+        return
+    run.degenerate = None
+    rows, job = pending
+    notes = job.result()
+    run.setup_items = int(getattr(run, "setup_items", 0) or 0) + rows
     for m in notes:
-        msg = PREFIX + m + f" (found in one extra pass over the {X.shape[0]:,} rows before sampling)"
+        msg = PREFIX + m + f" (found in one extra pass over the {rows:,} rows before sampling)"
         if msg not in run.notes:
             run.notes.append(msg)
             warnings.warn(msg, UserWarning, stacklevel=3)

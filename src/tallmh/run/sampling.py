@@ -190,7 +190,7 @@ def sample(
     else:
         configure.method(run, data, init)
         if resume is None:
-            data_notes.name_degenerate(run)  # collinear or separating columns of a built-in regression's X
+            data_notes.start(run)  # collinear or separating columns of a built-in regression's X (a thread)
     configure.plan_devices(run, mesh)
     restore.restore(run, resume)
     if stream_draws and checkpoint is not None:

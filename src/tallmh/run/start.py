@@ -143,6 +143,11 @@ def set_up(run, init_jitter, early=None):
         else None
     run.start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                        "newton_passes": int(st["passes"])}
+    if cv0 is not None and getattr(test, "needs_factor_table", False):
+        # the exact subsampled test's table from the same centre, made beside the kernel's init (its compile)
+        # (as the chains' states hold it: the init's compiled program takes its arrays in JAX's dtypes)
+        cv_h = jax.tree_util.tree_map(lambda a: np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)), cv0)
+        run.table_job = threads.started(lambda: _table(run, cv_h))
     init_v = jax.jit(jax.vmap(run.kernel.init, in_axes=(0, None, None, None)))
     if early is not None and "traced" in early:
         while not early["traced"].wait(0.05) and early["thread"].is_alive():
@@ -180,6 +185,12 @@ def warmup_of_start(run):
                           f"from the Laplace approximation at the mode tunes only its {what})")
 
 
+def _table(run, cv):
+    from .. import factor_bounds as fbm
+
+    return fbm.prepare(run.model, run.data, run.n, run.unravel, cv)
+
+
 def factor_table(run):
     """The exact subsampled test's item table (:func:`tallmh.factor_bounds.prepare`: one pass of N items for the
     remainder bound's weights, counted in ``setup_items``) in the step's statistics, built from the chains'
@@ -194,8 +205,13 @@ def factor_table(run):
                           f"a dict (this model's setup() returned a {type(run.stats).__name__})")
     if isinstance(run.stats, dict) and fbm.FACTOR_KEY in run.stats:
         return
-    cv = jax.tree_util.tree_map(lambda a: np.asarray(a)[0], run.states.cv)  # (every chain's centre is the same)
-    table, items = fbm.prepare(run.model, run.data, run.n, run.unravel, cv)
+    job = getattr(run, "table_job", None)
+    run.table_job = None
+    if job is not None:  # (started by the set-up from the centre the chains' states carry)
+        table, items = job.result()
+    else:
+        cv = jax.tree_util.tree_map(lambda a: np.asarray(a)[0], run.states.cv)  # (every chain's centre is the same)
+        table, items = _table(run, cv)
     run.stats = {**(run.stats or {}), fbm.FACTOR_KEY: table}
     run.setup_items += items
     note = (f"{run.test.name} test: its table of the items' remainder bounds made in one pass of N = {run.n:,} items "

@@ -73,25 +73,41 @@ def as_caller(fn):
     return wrapper
 
 
+class Started:
+    """``fn()`` running in a daemon thread (:func:`started`); :meth:`result` waits for it in short sleeps (Ctrl-C
+    stays responsive) and returns its value or raises its error in the caller's thread."""
+
+    def __init__(self, fn):
+        self._box = {}
+        run = as_caller(fn)
+
+        def target():
+            try:
+                self._box["value"] = run()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                self._box["error"] = e
+
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def result(self):
+        while self._thread.is_alive():
+            self._thread.join(0.05)
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]
+
+
+def started(fn) -> Started:
+    """``fn()`` started in a daemon thread with the caller's JAX settings (:func:`as_caller`); its value later by
+    ``.result()``."""
+    return Started(fn)
+
+
 def in_thread(fn):
     """Run ``fn()`` in a daemon thread and wait in short sleeps (Ctrl-C stays responsive), traced with the
     caller's JAX settings and full float32 matrix products as :func:`.sampling.sample` is (:func:`as_caller`)."""
-    box = {}
-    run = as_caller(fn)
-
-    def target():
-        try:
-            box["value"] = run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    while th.is_alive():
-        th.join(0.05)
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return started(fn).result()
 
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
