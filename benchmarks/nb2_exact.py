@@ -39,7 +39,7 @@ def one(tm, n, data, seed, test=None):
     from tallmh.frontends.formula import NegativeBinomialRegression
 
     t0 = time.perf_counter()
-    kw = {} if test is None else {"test": test}
+    kw = {} if test is None else {"test": test, "control_variates": tm.ControlVariates(order=2)}
     r = tm.sample(NegativeBinomialRegression(), data, seed=seed, progress=False, **kw)
     wall = time.perf_counter() - t0
     x = np.asarray(r.flat_samples, np.float64)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
-from ..factor_bounds import SAFETY, _exp3
+from ..factor_bounds import SAFETY, exp3
 from .logistic import M3_LOGISTIC, _m3_local, logistic_remainder_diff, softplus_diff
 
 __all__ = ["NB2TrustBound", "nb2_remainder_diff", "g3_bound"]
@@ -68,7 +68,7 @@ def _weights(xp, X, y, center, rinv, radius):
 
 
 def _exp3_diff(x, xp):
-    """``_exp3(x') - _exp3(x)`` as a multiple of ``x' - x``: the series ``(x' - x) sum_{k>=3} h_{k-1}(x', x) / k!``
+    """``exp3(x') - exp3(x)`` as a multiple of ``x' - x``: the series ``(x' - x) sum_{k>=3} h_{k-1}(x', x) / k!``
     (complete symmetric polynomials, to ``k = 12``) where both lie within 1/2 of 0, else
     ``e^x expm1(x' - x) - (x' - x)(1 + (x' + x)/2)``."""
     small = jnp.maximum(jnp.abs(x), jnp.abs(xp)) <= 0.5
@@ -99,7 +99,7 @@ def _product_remainder_diff(s_c, d, t, dp, tp):
     td_diff = dtt * dp + t * dd  # t'd' - t d
     t_diff = (-0.5 * b2 * (dtt * dp * dp + t * dd * (dp + d)) + 0.5 * b1 * (dtt * (tp + t) * dp + t * t * dd)
               + 0.25 * b2 * td_diff * (tp * dp + t * d))
-    e3, e3_diff = _exp3(-t), _exp3_diff(-t, -tp)
+    e3, e3_diff = exp3(-t), _exp3_diff(-t, -tp)
     sp_p = jax.nn.softplus(s_c + dp)
     sp_diff = softplus_diff(s_c + d, dd)
     return s3_diff * pp + s3 * p_diff + t_diff + e3_diff * sp_p + e3 * sp_diff
@@ -157,7 +157,7 @@ class NB2TrustBound:
         e^-tau_c [S3 (1 - dt + dt^2/2) - b2 dt ds^2/2 + b1 dt^2 ds/2 + b2 dt^2 ds^2/4 + E3 softplus(s_c + ds)],
 
     every term of degree >= 3 and formed without cancellation (``S3`` by the series of
-    :func:`~tallmh.models.logistic.logistic_remainder_diff`, ``E3`` by ``_exp3``); ``-y softplus(s)`` contributes
+    :func:`~tallmh.models.logistic.logistic_remainder_diff`, ``E3`` by ``exp3``); ``-y softplus(s)`` contributes
     ``-y S3`` and each ``softplus(-tau - log k)`` its own remainder in ``-dt`` (:func:`nb2_remainder_diff`). The
     sum over ``k < y_i`` costs ``O(y_i)`` per row read (one scalar series per ``k`` shared by all rows of a
     batch, a loop up to the batch's largest count): cheap for counts up to thousands, slow for very large ones.
