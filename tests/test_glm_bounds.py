@@ -99,13 +99,13 @@ def test_which_bambi_models_get_a_bound():
 
 
 def test_which_formula_families_have_a_bound():
-    """``tallmh run --formula``: bernoulli and poisson have the built-in bounds; negativebinomial (a sampled
-    dispersion) and gaussian with a sampled noise sd have none."""
+    """``tallmh run --formula``: bernoulli, poisson and negativebinomial have the built-in bounds; gaussian with a
+    sampled noise sd has none."""
     from tallmh.frontends.formula import NegativeBinomialRegression, PoissonRegression
 
     assert has_bound(tm.models.LogisticRegression()) and has_bound(PoissonRegression())
-    assert has_bound(tm.models.LinearRegression(noise_sd=1.0))
-    assert not has_bound(NegativeBinomialRegression()) and not has_bound(tm.models.LinearRegression(noise_sd=None))
+    assert has_bound(tm.models.LinearRegression(noise_sd=1.0)) and has_bound(NegativeBinomialRegression())
+    assert not has_bound(tm.models.LinearRegression(noise_sd=None))
 
 
 def test_which_pymc_models_get_a_bound():

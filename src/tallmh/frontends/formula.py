@@ -359,6 +359,13 @@ class NegativeBinomialRegression(Model):
     def init(self, data):
         return jnp.zeros(np.shape(data["X"])[1] + 1)
 
+    def factor_bound(self):
+        """The remainders' bound on a trust region of ``sqrt(d) + 6.5`` Laplace sds around the centre, with the exact
+        decision outside it (:class:`~tallmh.models.nb2_bound.NB2TrustBound`; reading a row costs ``O(y_i)``)."""
+        from ..models.nb2_bound import NB2TrustBound
+
+        return NB2TrustBound()
+
     def describe_prior(self):
         return (f"N(0, {self.prior_scale:g}^2) on each coefficient, N(0, {self.dispersion_prior_scale:g}^2) on "
                 "log alpha")

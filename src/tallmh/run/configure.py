@@ -103,8 +103,8 @@ def host_derivatives(model, data, n, unravel, flat):
 def recommended(model, data, n, init, cv_given=None):
     """The default configuration: ``(test, control_variates, reason)``.
 
-    A differentiable model that bounds its Taylor remainders (``factor_bound()``: the built-in logistic, Poisson
-    and fixed-noise linear regressions, the Gaussian mean) gets the exact subsampled test
+    A differentiable model that bounds its Taylor remainders (``factor_bound()``: the built-in logistic, Poisson,
+    NB2 and fixed-noise linear regressions, the Gaussian mean) gets the exact subsampled test
     (:class:`~tallmh.acceptance.PoissonThinning`, Cornish et al. 2019) with second-order Taylor control variates:
     the chain targets the exact posterior and reads O(1) items per step. Any other differentiable model gets the
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
