@@ -136,8 +136,9 @@ def finish(run) -> Result:
         elif not run.partial:
             why = (f"the sampling budget ({run.budget_s:g} s)" if done["sampling"] < run.num_samples
                    else f"the cap of {run.num_samples:,} draws per chain")
-            run.notes.append(f"num_samples='auto': {why} ran out before min bulk ESS {run.min_ess:g} and R-hat "
-                              f"{configure.AUTO_RHAT} were reached")
+            run.notes.append(f"num_samples='auto': {why} ran out before the check made after each chunk found "
+                              f"min bulk ESS {run.min_ess:g} and R-hat {configure.AUTO_RHAT} (the verdict is on all "
+                              "the draws, the last chunk's included)")
         run.num_samples = done["sampling"]
     result = make_result(run)
     if run.checkpoint is not None and run.states is not None:
