@@ -70,7 +70,6 @@ DATA_KEYS = ("_glm_x", "_glm_g", "_glm_c", "_glm_b", "_glm_order")  # the design
 MAX_FIXED = 64  # fixed-effect columns the arrow structure keeps dense
 _BUCKET_BITS = 20  # integer draw range per group
 _CHUNK_BYTES = 1 << 25
-RECOGNISE_ROWS = 1 << 15  # rows per compiled call of the recognition's passes
 
 
 class GLMView(NamedTuple):
