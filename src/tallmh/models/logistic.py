@@ -171,7 +171,7 @@ class LogisticCubicBound:
 U_PEAK = math.log(2.0 + math.sqrt(3.0))  # |f'''(u)| = p q tanh(|u|/2) (f = log sigmoid) is largest at |u| = U_PEAK
 
 
-def _m3_local(m, half, xp):
+def m3_local(m, half, xp):
     """``sup |f'''(u)|`` (``f = log sigmoid``) over ``|u - m| <= half``: ``k(u) = p q tanh(|u|/2)`` is even, increasing
     on ``[0, U_PEAK]`` and decreasing beyond, so the supremum is ``M`` where the interval's ``|u|`` range holds
     ``U_PEAK``, else ``k`` at its end nearest to it."""
@@ -191,7 +191,7 @@ class LogisticLocalBound(LogisticCubicBound):
     """A sharper bound where the margins at the centre are large (very unbalanced or well separated data): on the
     trust region ``||z||, ||z'|| <= radius`` every margin ``u_i`` stays within ``rho_i radius`` of its value ``m_i``
     at the centre, so ``|f'''|`` there is at most ``K_i = sup_{|u - m_i| <= rho_i radius} |f'''(u)|``
-    (:func:`_m3_local`; at most ``sqrt(3)/18``, and about ``e^-|m_i|`` for a large margin):
+    (:func:`m3_local`; at most ``sqrt(3)/18``, and about ``e^-|m_i|`` for a large margin):
 
         |R_i(theta') - R_i(theta)| <= rho_i^3 K_i / 6 S(z, z')      inside the region,
 
@@ -217,7 +217,7 @@ class LogisticLocalBound(LogisticCubicBound):
         m = X @ center  # (the sign of the margin does not matter: the supremum is even in m)
         if self.offset is not None:
             m = m + batch[self.offset]
-        return rho**3 * _m3_local(m, rho * self.radius_for(center.shape[0]), jnp)
+        return rho**3 * m3_local(m, rho * self.radius_for(center.shape[0]), jnp)
 
     def weights_host(self, center, rinv, batch):
         X = np.asarray(batch["X"], np.float64)
@@ -226,7 +226,7 @@ class LogisticLocalBound(LogisticCubicBound):
         m = X @ np.asarray(center, np.float64)
         if self.offset is not None:
             m = m + np.asarray(batch[self.offset], np.float64)
-        return rho**3 * _m3_local(m, rho * self.radius_for(np.shape(center)[0]), np) * (1 + 1e-9)
+        return rho**3 * m3_local(m, rho * self.radius_for(np.shape(center)[0]), np) * (1 + 1e-9)
 
     def phi(self, z, zp):
         return (SAFETY / 6.0) * cubic_sup(z, zp)  # (the K_i are in the weights)

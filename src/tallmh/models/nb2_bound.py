@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..factor_bounds import SAFETY, exp3
-from .logistic import M3_LOGISTIC, _m3_local, logistic_remainder_diff, softplus_diff
+from .logistic import M3_LOGISTIC, m3_local, logistic_remainder_diff, softplus_diff
 
 __all__ = ["NB2TrustBound", "nb2_remainder_diff", "g3_bound"]
 
@@ -56,7 +56,7 @@ def _weights(xp, X, y, center, rinv, radius):
     s_c = X @ beta_c + tau_c
     hs, ht = rho_s * radius, rho_t * radius
     big_r = xp.exp(-tau_c + ht)  # sup e^-tau on the region
-    k3 = _m3_local(s_c, hs, xp)  # sup |softplus'''| (= sup |(log sigmoid)'''| on the mirrored interval)
+    k3 = m3_local(s_c, hs, xp)  # sup |softplus'''| (= sup |(log sigmoid)'''| on the mirrored interval)
     k2 = _sup_sp2(s_c, hs, xp)
     k1 = 1.0 / (1.0 + xp.exp(-(s_c + hs)))  # sup softplus' = sigmoid at the interval's top
     k0 = _softplus(s_c + hs, xp)
