@@ -47,6 +47,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .storage import datasource as ds
+from .storage.memory import available_memory
 
 __all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
            "TableBuilder", "prepare", "FACTOR_KEY", "SAFETY"]
@@ -340,23 +341,6 @@ def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
 
 
 TABLE_BYTES_PER_ITEM = 6  # the set-up's int16 key and int32 order per item (the chain's order: the same memory)
-
-
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation (Linux's MemAvailable; else the free pages)."""
-    import os
-
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 2**63
 
 
 def table_fits(n: int, fraction: float = 0.5) -> bool:

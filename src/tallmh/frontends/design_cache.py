@@ -23,6 +23,7 @@ from .degenerate import DesignCheck, binary_target
 from .tables import header, scaling_of, split_features, table_blocks, table_frames  # noqa: F401 (table_frames: re-exported)
 from ..errors import DataError
 from ..method_options import batch_of
+from ..storage.memory import available_memory as _available_memory
 
 __all__ = ["BLOCK_BYTES", "MEMORY_SHARE", "is_npy_table", "npy_design", "should_stream", "table_blocks",
            "streamed_design"]
@@ -270,21 +271,6 @@ def npy_design(args, say):
 
 # ---------------------------------------------------------------------------------------------------
 # CSV and Parquet tables, streamed once
-
-
-def _available_memory() -> int:
-    """Bytes of memory available to a new allocation (Linux's MemAvailable; else the free pages)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 2**63
 
 
 def _size_in_memory(path: str) -> int:
