@@ -16,7 +16,7 @@ from tallmh.linear_predictor import affine_in
 
 pm = pytest.importorskip("pymc")
 sys.path.insert(0, str(Path(__file__).parent / "acceptance"))
-from thinning_helpers import compare, run_chains, setup  # noqa: E402
+from thinning_helpers import Shrunk, compare, exact_mh_case, run_chains, setup  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -230,19 +230,6 @@ def test_bound_holds_on_random_pairs_near_and_far(family):
 
 # --- chains against exact MH ---------------------------------------------------------------------------------
 
-class Shrunk:
-    """A deliberately wrong bound: the weights times ``f`` (the negative control)."""
-
-    def __init__(self, inner, f):
-        self.inner, self.f = inner, f
-
-    def weights_host(self, center, rinv, batch):
-        return self.f * self.inner.weights_host(center, rinv, batch)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 STEPS = 3000
 
 
@@ -250,11 +237,7 @@ STEPS = 3000
 def rare_case():
     X, y = glm_data(5000, "bernoulli", seed=4, rare=12)
     model, data = pymc_glm(X, y, "bernoulli")
-    unravel, cv, stats, _ = setup(model, data)
-    T = stats[fbm.FACTOR_KEY]
-    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
-    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
-                           cv_order=None)
+    unravel, cv, stats, prop, ref = exact_mh_case(model, data, STEPS)
     return model, data, unravel, cv, stats, prop, ref
 
 
@@ -281,11 +264,7 @@ def test_pymc_logistic_chain_with_shrunk_bound_fails_the_same_check(rare_case):
 def test_pymc_poisson_chain_matches_exact_mh():
     X, y = glm_data(5000, "poisson", seed=5, rare=12)
     model, data = pymc_glm(X, y, "poisson")
-    unravel, cv, stats, _ = setup(model, data)
-    T = stats[fbm.FACTOR_KEY]
-    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
-    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
-                           cv_order=None)
+    unravel, cv, stats, prop, ref = exact_mh_case(model, data, STEPS)
     draws, _, nd = run_chains(model, data, tm.acceptance.PoissonThinning(), prop, unravel, cv, stats, STEPS, seed=1)
     ok, zm, zs, report = compare(draws, ref)
     assert ok, report
@@ -298,11 +277,7 @@ def test_numpyro_glm_chain_matches_exact_mh(family):
     X, y = glm_data(5000, family, seed=4, rare=12)
     model, data = numpyro_glm(X, y, family)
     assert has_bound(model)
-    unravel, cv, stats, _ = setup(model, data)
-    T = stats[fbm.FACTOR_KEY]
-    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
-    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
-                           cv_order=None)
+    unravel, cv, stats, prop, ref = exact_mh_case(model, data, STEPS)
     draws, _, nd = run_chains(model, data, tm.acceptance.PoissonThinning(), prop, unravel, cv, stats, STEPS, seed=1)
     ok, zm, zs, report = compare(draws, ref)
     assert ok, report

@@ -16,7 +16,7 @@ from tallmh.frontends.formula import NegativeBinomialRegression
 from tallmh.models.nb2_bound import NB2TrustBound, g3_bound, nb2_remainder_diff
 
 sys.path.insert(0, str(Path(__file__).parent / "acceptance"))
-from thinning_helpers import compare, run_chains, setup  # noqa: E402
+from thinning_helpers import Shrunk, compare, exact_mh_case, run_chains, setup  # noqa: E402
 
 
 def nb_data(n, seed=0, beta=(1.5, 0.8, -0.3), alpha=0.5, rare=0, rare_coef=-2.0):
@@ -159,19 +159,6 @@ def test_g3_bound_covers_the_sum():
 
 # --- chains against exact MH ---------------------------------------------------------------------------------
 
-class Shrunk:
-    """A deliberately wrong bound: the weights times ``f`` (the negative control)."""
-
-    def __init__(self, inner, f):
-        self.inner, self.f = inner, f
-
-    def weights_host(self, center, rinv, batch):
-        return self.f * self.inner.weights_host(center, rinv, batch)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 STEPS = 3000
 
 
@@ -179,11 +166,7 @@ STEPS = 3000
 def nb_case():
     data = nb_data(5000, seed=6, rare=20, rare_coef=-3.5)
     model = NegativeBinomialRegression()
-    unravel, cv, stats, _ = setup(model, data)
-    T = stats[fbm.FACTOR_KEY]
-    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
-    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
-                           cv_order=None)
+    unravel, cv, stats, prop, ref = exact_mh_case(model, data, STEPS)
     return model, data, unravel, cv, stats, prop, ref
 
 

@@ -15,7 +15,7 @@ from tallmh.acceptance import PoissonThinning
 from tallmh.models.logistic import LogisticLocalBound
 
 sys.path.insert(0, str(Path(__file__).parent))
-from thinning_helpers import compare, run_chains, setup  # noqa: E402
+from thinning_helpers import compare, exact_mh_case, run_chains, setup  # noqa: E402
 
 LOCAL = tm.models.LogisticRegression(remainder_bound="local")
 
@@ -95,11 +95,7 @@ STEPS = 3000
 @pytest.fixture(scope="module")
 def chains_case():
     data = unbalanced(20_000, seed=1)
-    unravel, cv, stats, _ = setup(LOCAL, data)
-    T = stats[fbm.FACTOR_KEY]
-    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
-    ref, _, _ = run_chains(LOCAL, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
-                           cv_order=None)
+    unravel, cv, stats, prop, ref = exact_mh_case(LOCAL, data, STEPS)
     return data, unravel, cv, stats, prop, ref
 
 

@@ -17,7 +17,7 @@ from tallmh.kernel import make_problem
 from tallmh.models.logistic import LogisticCubicBound
 
 sys.path.insert(0, str(Path(__file__).parent))
-from thinning_helpers import compare, run_chains, setup  # noqa: E402
+from thinning_helpers import compare, exact_mh_case, run_chains, setup  # noqa: E402
 
 
 def unequal_logistic(n, d=6, seed=0):
@@ -245,12 +245,7 @@ STEPS = 3000
 
 def _case(make):
     data = make()
-    unravel, cv, stats, _ = setup(MODEL, data)
-    T = stats[fbm.FACTOR_KEY]
-    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
-    # exact MH with the same proposal, other keys: the reference
-    ref, _, _ = run_chains(MODEL, data, tm.acceptance.Exact(), prop, unravel, cv, stats, STEPS, seed=101,
-                           cv_order=None)
+    unravel, cv, stats, prop, ref = exact_mh_case(MODEL, data, STEPS)
     return data, unravel, cv, stats, prop, ref
 
 

@@ -72,3 +72,28 @@ def compare(draws, ref, z=4.0):
         zm_max, zs_max = max(zm_max, abs(zm)), max(zs_max, abs(zs))
         lines.append(f"[{j}] mean {a.mean():.4g} vs {b.mean():.4g} (z {zm:+.2f}); sd ratio {a.std() / b.std():.3f} (z {zs:+.2f})")
     return zm_max < z and zs_max < z, zm_max, zs_max, "\n".join(lines)
+
+
+def exact_mh_case(model, data, steps, seed=101):
+    """``(unravel, cv, stats, proposal, reference draws)``: the set-up (:func:`setup`), the independence proposal
+    from the table's Laplace approximation (Crank-Nicolson at rho 0) and exact MH's chains with it, the reference
+    the exact subsampled test's chains are compared with (:func:`compare`)."""
+    unravel, cv, stats, _ = setup(model, data)
+    T = stats[fbm.FACTOR_KEY]
+    prop = tm.proposals.CrankNicolson(np.asarray(T.center), np.asarray(T.chol_cov), rho=0.0)
+    ref, _, _ = run_chains(model, data, tm.acceptance.Exact(), prop, unravel, cv, stats, steps, seed=seed,
+                           cv_order=None)
+    return unravel, cv, stats, prop, ref
+
+
+class Shrunk:
+    """A deliberately wrong bound: the weights of ``inner`` times ``f`` (the negative control)."""
+
+    def __init__(self, inner, f):
+        self.inner, self.f = inner, f
+
+    def weights_host(self, center, rinv, batch):
+        return self.f * self.inner.weights_host(center, rinv, batch)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
