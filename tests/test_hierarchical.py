@@ -172,6 +172,9 @@ def test_ten_thousand_groups_set_up_without_a_loop_over_levels(exact_glm, monkey
     # above DENSE_MAX effects the proposal is diagonal (no d x d array) and there are no d x d control variates
     eff = program.blocks[1]
     if exact_glm:  # the exact block: arrays of rows, groups and buckets, none groups x groups
+        # (its steps repeated, one draw recorded per ceil(effects / RECORD_VALUES) of them: 79 at 10,001 effects)
+        assert type(eff).__name__ == "Repeat" and eff.times == hierarchical.glm_steps(groups + 1) == 79
+        eff = eff.block
         assert type(eff).__name__ == "GLMEffects" and eff.setup.P.B.shape == (1, groups)
     else:
         assert isinstance(eff.proposal, hierarchical.DiagonalRandomWalk) and eff.control_variates is None

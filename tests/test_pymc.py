@@ -253,9 +253,9 @@ def test_pilot_scale_reads_the_pilots_noise_as_noise(monkeypatch):
     """The pilot fit's effects are measured on its own rows: a pilot of a tenth of the rows (five per level,
     noise variance 0.2 against a spread of 0.09) gives the group scale the whole table gives, not one inflated
     by the pilot's noise. 400 levels: the pilot's estimate of sigma has sd ~0.03 (~11%)."""
-    # (each level's information over all rows from the Hessian's diagonal, as below 400 parameters: this model
-    # has 402; above that size the information pass estimates it by gradient squares, a noisier estimate of the
-    # same weights: tests/test_hierarchical_memory.py)
+    # (each level's information over all rows from the Hessian's diagonal: this model has 402 parameters, and the
+    # arrow-shaped Hessian's products give it exactly; where their check fails, above FULL_HESSIAN_MAX the pass
+    # estimates it by gradient squares, a noisier estimate of the same weights: tests/test_hierarchical_memory.py)
     monkeypatch.setattr(tm.pymc_model, "FULL_HESSIAN_MAX", 10**6)
     m, g, y, n_j = bambi_style_groups(n_j=(50,) * 400, sigma=0.3)
     model, data = tm.from_pymc(m, centre_groups=False)

@@ -58,6 +58,7 @@ EXACT_GLM = True  # a recognised GLM's effects by the exact block of glm_effects
 GLM_TEST = "thinning"  # that block's decision: "thinning" (exact, subsampled) or "exact" (every row)
 GLM_PCN = 0.9  # its Crank-Nicolson parameter (measured at 10^5 x 100: 0.5, 0.8, 1.0 gave ESS/s 132, 567, 1,097)
 EXACT_BELOW = 1000  # rows: up to this many the effects block decides exactly (a subsample would not read fewer)
+RECORD_VALUES = 128  # the exact GLM block makes ceil(effects / this) steps per recorded draw (see glm_steps)
 
 __all__ = ["split_sites", "centred_view", "BlockedModel", "auto_program", "effects_block"]
 
@@ -417,14 +418,34 @@ def auto_program(model, data):
     n_eff = max(1, int(sum(np.size(start[k]) for k in effects)))
     h_sd = min(0.5, 1.0 / np.sqrt(2.0 * n_eff))
     hblock = Repeat(MH("hyper", proposal=RandomWalk(h_sd)), times=HYPER_STEPS)
+    k_e = glm_steps(n_eff) if glm is not None else 1
+    if k_e > 1:
+        eblock = Repeat(eblock, times=k_e)
     jitter = {"hyper": np.full(bm0.start["hyper"].shape, h_sd), "effects": np.asarray(sd_e)}
     bm = BlockedModel(cm, hyper, effects, start, jitter)
     bm.extra_data = extra
     program = Cycle([hblock, eblock])
     note = (f"automatic blocks (group-level model): the data-free parameters {hyper} by exact MH ({HYPER_STEPS} "
-            f"steps per cycle, no data read; {how}), then the {n_eff} effects {_short(effects)} by one subsampled "
-            f"MH step ({eblock.label}; {_proposal_words(getattr(eblock, 'proposal', eblock))}); program=... replaces it")
+            f"steps per cycle, no data read; {how}), then the {n_eff} effects {_short(effects)} by "
+            f"{'one subsampled MH step' if k_e == 1 else f'{k_e} subsampled MH steps (one draw recorded a cycle)'} "
+            f"({eblock.label}; {_proposal_words(_inner(eblock))}); program=... replaces it")
     return bm, program, note
+
+
+def glm_steps(n_eff: int) -> int:
+    """Exact GLM effects steps per cycle (per recorded draw): ``ceil(n_eff / RECORD_VALUES)``. A step of that block
+    reads a few rows and costs O(effects) flops, so a chain makes hundreds of thousands of them in minutes; recording
+    each (``n_eff`` values a chain) made the stored draws, and the summary's copies of them at the end, grow to
+    gigabytes at 1,000 groups. With this many steps a cycle the values recorded per step stay about
+    ``RECORD_VALUES`` whatever the number of effects (consecutive steps of the Crank-Nicolson proposal are strongly
+    correlated, so little ESS is lost); the hyperparameters' steps run once per cycle as before."""
+    return max(1, -(-int(n_eff) // RECORD_VALUES))
+
+
+def _inner(block):
+    """The block a :class:`~tallmh.blocks.cycle.Repeat` repeats (any other block as it is)."""
+    inner = getattr(block, "block", None)
+    return inner if inner is not None and hasattr(block, "times") else getattr(block, "proposal", block)
 
 
 def _default_blocks(model, data):
@@ -439,12 +460,12 @@ def _default_blocks(model, data):
     if not isinstance(model, (PyMCModel, NumPyroModel)) or callable(getattr(model, "factor_bound", None)):
         return model, None, None  # (a GLM without group terms: the exact subsampled test over all its parameters)
     got = auto_program(model, data)
-    if got is None or not isinstance(got[1].blocks[-1], GLMEffects):
+    if got is None or not isinstance(_inner(got[1].blocks[-1]), GLMEffects):
         return model, None, None
     bm, program, note = got
     from .glm_families import WORDS
 
-    fam = WORDS[got[1].blocks[-1].family]
+    fam = WORDS[_inner(got[1].blocks[-1]).family]
     return bm, program, f"default for a group-level {fam} GLM (exact effects step): " + note
 
 

@@ -665,7 +665,27 @@ def _line_search(full_diff, t0, step, decrement, t):
     return t0, used, True
 
 
-def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None, h_hint=None):
+def _arrow_derivs(model, unravel, th, arrow):
+    """The arrow-shaped Hessian's passes for :func:`_newton`, or None (no spec, or too few groups to gain)."""
+    if arrow is None or not arrow.worth(int(th.shape[0])):
+        return None
+    from .arrow_hessian import ArrowDerivs
+
+    return ArrowDerivs(full_pass, model, unravel, th, arrow)
+
+
+def _dense_derivs(chunk_vgh, data, n, t0, what):
+    """The log-likelihood sum's value, gradient and dense Hessian (``jax.hessian`` a chunk) over all ``n`` rows."""
+    d = t0.shape[0]
+    v, g, h = 0.0, np.zeros(d, np.float64), np.zeros((d, d), np.float64)
+    for cv, cg, ch in full_pass(chunk_vgh, data, n, (t0,), what):
+        v += float(cv)
+        g = g + np.asarray(cg, np.float64)
+        h = h + np.asarray(ch, np.float64)
+    return v, g, h
+
+
+def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None, h_hint=None, arrow=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
     unscaled gradient and Hessian sums at ``theta_d``. Coordinates where the mask ``fixed`` is true do not
@@ -675,7 +695,11 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
     passes are compiled (the host passes' Hessian costs little), the first pass then computes the value and
     gradient only and the first step is a quasi-Newton step with that Hessian; the passes after it compute
     the Hessian, so the stopping rule and the sums handed back are those of an exact pass. (With a Hessian
-    off by a relative ``e``, the step leaves a decrement of about ``e^2`` times the one it started from.)"""
+    off by a relative ``e``, the step leaves a decrement of about ``e^2`` times the one it started from.)
+
+    ``arrow``: an :class:`~tallmh.arrow_hessian.ArrowSpec` of a group-level model's parameter; where the passes
+    are compiled, its Hessian is assembled from ``p + K + 1`` Hessian-vector products a row instead of ``d``
+    (:class:`~tallmh.arrow_hessian.ArrowDerivs`), and the dense Hessian is computed where its check fails."""
     keep = None if fixed is None else ~np.asarray(fixed, bool).reshape(-1)
     d = th.shape[0]
     what = f"tallmh: Newton {label} pass" if label else "tallmh: Newton pass"
@@ -684,22 +708,21 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
     prior_parts, prior_diff = _prior_parts(model, unravel, th)
     if host is None:
         chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
+    arrow_d = _arrow_derivs(model, unravel, th, arrow) if host is None else None
 
     def lik_derivs(t0):
         if host is not None:
             return host.sums(t0, what)
+        got = arrow_d(data, n, t0, what) if arrow_d is not None and arrow_d.ok and hint is None else None
+        if got is not None:
+            return got
         if hint is not None:
             v, g = 0.0, np.zeros(d, np.float64)
             for cv, cg in full_pass(_newton_vg_fn(model, unravel, th), data, n, (t0,), what):
                 v += float(cv)
                 g = g + np.asarray(cg, np.float64)
             return v, g, hint
-        v, g, h = 0.0, np.zeros(d, np.float64), np.zeros((d, d), np.float64)
-        for cv, cg, ch in full_pass(chunk_vgh, data, n, (t0,), what):
-            v += float(cv)
-            g = g + np.asarray(cg, np.float64)
-            h = h + np.asarray(ch, np.float64)
-        return v, g, h
+        return _dense_derivs(chunk_vgh, data, n, t0, what)
 
     def full_diff(t0, cand):
         dv = prior_diff(t0, cand)

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import ConfigError, ModelError
 from ..model import Model, count_conversion
+from ..arrow_hessian import ArrowDerivs, ArrowSpec, group_diagonal
 
 __all__ = ["from_pymc", "from_bambi", "PyMCModel", "RecentredPyMCModel", "recentre"]
 
@@ -681,6 +682,22 @@ def gradient_square_sums(model, data, n, unravel, th):
 _GRAD_SQUARE_FNS: dict = {}
 
 
+def _full_information(model, data, n, unravel, th, sub, m, spec):
+    """The likelihood information's diagonal over all ``n`` rows at ``th`` (only the group coordinates are read):
+    where the arrow structure holds (checked on the pilot's rows at ``th``), exactly by one Hessian-vector
+    product a group term a row (:func:`tallmh.arrow_hessian.group_diagonal`); else the dense Hessian's diagonal
+    up to ``FULL_HESSIAN_MAX`` parameters, and the outer-product estimate above (gradient squares)."""
+    from .. import setup_passes as setup
+
+    full = {k: jnp.asarray(v) for k, v in data.items()}
+    d = int(th.shape[0])
+    if spec.worth(d) and ArrowDerivs(setup.full_pass, model, unravel, th, spec)(sub, m, th, "tallmh: arrow check") is not None:
+        return -group_diagonal(setup.full_pass, model, full, n, unravel, th, spec)
+    if d <= FULL_HESSIAN_MAX:
+        return -np.diag(setup.lik_hessian(model, full, n, unravel, th))
+    return gradient_square_sums(model, full, n, unravel, th)
+
+
 def _eb_sigma(a, prec):
     """The scale for the weights and the start: the median of ``sigma``'s marginal posterior when the effects
     ``a_j``, measured with precisions ``prec_j``, are ``N(mu, sigma^2 + 1/prec_j)`` (``mu`` integrated out under
@@ -749,22 +766,22 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     else:
         sub, m = data, n
     sub = {k: jnp.asarray(v) for k, v in sub.items()}
-    th, passes, last = setup._newton(model, sub, m, unravel, flat0, 30, 1e-6, scale=n / m, label="pilot")
+    pos = unravel(jnp.arange(flat0.shape[0]))
+    # the likelihood's Hessian is arrow-shaped (fixed effects and scales with everything, each level with itself):
+    # p + K + 1 Hessian-vector products a row instead of d (checked on every pass; dense where a check fails)
+    spec = ArrowSpec.of(flat0.shape[0], [np.asarray(pos[off]).astype(int) for off, _, _ in terms])
+    th, passes, last = setup._newton(model, sub, m, unravel, flat0, 30, 1e-6, scale=n / m, label="pilot",
+                                     arrow=spec)
     if last is None or not np.all(np.isfinite(np.asarray(th))):
         return model
     _, _, h_lik = last
     h_pilot = -np.diag(np.asarray(h_lik, np.float64))  # the pilot rows' information (unscaled)
     full_passes = 0
     if m < n:  # each level's information from all its rows: one pass (a level may have no pilot rows)
-        full = {k: jnp.asarray(v) for k, v in data.items()}
-        if flat0.shape[0] <= FULL_HESSIAN_MAX:
-            h_full = -np.diag(setup.lik_hessian(model, full, n, unravel, th))
-        else:  # (the Hessian's diagonal by d Hessian-vector products a row: the outer-product estimate instead)
-            h_full = gradient_square_sums(model, full, n, unravel, th)
+        h_full = _full_information(model, data, n, unravel, th, sub, m, spec)
         full_passes = 1
     else:
         h_full = h_pilot
-    pos = unravel(jnp.arange(flat0.shape[0]))
     at = unravel(th)
     init = {k: np.asarray(v) for k, v in at.items()}
     weights, notes_w = {}, []
@@ -798,8 +815,9 @@ def recentre(model: PyMCModel, data, *, pilot_rows: int = PILOT_ROWS):
     fixed = np.zeros(flat1.shape[0], bool)
     for k in rm.mode_fixed:
         fixed[np.asarray(pos1[k]).astype(int).reshape(-1)] = True
+    spec1 = ArrowSpec.of(flat1.shape[0], [np.asarray(pos1[t[2]]).astype(int) for t in rm.terms])
     th1, passes1, _ = setup._newton(rm, sub, m, unravel1, flat1, 30, 1e-6, scale=n / m, label="pilot",
-                                    fixed=fixed)
+                                    fixed=fixed, arrow=spec1)
     # (the pilot's passes over its rows, and the one over all rows)
     count_conversion(rm, getattr(model, "conversion_items", 0) + (passes + passes1) * m + full_passes * n)
     if np.all(np.isfinite(np.asarray(th1))):
