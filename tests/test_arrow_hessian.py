@@ -137,3 +137,18 @@ def test_many_effects_record_one_draw_per_several_exact_steps(monkeypatch):
                   num_warmup=20, num_chains=2)
     assert r.samples["1|g"].shape == (2, 50, groups)
     assert np.all(np.asarray(r.stats["block1_proposals"]) == 4)  # four exact steps per recorded draw
+
+
+def test_diagnostics_in_column_blocks_equal_the_whole_array(monkeypatch):
+    """ESS and R-hat of many parameters computed on blocks of columns (bounded temporaries) equal those of the whole
+    array, column for column."""
+    from tallmh.reporting import diagnostics as dg
+
+    rng = np.random.default_rng(0)
+    x = np.cumsum(rng.standard_normal((4, 300, 37)), axis=1) * 0.05 + rng.standard_normal((4, 300, 37))
+    whole = [dg.ess_all(x), dg.ess_all(x, "tail"), dg.rhat_all(x)]
+    monkeypatch.setattr(dg, "DIAG_BLOCK_VALUES", 4 * 300 * 5)  # five columns a block: eight blocks, the last of two
+    blocked = [dg.ess_all(x), dg.ess_all(x, "tail"), dg.rhat_all(x)]
+    for a, b in zip(whole, blocked):
+        assert a.shape == b.shape == (37,)
+        np.testing.assert_allclose(b, a, rtol=1e-12)

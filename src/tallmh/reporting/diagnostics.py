@@ -3,6 +3,7 @@ ArviZ's containers."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from statistics import NormalDist
@@ -262,6 +263,29 @@ def _geyer_tau(rho, n):
     return -1.0 + 2.0 * summed + tail, 2 * last - 1
 
 
+DIAG_BLOCK_VALUES = 2**22  # values (chain x draw x parameter) per block of columns in ess_all and rhat_all
+
+
+def _column_blocks(fn):
+    """``fn(x, ...)`` of draws ``(chain, draw, k)`` computed on blocks of columns of at most ``DIAG_BLOCK_VALUES``
+    values and joined: each column's result is its own (ranks, quantiles and autocovariances are per column), and
+    the temporaries (float64 copies, ranks, the FFT's complex arrays: about ten times the block) stay bounded
+    whatever the number of parameters (at 4 chains x 30,000 draws x 2,000 outputs the whole array was 1.9 GB)."""
+
+    @functools.wraps(fn)
+    def blocked(x, *args, **kwargs):
+        if np.ndim(x) != 3:
+            return fn(x, *args, **kwargs)
+        c, m, k = np.shape(x)
+        cols = max(1, DIAG_BLOCK_VALUES // max(1, c * min(m, MAX_DIAG_DRAWS)))
+        if k <= cols:
+            return fn(x, *args, **kwargs)
+        return np.concatenate([fn(x[:, :, j:j + cols], *args, **kwargs) for j in range(0, k, cols)])
+
+    return blocked
+
+
+@_column_blocks
 def ess_all(x, method: str = "bulk"):
     """ESS of every parameter of draws shaped ``(chain, draw, k)`` (or ``(chain, draw)``): an array of k.
 
@@ -319,6 +343,7 @@ def _rhat_core(x):
         return np.sqrt((between / within + n - 1) / n)
 
 
+@_column_blocks
 def rhat_all(x):
     """Rank-normalised split R-hat of every parameter of draws shaped ``(chain, draw, k)``: the larger of the
     R-hat of the rank-normalised draws and of their folded (``|x - median|``) ranks (Vehtari et al. 2021,
