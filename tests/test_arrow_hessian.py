@@ -152,3 +152,35 @@ def test_diagnostics_in_column_blocks_equal_the_whole_array(monkeypatch):
     for a, b in zip(whole, blocked):
         assert a.shape == b.shape == (37,)
         np.testing.assert_allclose(b, a, rtol=1e-12)
+
+
+def test_arrow_newton_step_equals_the_dense_solve():
+    """Concave: the Schur-complement step is the dense Newton step. Not concave (a dense direction of negative
+    curvature, the group block positive): an ascent direction, the solve of ``[[S_+ + B D^-1 B^T, B], [B^T, D]]``."""
+    rng = np.random.default_rng(0)
+    p, groups = 3, 40
+    spec = ah.ArrowSpec.of(p + groups, [np.arange(p, p + groups)])
+    b = rng.normal(size=(p, groups)) * 0.3
+    dd = rng.uniform(1.0, 3.0, groups)
+    a = np.eye(p) * 20.0 + 0.0
+    neg = np.block([[a, b], [b.T, np.diag(dd)]])
+    g = rng.normal(size=p + groups)
+    step, dec, concave = setup._newton_step(g, -neg, arrow=spec)
+    assert concave
+    np.testing.assert_allclose(step, np.linalg.solve(neg, g), rtol=1e-10)
+    np.testing.assert_allclose(dec, g @ np.linalg.solve(neg, g), rtol=1e-10)
+    a_bad = a.copy()
+    a_bad[0, 0] = -5.0  # a dense direction of negative curvature
+    neg_bad = np.block([[a_bad, b], [b.T, np.diag(dd)]])
+    step, dec, concave = setup._newton_step(g, -neg_bad, arrow=spec)
+    assert not concave and dec > 0
+    s = a_bad - (b / dd) @ b.T
+    m = np.block([[setup.positive_part(s) + (b / dd) @ b.T, b], [b.T, np.diag(dd)]])
+    np.testing.assert_allclose(step, np.linalg.solve(m, g), rtol=1e-8)
+    # with coordinates held (the scales in the second pilot fit): they do not move
+    keep = np.ones(p + groups, bool)
+    keep[1] = False
+    step, _, _ = setup._newton_step(g, -neg, keep=keep, arrow=spec)
+    assert step[1] == 0.0
+    free = np.flatnonzero(keep)
+    np.testing.assert_allclose(step[free], np.linalg.solve(neg[np.ix_(free, free)], g[free]), rtol=1e-10)

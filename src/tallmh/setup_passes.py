@@ -622,14 +622,43 @@ def modified_newton_step(neg_h, g):
     return np.linalg.solve(positive_part(neg_h), np.asarray(g, np.float64))
 
 
-def _newton_step(g, h, keep=None):
+def _arrow_step(neg_h, gn, spec):
+    """``(step, concave)`` of the Newton step for an arrow-shaped ``neg_h`` (``spec``: an
+    :class:`~tallmh.arrow_hessian.ArrowSpec` with one group term, whose block is diagonal), by eliminating the group
+    coordinates: ``S = A - B D^-1 B^T`` over the ``p`` dense ones, O(G p^2) instead of a dense O(d^3) solve (and
+    O(d^3) eigen-decomposition where not concave). Not concave (``S`` not positive definite; ``D`` must be): ``S``
+    replaced by its positive part (:func:`positive_part`), the matrix then ``[[S_+ + B D^-1 B^T, B], [B^T, D]]``,
+    positive definite, and equal to ``neg_h`` where ``S`` was. None where ``D`` is not positive."""
+    f, gi = spec.dense, spec.groups[0]
+    dd = np.diag(neg_h)[gi]
+    if not np.all(np.isfinite(dd) & (dd > 0)):
+        return None
+    b = neg_h[np.ix_(f, gi)]
+    s = neg_h[np.ix_(f, f)] - (b / dd) @ b.T
+    try:
+        np.linalg.cholesky(s)
+        concave = True
+    except np.linalg.LinAlgError:
+        s, concave = positive_part(s), False
+    step = np.zeros_like(gn)
+    step[f] = np.linalg.solve(s, gn[f] - b @ (gn[gi] / dd))
+    step[gi] = (gn[gi] - b.T @ step[f]) / dd
+    return step, concave
+
+
+def _newton_step(g, h, keep=None, arrow=None):
     """``(step, decrement, concave)`` of the Newton step for gradient ``g`` and Hessian ``h`` (float64); where the
-    mask ``keep`` is given, only its coordinates move. Not concave: the modified step (:func:`modified_newton_step`)."""
+    mask ``keep`` is given, only its coordinates move. Not concave: the modified step (:func:`modified_newton_step`).
+    ``arrow``: the :class:`~tallmh.arrow_hessian.ArrowSpec` of an arrow-shaped ``h`` with one group term (the step
+    by :func:`_arrow_step`)."""
     neg_h = -0.5 * (h + h.T)
     gn = g
     if keep is not None:  # the conditional mode of the free coordinates: zero gradient, identity rows
         gn = np.where(keep, g, 0.0)
         neg_h = np.where(keep[:, None] & keep[None, :], neg_h, 0.0) + np.diag((~keep).astype(float))
+    got = _arrow_step(neg_h, gn, arrow) if arrow is not None and len(arrow.groups) == 1 else None
+    if got is not None:
+        return got[0], float(gn @ got[0]), got[1]
     try:
         np.linalg.cholesky(neg_h)
         step = np.linalg.solve(neg_h, gn)
@@ -749,7 +778,8 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
         pv, pg, ph = prior_parts(th)
         v, g, h = pv + scale * lv, pg + scale * lg, ph + scale * lh
         finite = np.isfinite(v) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))
-        step, decrement, concave = _newton_step(g, h, keep) if finite else (None, np.inf, False)
+        step, decrement, concave = _newton_step(g, h, keep, arrow_d.spec if arrow_d is not None and arrow_d.ok
+                                                else None) if finite else (None, np.inf, False)
         if pending is not None:
             t0, v0, step0, dec0, check = pending
             pending = None
