@@ -86,6 +86,9 @@ def test_glm_host_sums_in_blocks_equal_one_block(monkeypatch):
     monkeypatch.setattr(ge, "_HOST_BLOCK", 100)
     many = ge._glm_sums(view, ef, eg)
     assert one[0] == pytest.approx(many[0], rel=1e-12)
+    # the line search's value alone (no gradient or precision sums) is the same sum
+    assert ge._glm_value(view, ef, eg) == pytest.approx(one[0], rel=1e-12)
+    assert ge._glm_value(view, ef, eg + 0.1) != pytest.approx(one[0], rel=1e-6)
     for a, b in zip((one[1], one[2], *one[3]), (many[1], many[2], *many[3])):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 

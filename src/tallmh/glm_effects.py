@@ -248,6 +248,17 @@ def _glm_sums(view, ef, eg):
     return val, gf, gg, Arrow(A, B, D)
 
 
+def _glm_value(view, ef, eg):
+    """``sum l_i`` at ``(ef, eg)`` over all rows (float64, in blocks of ``_HOST_BLOCK`` rows): the line search's
+    value, without the gradient and precision sums of :func:`_glm_sums` (``p + 2`` weighted counts a block)."""
+    val = 0.0
+    for s in range(0, view.x.shape[0], _HOST_BLOCK):
+        sl = slice(s, s + _HOST_BLOCK)
+        m = view.x[sl].astype(np.float64) @ ef + view.c[sl].astype(np.float64) * eg[view.g[sl]] + view.b[sl]
+        val += float(host_terms(view.family, m, None if view.y is None else view.y[sl].astype(np.float64))[0])
+    return val
+
+
 def _prior_fns(bm):
     """``lp(h, e)``, and ``pieces(h, e) -> (grad_e log p0, -hess_e log p0 . 1)`` (the curvature, exact for a
     separable prior)."""
@@ -272,7 +283,7 @@ def _newton_centre(bm, view, e0, rounds=40):
     F, Gp = view.fixed, view.group
 
     def obj(e):
-        return _glm_sums(view, e[F], e[Gp])[0] + float(lpj(h0, jnp.asarray(e, e0.dtype)))
+        return _glm_value(view, e[F], e[Gp]) + float(lpj(h0, jnp.asarray(e, e0.dtype)))
 
     cur = obj(e)
     for _ in range(rounds):
