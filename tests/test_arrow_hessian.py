@@ -184,3 +184,23 @@ def test_arrow_newton_step_equals_the_dense_solve():
     assert step[1] == 0.0
     free = np.flatnonzero(keep)
     np.testing.assert_allclose(step[free], np.linalg.solve(neg[np.ix_(free, free)], g[free]), rtol=1e-10)
+
+
+def test_convergence_check_in_column_blocks_equals_the_whole_array(monkeypatch):
+    """``bulk_ess_and_rhat`` in blocks of columns: the same ESS and R-hat; R-hat None when any block's ESS misses
+    ``min_ess`` (a low-ESS column in the first block, and in the last)."""
+    from tallmh.reporting import diagnostics as dg
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 400, 23))
+    ess0, rh0 = dg.bulk_ess_and_rhat(x, 100)
+    monkeypatch.setattr(dg, "DIAG_BLOCK_VALUES", 4 * 400 * 4)
+    ess1, rh1 = dg.bulk_ess_and_rhat(x, 100)
+    np.testing.assert_allclose(ess1, ess0, rtol=1e-12)
+    np.testing.assert_allclose(rh1, rh0, rtol=1e-12)
+    for col in (0, 22):
+        y = x.copy()
+        y[:, :, col] = np.cumsum(y[:, :, col], axis=1)  # a random walk: ESS far below 100
+        e, r = dg.bulk_ess_and_rhat(y, 100)
+        assert r is None and e[col] < 100 and e.shape == (23,)
+        np.testing.assert_allclose(np.delete(e, col), np.delete(ess0, col), rtol=1e-12)

@@ -361,6 +361,24 @@ def rhat_all(x):
 
 
 def bulk_ess_and_rhat(x, min_ess=None):
+    """:func:`_bulk_ess_and_rhat` on blocks of columns (as :func:`_column_blocks`): once a block's ESS is below
+    ``min_ess``, the blocks after it compute their ESS only."""
+    if np.ndim(x) != 3:
+        return _bulk_ess_and_rhat(x, min_ess)
+    c, m, k = np.shape(x)
+    cols = max(1, DIAG_BLOCK_VALUES // max(1, c * min(m, MAX_DIAG_DRAWS)))
+    if k <= cols:
+        return _bulk_ess_and_rhat(x, min_ess)
+    ess, rh, failed = [], [], False
+    for j in range(0, k, cols):
+        e, r = _bulk_ess_and_rhat(x[:, :, j:j + cols], np.inf if failed else min_ess)
+        ess.append(e)
+        rh.append(r)
+        failed = failed or r is None
+    return np.concatenate(ess), (None if failed else np.concatenate(rh))
+
+
+def _bulk_ess_and_rhat(x, min_ess=None):
     """``(bulk ESS, R-hat)`` of every parameter of draws ``(chain, draw, k)``: :func:`ess_all` and :func:`rhat_all`
     sharing the rank normalisation of the split draws (the sort of every column, most of the cost with thousands of
     parameters). With ``min_ess`` given, R-hat is None unless every bulk ESS is at least ``min_ess`` (a convergence
