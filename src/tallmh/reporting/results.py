@@ -363,8 +363,14 @@ class Result:
         if "flat_output" not in self._cache:
             c, k, _ = self.flat_samples.shape
             leaves = jax.tree_util.tree_leaves(self.samples)
-            self._cache["flat_output"] = np.concatenate(
-                [np.asarray(a, float).reshape(c, k, -1) for a in leaves], axis=-1) if leaves else np.zeros((c, k, 0))
+            # (filled site by site: no float64 copy of every site beside the joined array)
+            widths = [int(np.prod(np.shape(a)[2:], dtype=np.int64)) for a in leaves]
+            out = np.empty((c, k, sum(widths)), float)
+            j = 0
+            for a, w in zip(leaves, widths):
+                out[:, :, j:j + w] = np.reshape(a, (c, k, w))
+                j += w
+            self._cache["flat_output"] = out
         return self._cache["flat_output"]
 
     @property
