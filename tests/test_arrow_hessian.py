@@ -204,3 +204,13 @@ def test_convergence_check_in_column_blocks_equals_the_whole_array(monkeypatch):
         e, r = dg.bulk_ess_and_rhat(y, 100)
         assert r is None and e[col] < 100 and e.shape == (23,)
         np.testing.assert_allclose(np.delete(e, col), np.delete(ess0, col), rtol=1e-12)
+
+
+def test_convergence_checks_are_spaced_by_their_cost():
+    """num_samples='auto' looks again after 25% more draws, or after as many steps as take five times the last
+    check's time when a check costs more than that."""
+    from tallmh.run.chunks import next_check
+
+    assert next_check(1000, 0.01, 1e-3) == 1251  # a cheap check: 25% more draws
+    assert next_check(10_000, 4.0, 1e-4) == 10_000 + 200_000  # 4 s a check, 0.1 ms a step: 20 s of steps
+    assert next_check(1000, 4.0, 0.0) == 1251  # (no step time known: as before)
