@@ -33,11 +33,13 @@ s_{g(i)}``, ``lam = 2 sqrt(p)`` and ``t_j = max(||L^T d_beta|| / lam, |d_u_j + v
 t_j t_j' + t_j'^2)``: symmetric in ``e, e'`` and data-free. (Without the ``v_j`` term an intercept confounded with
 the group effects gives every row the intercept's marginal sd: measured, 1.4% of 10^6 rows a step.) A small, uncertain group has a large ``s_j`` but few rows; a large group
 many rows of tiny ``kappa_i``: each costs in proportion to its own contribution. The Poisson process of rate
-``phi_j rate_i`` (``rate_i >= kappa_i^3``) is drawn as in SMH Alg. 2: ``K ~ Poisson(sum_j phi_j T_j)``, each
-point in group ``j`` with probability ``phi_j T_j / Lambda``, then a bucket of like weights within the group by
-an integer threshold table and an item uniformly in it (the rate it gets is known exactly, as in
-:func:`tallmh.factor_bounds.build_table`). Where ``Lambda > N/4`` the step takes the exact decision from all
-rows (a symmetric condition: still exact).
+``phi_j rate_i`` (``rate_i >= kappa_i^3``) is drawn as in SMH Alg. 2: ``K ~ Poisson(Lambda)`` points, ``Lambda =
+sum_j phi_j T_j``, each in group ``j`` with probability ``phi_j T_j / Lambda``, then a bucket of like weights within
+the group by an integer threshold table and an item uniformly in it (the rate it gets is known exactly, as in
+:func:`tallmh.factor_bounds.build_table`). The points are met, as in :mod:`tallmh.acceptance.thinning`, by their
+arrival times on ``[0, Lambda)`` in a unit-rate process (exponential gaps, summed as a double-float pair), ``K``
+never drawn in advance, until the next arrival is past ``Lambda`` or a point is kept. Where ``Lambda > N/4`` the
+step takes the exact decision from all rows (a symmetric condition: still exact).
 
 **The proposal**: preconditioned Crank-Nicolson on the Gaussian that the surrogate gives *at the current
 hyperparameters*: precision ``P = -H + Lambda0`` (``H`` the likelihood's Hessian sum at the centre, arrow-shaped:
@@ -499,17 +501,25 @@ class GLMEffects:
         rate = st.T[j] * k_b.astype(st.T.dtype) / (st.K[j].astype(st.T.dtype) * st.bcount[b].astype(st.T.dtype))
         return item, rate, j
 
-    def _full(self, data, n, e, ep, go):
-        """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``)."""
-        from .acceptance.base import CompSum, StreamReader
-
+    def _rem(self, data, e, ep, valid):
+        """``idx -> R_i(e') - R_i(e)`` of rows ``idx``, computed in a ``lax.cond`` branch of its own on ``valid`` (a
+        true predicate the compiler cannot fold, not batched over chains), so that its result is stored once and
+        read by each use: XLA otherwise re-emits the family's series into every consumer fusion."""
         c = self._st().center
 
         def rem(idx):
             m, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
             return remainder_diff(self.family, m, d, dp)
 
-        reader = StreamReader(n, 4096, rem, permuted=False, stop_on_nonfinite=True)
+        return lambda idx: jax.lax.cond(valid, rem, lambda i: jnp.full(i.shape, jnp.nan, e.dtype), idx)
+
+    def _full(self, data, n, e, ep, go, valid):
+        """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``), in
+        chunks of one size (one loop)."""
+        from .acceptance.base import CompSum, StreamReader
+
+        reader = StreamReader(n, 4096, self._rem(data, e, ep, valid), permuted=False, ladder_base=None,
+                              stop_on_nonfinite=True)
         return reader.advance(None, CompSum.zero(e.dtype), jnp.where(go, n, 0))
 
     def step(self, key, model, values, aux, members, bstate, data, n):
@@ -528,10 +538,10 @@ class GLMEffects:
         dg = 0.5 * arrow_quad(P, ep[F] + e[F] - 2 * mu[F], ep[Gp] + e[Gp] - 2 * mu[Gp], ep[F] - e[F], ep[Gp] - e[Gp])
         log_base = lp(h, ep) - lp(h, e) + dq + dg
         log_base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
-        u, k_count, k_points = draw_u(k_dec)
+        u, k_first, k_points = draw_u(k_dec)
+        valid = data[DATA_KEYS[1]][0] >= 0  # (true: a predicate on the data, shared by the chains, see _once)
         if self.test == "exact":
-            fallback, lam_total, count = jnp.bool_(True), jnp.zeros((), e.dtype), jnp.zeros((), jnp.int32)
-            mass = None
+            fallback, lam_go, mass = jnp.bool_(True), jnp.zeros((), e.dtype), None
         else:
             phi, tmax = self._phi(e, ep)
             mass = phi * st.T
@@ -540,43 +550,52 @@ class GLMEffects:
             if self.family == "poisson":  # outside the trust region the rates do not bound: every row decides
                 fallback = fallback | ~(tmax <= self.radius)
             go = (jnp.log(u) < log_base) & ~fallback
-            count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam_total, 0.0)), 0).astype(jnp.int32)
-        thin_ok, touched, rounds = self._thin(k_points, count, mass, lam_total, phi if mass is not None else None,
-                                              data, e, ep)
+            lam_go = jnp.where(go, lam_total, jnp.zeros((), e.dtype))  # (no point unless the thinning decides)
+        thin_ok, touched, rounds = self._thin(k_first, k_points, lam_go, mass, phi if mass is not None else None,
+                                              data, e, ep, valid)
         full = fallback & jnp.isfinite(log_base)
-        acc = self._full(data, n, e, ep, full)
+        acc = self._full(data, n, e, ep, full, valid)
         full_ok = full & (acc.nonfinite == 0) & exact_accept("metropolis", u, log_base, (acc.hi, acc.lo))
         accept = jnp.where(fallback, full_ok, (jnp.log(u) < log_base) & thin_ok)
         new = jnp.where(accept, ep, e)
         info = BlockInfo(touched + acc.read, jnp.int32(1), accept.astype(jnp.int32))
         return {**values, self.site: new}, aux, members, bstate, info
 
-    def _thin(self, key, count, mass, lam_total, phi, data, e, ep):
-        """SMH Alg. 2 on the per-group process: ``(no point kept, rows read, rounds)``."""
+    def _thin(self, k_first, key, lam_go, mass, phi, data, e, ep, valid):
+        """SMH Alg. 2 on the per-group process of total rate ``lam_go`` (0: no point), its points met by their
+        arrival times (see the module): ``(no point kept, rows read, rounds)``."""
+        from .acceptance.base import df_add
+
+        z = jnp.zeros((), jnp.int32)
         if mass is None:
-            z = jnp.zeros((), jnp.int32)
             return jnp.bool_(True), z, z
         m = int(self.chunk)
         cum = jnp.cumsum(mass)
-        c = self._st().center
+        lam_total = cum[-1]
+        rem = self._rem(data, e, ep, valid)
+        dtype = e.dtype
 
         def cond(s):
-            done, rejected, _, _ = s
-            return (done < count) & ~rejected
+            hi, lo, rejected, _, _, _ = s
+            return ((hi - lam_go) + lo < 0) & ~rejected
 
         def body(s):
-            done, rejected, k, touched = s
+            hi, lo, rejected, k, touched, rounds = s
             k, k1, k2 = jax.random.split(k, 3)
             idx, rate, j = self._draw(k1, cum, lam_total, m, data)
-            live = jnp.arange(m) < count - done
-            mm, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
-            dr = remainder_diff(self.family, mm, d, dp)
+            u2 = jax.random.uniform(k2, (2, m), dtype)  # the thinning's uniforms, and the next gaps'
+            gaps = -jnp.log1p(-u2[1])
+            ahead = jnp.cumsum(gaps) - gaps  # lane j's arrival: T + gaps[0] + ... + gaps[j-1]
+            live = (hi - lam_go) + (lo + ahead) < 0
+            dr = rem(idx)
             bad = live & ~jnp.isfinite(dr)
             lam_i = phi[j] * rate  # (positive for a drawn point; a rounding edge that lands on a zero rate: no point)
             p = jnp.where(live & ~bad & (lam_i > 0), jnp.maximum(-dr, 0.0) / jnp.where(lam_i > 0, lam_i, 1.0), 0.0)
-            kept = (jax.random.uniform(k2, (m,), e.dtype) < p) | bad
-            return done + jnp.minimum(m, count - done), rejected | jnp.any(kept), k, touched + m
+            kept = (u2[0] < p) | bad
+            hi, lo = df_add((hi, lo), (jnp.sum(gaps), jnp.zeros((), dtype)))
+            return hi, lo, rejected | jnp.any(kept), k, touched + m, rounds + 1
 
-        z = jnp.zeros((), jnp.int32)
-        done, rejected, _, touched = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), key, z))
-        return ~rejected, touched, (done + m - 1) // m
+        t1 = jax.random.exponential(k_first, (), dtype)
+        _, _, rejected, _, touched, rounds = jax.lax.while_loop(
+            cond, body, (t1, jnp.zeros((), dtype), jnp.bool_(False), key, z, z))
+        return ~rejected, touched, rounds
