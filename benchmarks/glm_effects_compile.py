@@ -89,6 +89,8 @@ def main(argv=None):
     compiled = lowered.compile()
     c2 = time.process_time()
     text = compiled.as_text()
+    if os.environ.get("GEC_DUMP"):
+        open(os.environ["GEC_DUMP"], "w").write(text)
     out = compiled(jax.random.PRNGKey(1), values, data)
     jax.block_until_ready(out)
     w = time.perf_counter()

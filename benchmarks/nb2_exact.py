@@ -95,7 +95,8 @@ def one(tm, n, data, seed, test=None, frontend="builtin"):
         truth = np.asarray([TRUTH[k] for k in names if k in TRUTH])
         assert truth.size == 4, names
     zmax = float(np.max(np.abs((flat.mean(axis=0) - truth) / flat.std(axis=0))))
-    return {"n": n, "frontend": frontend, "method": r.notes[0].split("(")[0].replace("default method: ", "").strip() if test is None
+    note = next((m for m in r.notes if m.startswith("default method:")), "?")
+    return {"n": n, "frontend": frontend, "method": note.split("(")[0].replace("default method: ", "").strip() if test is None
             else "austerity+cv (error 0.05)", "wall_s": round(wall, 2), "draws": int(x.shape[1]),
             "rows_mean": float(nd.mean()), "rows_p99": float(np.percentile(nd, 99)),
             "full_share": float(np.mean(nd >= n)), "ess_per_step": ess / (x.shape[0] * x.shape[1]),
