@@ -38,7 +38,8 @@ sum_j phi_j T_j``, each in group ``j`` with probability ``phi_j T_j / Lambda``, 
 the group by an integer threshold table and an item uniformly in it (the rate it gets is known exactly, as in
 :func:`tallmh.factor_bounds.build_table`). The points are met, as in :mod:`tallmh.acceptance.thinning`, by their
 arrival times on ``[0, Lambda)`` in a unit-rate process (exponential gaps, summed as a double-float pair), ``K``
-never drawn in advance, until the next arrival is past ``Lambda`` or a point is kept. Where ``Lambda > N/4`` the
+never drawn in advance, until the next arrival is past ``Lambda`` or a point is kept; a chunk of points takes its
+words (group, bucket, item, thinning, gap) from one hash. Where ``Lambda > N/4`` the
 step takes the exact decision from all rows (a symmetric condition: still exact).
 
 **The proposal**: preconditioned Crank-Nicolson on the Gaussian that the surrogate gives *at the current
@@ -389,6 +390,14 @@ def _row_terms(data, idx, e, ep, c, F, Gp):
     return md[:, 0] + b, md[:, 1], md[:, 2]
 
 
+def _unit(hi, lo, dtype):
+    """A uniform on ``[0, 1)`` from two uint32 words: 24 random bits of ``hi`` in float32, 53 of both in float64 (the
+    resolutions of ``jax.random.uniform``), never 1 after rounding."""
+    if jnp.dtype(dtype).itemsize <= 4:
+        return (hi >> 8).astype(dtype) * (2.0**-24)
+    return ((hi >> 5).astype(dtype) * 2.0**26 + (lo >> 6).astype(dtype)) * (2.0**-53)
+
+
 @dataclass(frozen=True, eq=False)
 class GLMEffects:
     """Exact MH on the ``"effects"`` site of a :class:`~tallmh.hierarchical.BlockedModel` whose likelihood is a
@@ -480,13 +489,17 @@ class GLMEffects:
         m3 = 0.0 if self.family == "gaussian" else 1.0  # (the family's M_i is in the rows' rates: glm_families)
         return (SAFETY * m3 / 6.0 * self.shrink) * dd * (t * t + t * tp + tp * tp), jnp.maximum(jnp.max(t), jnp.max(tp))
 
-    def _draw(self, key, cum_mass, lam_total, m, data):
-        """``m`` points: (items, their per-point rate divided by phi of their group, their groups)."""
+    def _draw(self, w, cum_mass, lam_total, m, data):
+        """``m`` points from the random words ``w`` (6, m): (items, their per-point rate divided by phi of their
+        group, their groups). The group by a uniform (:func:`_unit`), the bucket and the item by multiply-high of 64
+        bits (:func:`tallmh.factor_bounds.below`): one hash for all, no ``randint``'s own."""
+        from .factor_bounds import below
+
         st = self._st()
-        k1, k2, k3 = jax.random.split(key, 3)
         G = st.T.shape[0]
-        j = jnp.minimum(jnp.searchsorted(cum_mass, jax.random.uniform(k1, (m,)) * lam_total, side="right"), G - 1)
-        r = jax.random.randint(k2, (m,), 0, st.K[j])
+        j = jnp.minimum(jnp.searchsorted(cum_mass, _unit(w[0], w[1], lam_total.dtype) * lam_total,
+                                         side="right"), G - 1)
+        r = below(w[2], w[3], st.K[j])
         lo, hi = st.gfirst[j], st.gfirst[j + 1] - 1
 
         def bisect(_, lh):  # the first bucket of the group whose cumulative range exceeds r
@@ -497,7 +510,7 @@ class GLMEffects:
 
         b, _ = jax.lax.fori_loop(0, st.search_steps, bisect, (lo, hi))
         k_b = st.cumk[b] - jnp.where(b > st.gfirst[j], st.cumk[jnp.maximum(b - 1, 0)], 0)
-        item = data["_glm_order"][st.bstart[b] + jax.random.randint(k3, (m,), 0, st.bcount[b])]
+        item = data["_glm_order"][st.bstart[b] + below(w[4], w[5], st.bcount[b])]
         rate = st.T[j] * k_b.astype(st.T.dtype) / (st.K[j].astype(st.T.dtype) * st.bcount[b].astype(st.T.dtype))
         return item, rate, j
 
@@ -581,9 +594,10 @@ class GLMEffects:
 
         def body(s):
             hi, lo, rejected, k, touched, rounds = s
-            k, k1, k2 = jax.random.split(k, 3)
-            idx, rate, j = self._draw(k1, cum, lam_total, m, data)
-            u2 = jax.random.uniform(k2, (2, m), dtype)  # the thinning's uniforms, and the next gaps'
+            k, k1 = jax.random.split(k)
+            w = jax.random.bits(k1, (10, m), jnp.uint32)  # (one hash: the points' words, the thinning's, the gaps')
+            idx, rate, j = self._draw(w[:6], cum, lam_total, m, data)
+            u2 = jnp.stack([_unit(w[6], w[7], dtype), _unit(w[8], w[9], dtype)])
             gaps = -jnp.log1p(-u2[1])
             ahead = jnp.cumsum(gaps) - gaps  # lane j's arrival: T + gaps[0] + ... + gaps[j-1]
             live = (hi - lam_go) + (lo + ahead) < 0
