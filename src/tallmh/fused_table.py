@@ -28,7 +28,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
