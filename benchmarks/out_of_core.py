@@ -20,7 +20,9 @@ For each N, two runs, each in its own process (so that peak memory is measured a
 
   With ``--test default`` the call is ``tm.sample(model, data, num_samples=..., num_warmup=..., num_chains=...,
   seed=0)``: the default, for this model the exact subsampled test, whose item table is one more pass over the
-  files (timed apart: ``table_s``, inside ``setup_s``).
+  files (timed apart: ``table_s``, inside ``setup_s``), or, where the set-up's last Newton pass made the table's
+  weights, that pass (``fused_pass_s``) and the table's grouping after it (``fused_finish_s``), both inside
+  ``setup_s``.
 
 - ``memory``: the same call on ``np.load`` of the same files (skipped when the data is more than
   ``--memory-fraction`` of the available RAM).
@@ -181,6 +183,28 @@ def run_one(mode, folder, args):
             table["s"] += time.perf_counter() - t
 
     factor_bounds.prepare = timed_prepare
+    fused = {"pass_s": 0.0, "finish_s": 0.0, "used": False}
+    try:  # the table's weights made in the set-up's last Newton pass: that pass and the table's grouping, timed
+        from tallmh import fused_table
+    except ImportError:  # (an earlier version, measured for comparison)
+        fused_table = None
+    if fused_table is not None:
+        run0, table0 = fused_table.FusedTable.run, fused_table.FusedTable.table
+
+        def timed(fn, key):
+            def wrapper(*a, **k):
+                t = time.perf_counter()
+                try:
+                    out = fn(*a, **k)
+                    if key == "finish_s" and out is not None:
+                        fused["used"] = True
+                    return out
+                finally:
+                    fused[key] += time.perf_counter() - t
+            return wrapper
+
+        fused_table.FusedTable.run = timed(run0, "pass_s")
+        fused_table.FusedTable.table = timed(table0, "finish_s")
     how = {} if args.test == "default" else dict(
         test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
         proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())
@@ -197,7 +221,8 @@ def run_one(mode, folder, args):
     post_mean = res.flat_samples.reshape(-1, res.flat_samples.shape[-1]).mean(axis=0)
     out = {
         "mode": mode, "N": n, "gather": kinds, "chains": args.chains, "draws": draws, "warmup": args.warmup,
-        "method": res.label, "open_s": open_s, "setup_s": res.timings["setup_s"], "table_s": table["s"], "compile_s": res.timings["compile_s"],
+        "method": res.label, "open_s": open_s, "setup_s": res.timings["setup_s"], "table_s": table["s"],
+        "fused_pass_s": fused["pass_s"], "fused_finish_s": fused["finish_s"], "fused_table_used": fused["used"], "compile_s": res.timings["compile_s"],
         "warmup_s": res.timings["warmup_s"], "sampling_s": res.timings["sampling_s"],
         "call_s": res.timings["total_s"], "wall_s": wall,
         "time_per_step_us": 1e6 * res.timings["sampling_s"] / max(1, draws),
@@ -337,7 +362,8 @@ def main(argv=None):
                 r = json.loads(line[-1][7:])
                 rows.append(r)
                 print(f"  {mode:6s} [{'/'.join(sorted(set(r['gather'].values())))}] {r['method']}: open {r['open_s']:.1f} s, "
-                      f"set-up {r['setup_s']:.1f} s ({r['setup_passes']:.2f} passes; table {r['table_s']:.1f} s), "
+                      f"set-up {r['setup_s']:.1f} s ({r['setup_passes']:.2f} passes; table {r['table_s']:.1f} s; fused pass "
+                      f"{r.get('fused_pass_s', 0):.1f} s, its table {r.get('fused_finish_s', 0):.1f} s), "
                       f"compile {r['compile_s']:.1f} s, warmup {r['warmup_s']:.1f} s, sampling {r['sampling_s']:.1f} s, "
                       f"call {r['call_s']:.1f} s, "
                       f"{r['time_per_step_us']:.0f} us/step, {r['items_per_step']:.0f} items/step/chain, "

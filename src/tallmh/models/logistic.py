@@ -183,7 +183,7 @@ def m3_local(m, half, xp):
         return e / (1.0 + e) ** 2 * (1.0 - e) / (1.0 + e)
 
     inside = (lo <= U_PEAK) & (hi >= U_PEAK)
-    edge = xp.where(hi < U_PEAK, k(hi), k(lo))
+    edge = k(xp.where(hi < U_PEAK, hi, lo))  # (one evaluation of k: the end nearest to U_PEAK)
     return xp.where(inside, M3_LOGISTIC, xp.minimum(edge, M3_LOGISTIC))
 
 
