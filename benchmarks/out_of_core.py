@@ -150,6 +150,16 @@ class _PeakAnon:
         return self.peak
 
 
+def evict(folder):
+    """Drop the data files' pages from the page cache (theirs only: ``posix_fadvise(DONTNEED)``)."""
+    for name in ("X.npy", "y.npy"):
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def run_one(mode, folder, args):
     """One timed call (in this process): mode "disk" or "memory"; returns a dict of numbers."""
     import warnings
@@ -321,6 +331,9 @@ def main(argv=None):
     p.add_argument("--memory-fraction", type=float, default=0.4,
                    help="run in memory only when the data is below this fraction of MemAvailable")
     p.add_argument("--no-check", action="store_true", help="from_npy(check_finite=False)")
+    p.add_argument("--evict", action="store_true",
+                   help="drop the data files' own pages from the page cache before each run (posix_fadvise "
+                        "DONTNEED on the two files only: the passes then read the disk)")
     p.add_argument("--cold-read", action="store_true", help="measure the disk's O_DIRECT read speed")
     p.add_argument("--progress", action="store_true", help="progress bars (set-up passes, sampling)")
     p.add_argument("--smoke", action="store_true")
@@ -348,6 +361,8 @@ def main(argv=None):
             if not args.no_memory and data_bytes < args.memory_fraction * _meminfo("MemAvailable") * 1024:
                 modes.append("memory")
             for mode in modes:
+                if args.evict:
+                    evict(folder)
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
                        str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains),
                        "--batch", str(args.batch), "--proposal", args.proposal, "--test", args.test,
@@ -381,7 +396,7 @@ def main(argv=None):
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": meta, "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
                               "proposal": args.proposal, "batch": args.batch,
-                                           "audit": args.audit, "gather": args.gather, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
+                                           "audit": args.audit, "gather": args.gather, "evict": args.evict, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}

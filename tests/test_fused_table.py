@@ -172,3 +172,34 @@ def test_chain_with_the_fused_table_matches_exact_mh(monkeypatch):
     bad = _sample(data, seed=0)
     assert any("made in the set-up's last Newton pass" in m for m in bad.notes)
     assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+
+
+class _NoClaim:
+    """A bound that does not say it holds for any whitening (a user's own): its table gets a pass of its own."""
+
+    def __init__(self, bound):
+        self.bound = bound
+
+    def __getattr__(self, name):
+        if name == "any_whitening":
+            raise AttributeError(name)
+        return getattr(self.bound, name)
+
+
+class _OwnBound(tm.models.LogisticRegression):
+    def factor_bound(self):
+        return _NoClaim(super().factor_bound())
+
+
+def test_the_default_makes_no_table_pass_where_the_bound_allows_it(monkeypatch):
+    data = heavy_rows(n=4000)
+    monkeypatch.setattr(setup, "HOST_MAX_ROWS", 0)
+    kw = dict(num_samples=200, num_warmup=100, num_chains=2, seed=0, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = tm.sample(tm.models.LogisticRegression(), data, **kw)
+        own = tm.sample(_OwnBound(), data, **kw)
+    assert any("made in the set-up's last Newton pass" in m for m in fused.notes), fused.notes
+    assert any("made in one pass of N = 4,000 items" in m for m in own.notes), own.notes
+    assert fused.setup_items == own.setup_items - 4000  # the same Newton passes, one table pass fewer
+    assert np.mean(fused.stats["n_data"]) < 20

@@ -142,6 +142,8 @@ class LogisticCubicBound:
     For ``ell_i = log sigmoid(s_i x_i . theta)``, ``s_i = 2 y_i - 1``; ``rho_i = ||R^-1 x_i||``.
     """
 
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
+
     m3 = M3_LOGISTIC
 
     def weights(self, center, rinv, batch):
