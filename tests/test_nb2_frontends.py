@@ -136,6 +136,10 @@ def test_numpyro_other_likelihoods_are_refused():
         model, data = numpyro_nb(X, y, kind)
         assert not has_bound(model) and word in model.factor_bound_reason, (kind, model.factor_bound_reason)
         assert not exact_default(model, data)[0], kind
+    half = y.astype(np.float64)
+    half[123] += 0.5  # (one response, in a row the front end's own checks do not read, not a whole count)
+    model, _ = numpyro_nb(X, half)
+    assert not has_bound(model) and "counts" in model.factor_bound_reason, model.factor_bound_reason
 
 
 @pytest.mark.slow
@@ -220,6 +224,16 @@ def pymc_case():
     assert has_bound(model)
     unravel, cv, stats, prop, ref = exact_mh_case(model, data, STEPS)
     return model, data, unravel, cv, stats, prop, ref
+
+
+def test_sample_runs_the_exact_default_on_a_pymc_nb2():
+    """``tm.sample`` with defaults: the exact test (said in the notes), few rows a step, no full pass."""
+    X, y = nb_data(20_000, seed=8)
+    model, data = pymc_nb(X, y)
+    r = tm.sample(model, data, num_samples=300, num_warmup=300, num_chains=2, seed=0, progress=False)
+    assert any(m.startswith("default method: exact-subsampled") for m in r.notes), r.notes
+    nd = np.asarray(r.stats["n_data"])
+    assert nd.mean() < 20 and nd.max() < 20_000, (nd.mean(), nd.max())
 
 
 @pytest.mark.slow

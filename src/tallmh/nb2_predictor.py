@@ -51,6 +51,10 @@ class NB2PredictorBound:
     Jacobians of ``s = eta + tau`` and of ``tau`` by forward differentiation, and their values at 0) is computed
     for the rows a bound reads; weights in the working precision are inflated by 1e-3 for their rounding."""
 
+    # valid for weights and z whitened by any invertible A (tallmh.fused_table): the proof bounds |ds(a)|, |dtau(a)|
+    # by Cauchy-Schwarz, |u . a| <= ||A^-1 u|| ||A^T a||, whatever A
+    any_whitening = True
+
     def __init__(self, pair: Callable, y_key, dim: int, radius=None):
         from .models.nb2_bound import NB2TrustBound
 
@@ -120,7 +124,7 @@ def attach_nb2(model, pair: Callable, y, unravel, flat0, data, few, refuse):
     from .linear_predictor import attach_bound
 
     y_of = y if callable(y) else (lambda batch: batch[y])
-    if not counts_fit(np.reshape(np.asarray(y_of(few)), (-1,))):
+    if not _all_counts(model, y_of, data):
         return refuse("responses that are not whole non-negative counts")
     rng = np.random.default_rng(1)
     for t in (flat0, flat0 + 0.3 * jnp.asarray(rng.standard_normal(flat0.shape), flat0.dtype)):
@@ -141,3 +145,19 @@ def attach_nb2(model, pair: Callable, y, unravel, flat0, data, few, refuse):
         return eta + jnp.reshape(tau, ())
 
     return attach_bound(model, FAMILY, s_flat, y, unravel, flat0, data, refuse, make_bound=nb2_bound)
+
+
+def _all_counts(model, y_of, data, block: int = 1 << 16) -> bool:
+    """Whether every row's response (``y_of`` of a batch: the model's own reading) is a whole non-negative count:
+    one pass over all rows in blocks (counted as rows the conversion read). The bound's weights and remainders
+    read ``y`` as a count."""
+    from .model import count_conversion
+
+    n = int(np.shape(next(iter(data.values())))[0])
+    read = jax.jit(lambda b: jnp.reshape(jnp.asarray(y_of(b)), (-1,)))
+    for a in range(0, n, block):
+        b = {k: jnp.asarray(np.asarray(v)[a:a + block]) for k, v in data.items()}
+        if not counts_fit(np.asarray(read(b))):
+            return False
+    count_conversion(model, n)
+    return True
