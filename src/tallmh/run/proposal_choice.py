@@ -19,12 +19,14 @@ weights are heavy-tailed (a short run has not yet met the heaviest), so the larg
 When that ``tau`` is at most ``FINE_TAU`` the independence sampler is kept without a pilot (the cheap test:
 no data read, a few milliseconds). Otherwise the chains run ``PILOT_STEPS`` more warmup steps with MALA, whose
 ``tau`` is the larger of its own stickiness and its multi-chain ESS's, and MALA is chosen when its ESS per
-second is at least ``CLEAR`` (1/2) times the independence sampler's, whose ``tau`` is here also gauged for its
-slowest function by the longest visit seen, ``2 L_max - 1`` (its spectral gap is ``1 / w*``, the largest
-normalised weight: Liu 1996, *Metropolized independent sampling*, Statist. Comput. 6; a state held ``L`` steps has
-a weight of order ``L``). A near tie goes to MALA: where the cheap test failed, the independence sampler's
-estimates are optimistic and, with unbounded weights, it is not geometrically ergodic (Mengersen & Tweedie
-1996). The two proposals run in one compiled step, so their seconds per step are the warmup's pooled mean. The
+second is at least the independence sampler's. Where the warmup's longest hold is too long for holds of one
+rate (the chains' acceptance; :func:`hold_p_value` below ``HOLD_P``), the weights are seen to spread: the
+independence sampler's ``tau`` is then gauged for its slowest function by that hold, ``2 L_max - 1`` (its spectral
+gap is ``1 / w*``, the largest normalised weight: Liu 1996, *Metropolized independent sampling*, Statist. Comput.
+6; a state held ``L`` steps has a weight of order ``L``), and MALA needs only ``CLEAR`` (1/2) of its ESS per
+second: there the independence sampler's estimates are optimistic and, with unbounded weights, it is not
+geometrically ergodic (Mengersen & Tweedie 1996), so a near tie goes to MALA. The two proposals run in one
+compiled step, so their seconds per step are the warmup's pooled mean. The
 pilot's steps are warmup: its draws are not kept, and its time is counted in ``timings["choice_s"]`` (and in
 ``warmup_s``).
 """
@@ -48,6 +50,7 @@ PILOT_STEPS = 300  # MALA's pilot, per chain (warmup steps)
 # heavy-tailed) and an independence sampler with unbounded weights is not geometrically ergodic (Mengersen &
 # Tweedie 1996, Thm 2.1): a near tie goes to MALA
 CLEAR = 0.5
+HOLD_P = 0.001  # a longest hold this unlikely under one acceptance rate is taken as a weight spread
 
 
 def selects(run) -> bool:
@@ -73,6 +76,19 @@ def stickiness(accepted) -> float:
 def longest_visit(accepted) -> int:
     """The longest run of held states over all chains."""
     return int(max((L.max() for L, _ in visits(accepted) if L.size), default=1))
+
+
+def hold_p_value(accepted) -> float:
+    """How unlikely the longest hold is were every state's acceptance the chains' mean ``a``: the chance that the
+    longest of ``V`` geometric holds of rate ``a`` is at least as long, ``1 - (1 - (1 - a)^(L_max - 1))^V``."""
+    acc = np.asarray(accepted, bool)
+    a = float(acc.mean())
+    lengths = [L for L, _ in visits(acc)]
+    v, lmax = sum(L.size for L in lengths), longest_visit(acc)
+    if a >= 1.0 or lmax <= 1:
+        return 1.0
+    tail = (1.0 - a) ** (lmax - 1)
+    return float(-np.expm1(v * np.log1p(-tail))) if tail < 1.0 else 1.0
 
 
 def visit_tau(accepted, draws) -> float:
@@ -130,9 +146,10 @@ def choose(run, run_phase):
     rho = float(-np.expm1(np.asarray(run.states.proposal.lap.log_gap)).mean())
     s_cn, v_cn, e_cn = stickiness(acc), visit_tau(acc, draws), ess_tau(draws)
     tau_cn = max(s_cn, v_cn, e_cn, 1.0)
-    longest = longest_visit(_segment(run, 0, w)[1])  # (over the whole warmup: the longest hold is the rare event)
+    whole = _segment(run, 0, w)[1]  # (the longest hold is a rare event: looked for over the whole warmup)
+    longest, p_hold = longest_visit(whole), hold_p_value(whole)
     c = {"cn_tau": tau_cn, "cn_stickiness": s_cn, "cn_visit_tau": v_cn, "cn_ess_tau": e_cn, "cn_rho": rho,
-         "cn_longest_visit": longest,
+         "cn_longest_visit": longest, "cn_hold_p": p_hold,
          "cn_accept": float(acc.mean()), "cn_s_per_step": cn_s, "cn_items": cn_items}
     name_cn = "independence (Crank-Nicolson rho 0)" if rho < 1e-3 else f"Crank-Nicolson (rho {rho:.2f})"
     if tau_cn <= FINE_TAU:
@@ -160,15 +177,17 @@ def choose(run, run_phase):
     m_s = pilot_s / steps
     # the independence sampler's slowest function: its spectral gap is 1 / w* (the largest normalised weight,
     # Liu 1996), so tau = 2 w* - 1 for the indicator of the heaviest state; a state held L steps has a
-    # normalised weight of order L, so the longest visit seen gauges w* from below
-    tau_cn_worst = max(tau_cn, 2.0 * longest - 1.0) if rho <= 0.5 else tau_cn
+    # normalised weight of order L, so the longest visit gauges w* from below where it is longer than holds of one
+    # rate (the acceptance's) would make it: a weight spread, seen
+    heavy = rho <= 0.5 and p_hold < HOLD_P
+    tau_cn_worst = max(tau_cn, 2.0 * longest - 1.0) if heavy else tau_cn
     # both proposals run in the one compiled step (both are computed, one is used) and differ only in the rows
     # the test reads (a few per step, against a per-step overhead that dominates: benchmarks/README.md); their
     # seconds per step are taken as the warmup's pooled mean, not as the two segments' own timings, which on a
     # shared machine differ by their noise more than by their cost (and would make the choice depend on load)
     per_step = (run.timings["warmup_s"]) / max(1, run.done["warmup"])
     rate_cn, rate_m = 1.0 / (tau_cn_worst * per_step), 1.0 / (tau_m * per_step)
-    mala = rate_m >= CLEAR * rate_cn
+    mala = rate_m >= (CLEAR if heavy else 1.0) * rate_cn
     c.update(cn_tau_worst=tau_cn_worst, mala_tau=tau_m, mala_stickiness=s_m, mala_ess_tau=e_m, mala_accept=float(m_acc.mean()),
              mala_s_per_step=m_s, mala_items=m_items, pilot_steps=steps, pilot_s=pilot_s, s_per_step=per_step,
              cn_ess_per_s=rate_cn, mala_ess_per_s=rate_m,
@@ -181,7 +200,8 @@ def choose(run, run_phase):
     run.notes.append(
         f"proposal: {chosen}, chosen in warmup by estimated ESS per second: {name_cn} autocorrelation time "
         f"{tau_cn:.1f} steps, {tau_cn_worst:.1f} for its slowest function (stickiness {s_cn:.1f}, longest visit "
-        f"{longest} steps, acceptance {c['cn_accept']:.2f}, {cn_items:.2g} rows per step); MALA's {steps}-step "
+        f"{longest} steps{', too long for one acceptance rate' if heavy else ''}, acceptance {c['cn_accept']:.2f}, "
+        f"{cn_items:.2g} rows per step); MALA's {steps}-step "
         f"pilot {tau_m:.1f} steps (acceptance {c['mala_accept']:.2f}, {m_items:.2g} rows per step); "
         f"{1e3 * per_step:.3f} ms per step: ESS per second {rate_cn:.3g} against {rate_m:.3g}; the pilot took "
         f"{pilot_s:.2f} s of warmup")
