@@ -137,6 +137,7 @@ def choose(run, run_phase):
         return
     w = run.done["warmup"]
     if w < 20:  # (a warmup too short to measure anything: the independence sampler stays)
+        _set_mode(run, 0)
         run.choice = {"proposal": "crank-nicolson", "why": "warmup too short to compare"}
         run.proposal._chosen = "crank-nicolson"
         return
@@ -154,6 +155,7 @@ def choose(run, run_phase):
     name_cn = "independence (Crank-Nicolson rho 0)" if rho < 1e-3 else f"Crank-Nicolson (rho {rho:.2f})"
     if tau_cn <= FINE_TAU:
         c.update(proposal="crank-nicolson", pilot_steps=0)
+        _set_mode(run, 0)  # (as it started; also after a pilot cut short by an interruption and resumed)
         run.choice = c
         run.proposal._chosen = c["proposal"]
         run.timings["choice_s"] = time.perf_counter() - t0
