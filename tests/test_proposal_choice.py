@@ -116,3 +116,26 @@ def test_chosen_kernel_matches_exact_mh_on_the_rare_feature():
     assert r.proposal.chosen == "surrogate-mala"
     ok, zm, zs, report = compare(np.asarray(r.flat_samples, np.float64), ref)
     assert ok, report
+
+
+def test_a_resumed_run_keeps_the_choice(tmp_path):
+    """Cut in sampling after MALA was chosen, saved and resumed: the same draws, bit for bit, as one run (the mode
+    is in the chains' state; the choice is not made again)."""
+    import os
+
+    data = rare_feature()
+    kw = dict(progress=False, seed=1, num_samples=300)
+    full = tm.sample(tm.models.LogisticRegression(), data, **kw)
+    assert full.proposal.chosen == "surrogate-mala"
+
+    def stop(info):
+        if info["phase"] == "sampling" and info["done"] >= 100:
+            raise KeyboardInterrupt
+
+    cut = tm.sample(tm.models.LogisticRegression(), data, callback=stop, chunk_size=50, **kw)
+    assert cut.partial
+    path = os.fspath(tmp_path / "cut.npz")
+    cut.save(path)
+    resumed = tm.sample(tm.models.LogisticRegression(), data, resume=tm.load_result(path), **kw)
+    assert resumed.proposal.chosen == "surrogate-mala"
+    np.testing.assert_array_equal(resumed.flat_samples, full.flat_samples)
