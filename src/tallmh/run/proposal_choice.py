@@ -140,6 +140,8 @@ def choose(run, run_phase):
         _set_mode(run, 0)
         run.choice = {"proposal": "crank-nicolson", "why": "warmup too short to compare"}
         run.proposal._chosen = "crank-nicolson"
+        run.notes.append(f"proposal: Crank-Nicolson from the Laplace approximation, kept: {w} warmup steps are too "
+                         "few to compare it with MALA")
         return
     t0 = time.perf_counter()
     cn_s = run.timings["warmup_s"] / w
