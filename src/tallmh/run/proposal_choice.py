@@ -7,10 +7,11 @@ surrogate), ``run.num_warmup`` grown by the MALA pilot's steps when one ran, ``r
 
 How it decides. An independence sampler's autocorrelation is all in its repeats: its proposals do not depend
 on the state, and a state is held for a time whose mean grows with its importance weight ``pi / q`` (Tierney
-1994, Sec. 2.3.3; Mengersen & Tweedie 1996). Over the second half of the Crank-Nicolson warmup the stage measures
+1994; Mengersen & Tweedie 1996). Over the second half of the Crank-Nicolson warmup the stage measures
 
 - the *stickiness* ``S = sum L_j^2 / sum L_j`` of the visits' lengths ``L_j`` (the mean length of the visit a
-  random step falls in; about ``E_q[w^2] / E_q[w]^2 = 1 + chi^2(pi || q)`` for the independence sampler), and
+  random step falls in; for the independence sampler it grows with the weights' second moment
+  ``E_q[w^2] / E_q[w]^2 = 1 + chi^2(pi || q)``), and
 - the visits' autocorrelation time ``tau_f = sum L_j^2 (f_j - mean)^2 / (sum L_j var f)`` of each coordinate
   (the variance of a mean of held values, visits taken as independent), and the multi-chain ESS's,
 
@@ -22,8 +23,8 @@ no data read, a few milliseconds). Otherwise the chains run ``PILOT_STEPS`` more
 second is at least the independence sampler's. Where the warmup's longest hold is too long for holds of one
 rate (the chains' acceptance; :func:`hold_p_value` below ``HOLD_P``), the weights are seen to spread: the
 independence sampler's ``tau`` is then gauged for its slowest function by that hold, ``2 L_max - 1`` (its spectral
-gap is ``1 / w*``, the largest normalised weight: Liu 1996, *Metropolized independent sampling*, Statist. Comput.
-6; a state held ``L`` steps has a weight of order ``L``), and MALA needs only ``CLEAR`` (1/2) of its ESS per
+gap is ``1 / w*``, the largest normalised weight: Liu 1996, *Metropolized independent sampling with comparisons
+to rejection sampling and importance sampling*, Statist. Comput. 6; a state held ``L`` steps has a weight of order ``L``), and MALA needs only ``CLEAR`` (1/2) of its ESS per
 second: there the independence sampler's estimates are optimistic and, with unbounded weights, it is not
 geometrically ergodic (Mengersen & Tweedie 1996), so a near tie goes to MALA. The two proposals run in one
 compiled step, so their seconds per step are the warmup's pooled mean. The
@@ -45,10 +46,10 @@ from . import runstate
 FINE_TAU = 2.0  # the independence sampler's estimated tau at or below which it is kept without a pilot (MALA's ESS
 # per step on a Gaussian target, its best case, is far below 1 / 2 beyond one dimension: 0.13-0.24 measured at d = 11)
 PILOT_STEPS = 300  # MALA's pilot, per chain (warmup steps)
-# MALA is chosen unless its estimated ESS per second is below CLEAR times the independence sampler's: where the
-# cheap test failed, the latter's estimate is optimistic (a short run underestimates tau when the weights are
-# heavy-tailed) and an independence sampler with unbounded weights is not geometrically ergodic (Mengersen &
-# Tweedie 1996, Thm 2.1): a near tie goes to MALA
+# where the weights are seen to spread, MALA is chosen unless its estimated ESS per second is below CLEAR times the
+# independence sampler's: there the latter's estimate is optimistic (a short run underestimates tau when the
+# weights are heavy-tailed) and an independence sampler with unbounded weights is not geometrically ergodic
+# (Mengersen & Tweedie 1996): a near tie goes to MALA
 CLEAR = 0.5
 HOLD_P = 0.001  # a longest hold this unlikely under one acceptance rate is taken as a weight spread
 
