@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
-from .laplace import LaplaceState, _from_run
+from .laplace import LaplaceState, from_run
 
 __all__ = ["LaplaceChoice", "MALA_STEP"]
 
@@ -63,7 +63,7 @@ class LaplaceChoice:
         return self._chosen
 
     def init(self, theta, n: int, cov_hint=None, center=None) -> ChoiceState:
-        c, L, Linv = _from_run(theta, cov_hint, center, type(self).__name__)
+        c, L, Linv = from_run(theta, cov_hint, center, type(self).__name__)
         d = theta.shape[0]
         e = self.mala_step if self.mala_step is not None else MALA_STEP * d ** (-1.0 / 3.0)
         lap = LaplaceState(c, L, Linv, jnp.asarray(np.log1p(-self.rho), theta.dtype))
