@@ -12,6 +12,8 @@ persistent caches off:
 - ``ms_per_step``: the compiled program's wall per step of the 4 chains (the second call), and the rows read per
   step (mean).
 
+``GEC_DUMP=FILE`` writes the optimised HLO there.
+
 Usage::
 
     python benchmarks/glm_effects_compile.py                    # N = 100,000, G = 50
@@ -106,7 +108,9 @@ def main(argv=None):
     print(json.dumps(row))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "glm_effects_compile.json"), "w") as f:
-        json.dump({"command": " ".join(["python", "benchmarks/glm_effects_compile.py"] + (argv or sys.argv[1:])),
+        args = " ".join(argv or sys.argv[1:])
+        args = re.sub(r"\s*--out\s+\S+", "", args)  # (no path of the machine it ran on)
+        json.dump({"command": ("python benchmarks/glm_effects_compile.py " + args).strip(),
                    "rows": [row]}, f, indent=1)
 
 
