@@ -59,7 +59,8 @@ def test_from_bambi_formula_route_names():
     m1, d1 = tm.from_bambi(bmb.Model("y ~ x1 + (1|g)", df, family="bernoulli"), check=False, centre_groups=False)
     m2, d2 = tm.from_bambi("y ~ x1 + (1|g)", df, family="bernoulli", check=False, centre_groups=False)
     assert m1.value_names == m2.value_names and m1.output_names == m2.output_names
-    th = {k: v + 0.1 for k, v in m1.init().items()}
+    rng = np.random.default_rng(2)
+    th = {k: v + 0.3 * rng.standard_normal(np.shape(v)) for k, v in m1.init().items()}
     assert float(m1.log_prior(th)) == pytest.approx(float(m2.log_prior(th)), rel=1e-6)
     assert np.allclose(np.asarray(m1.log_lik(th, d1)), np.asarray(m2.log_lik(th, d2)), rtol=1e-6, atol=1e-6)
 
@@ -68,3 +69,10 @@ def test_from_bambi_formula_route_names():
 def test_unsupported_formulas_are_refused(formula):
     with pytest.raises(ConfigError):
         indexed_bambi_model(formula, _frame(), family="bernoulli")
+
+
+def test_rows_dropped_by_bambi_are_refused():
+    df = _frame()
+    df.loc[3, "x1"] = np.nan
+    with pytest.raises(ConfigError, match="missing values"):
+        indexed_bambi_model("y ~ x1 + (1|g)", df, family="bernoulli", dropna=True)

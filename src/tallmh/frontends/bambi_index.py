@@ -84,6 +84,10 @@ def indexed_bambi_model(formula, data, **model_kwargs):
         coded[col] = (Treatment().code_with_intercept(levels).labels, codes.astype(np.intp))
         stand_in[col] = pd.Categorical.from_codes(np.zeros(len(data), np.int8), [levels[0]])
     bm = bmb.Model(formula, data.assign(**stand_in) if stand_in else data, **model_kwargs)
+    rows = int(np.shape(bm.response_component.term.data)[0])
+    if rows != len(data):
+        raise ConfigError(f"Bambi kept {rows} of the frame's {len(data)} rows (missing values dropped): drop them from "
+                          "the frame before from_bambi(formula, data)")
     seen = set()
     for comp in bm.components.values():
         for name, term in getattr(comp, "group_specific_terms", {}).items():
