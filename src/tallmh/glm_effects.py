@@ -15,8 +15,8 @@ exactly at every step, so one set-up serves every value of ``sigma``.
 **Recognition** (:func:`recognise`): the model's per-row log-likelihood in the flat effects ``e`` must be
 ``log sigmoid(a_i . e + b_i)`` with ``a_i`` zero outside the fixed effects and one entry of the largest effect key
 (the group key). With ``l_i = log sigmoid(v_i)``, ``v_i = -log(expm1(-l_i))`` and ``a_i = grad l_i / (1 -
-exp(l_i))``: one pass of per-row gradients gives the design (the response's sign folded into it), the group
-index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
+exp(l_i))``: one pass of forward derivatives (:mod:`tallmh.glm_rows`) gives the design (the response's sign folded
+into it), the group index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
 the start and at a moved point (the model's value against the reconstruction); anything else (a probit link,
 two group terms on one row, a family parameter) is not recognised and keeps the approximate block.
 
