@@ -18,6 +18,7 @@ Usage::
     python benchmarks/hierarchical_scale.py --effects single-block  # no automatic blocks
     python benchmarks/hierarchical_scale.py --frontend pymc      # the same model written in PyMC
     python benchmarks/hierarchical_scale.py --frontend bambi-formula  # tm.from_bambi(formula, df, family=...)
+    python benchmarks/hierarchical_scale.py --frontend bambi-formula --model-only --rows 10000000 --groups 1000
     python benchmarks/hierarchical_scale.py --smoke
 
 ``--frontend pymc`` builds the model Bambi builds (its names, its group term ``1|g = 1|g_offset * 1|g_sigma``,
@@ -89,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--frontend", choices=("bambi", "bambi-formula", "pymc"), default="bambi",
                     help="bambi: bmb.Model and tm.from_bambi; bambi-formula: tm.from_bambi(formula, df, family=...); "
                          "pymc: the same model written in PyMC, tm.from_pymc")
+    ap.add_argument("--model-only", action="store_true",
+                    help="with --frontend bambi-formula: stop after Bambi's model is built (its memory and time)")
     ap.add_argument("--pcn", type=float, default=None, help="the exact block's Crank-Nicolson parameter")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -121,6 +124,17 @@ def main(argv=None):
         mem["bambi model"] = peak_mb()
         model, data = tm.from_bambi(bm)
     elif a.frontend == "bambi-formula":
+        if a.model_only:  # Bambi's model by the index route, built; no conversion, no sampling
+            from tallmh.frontends.bambi_index import indexed_bambi_model
+
+            indexed_bambi_model("y ~ x1 + x2 + (1|g)", df, family="bernoulli")
+            mem["bambi model"] = peak_mb()
+            row = {"frontend": a.frontend, "rows": a.rows, "groups": a.groups, "model s": time.perf_counter() - t1,
+                   "peak MB by stage": mem, "load": open("/proc/loadavg").read().split()[:3]}
+            print(row, flush=True)
+            _common.write_json(a.out, f"hierarchical_scale_{a.rows}x{a.groups}_bambi_formula_model_only.json",
+                               {"meta": meta, "result": row})
+            return
         model, data = tm.from_bambi("y ~ x1 + x2 + (1|g)", df, family="bernoulli")
     else:
         pm_model = pymc_model(g, x, y, levels)
