@@ -76,3 +76,13 @@ def test_rows_dropped_by_bambi_are_refused():
     df.loc[3, "x1"] = np.nan
     with pytest.raises(ConfigError, match="missing values"):
         indexed_bambi_model("y ~ x1 + (1|g)", df, family="bernoulli", dropna=True)
+
+
+def test_from_bambi_arguments_are_checked():
+    import tallmh as tm
+
+    df = _frame(60)
+    with pytest.raises(ConfigError, match="data frame is missing"):
+        tm.from_bambi("y ~ x1 + (1|g)", family="bernoulli")
+    with pytest.raises(ConfigError, match="already has its data"):
+        tm.from_bambi(bmb.Model("y ~ x1", df, family="bernoulli"), df)
