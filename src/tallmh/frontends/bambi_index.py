@@ -72,7 +72,6 @@ def indexed_bambi_model(formula, data, **model_kwargs):
     the one-level stand-ins, so Bambi's own prediction and plots must not be used on it."""
     import bambi as bmb
     import pandas as pd
-    from formulae.categorical import Treatment
 
     if not isinstance(data, pd.DataFrame):
         raise ConfigError(f"from_bambi(formula, data) needs a pandas DataFrame; got {type(data).__name__}")
@@ -81,7 +80,9 @@ def indexed_bambi_model(formula, data, **model_kwargs):
     coded, stand_in = {}, {}
     for col in columns:
         levels, codes = _levels_and_codes(data[col])
-        coded[col] = (Treatment().code_with_intercept(levels).labels, codes.astype(np.intp))
+        # formulae's labels of a grouping factor (Treatment coding with intercept: ``str`` of each level; its G x G
+        # contrast matrix is not made here)
+        coded[col] = ([str(level) for level in levels], codes.astype(np.intp))
         stand_in[col] = pd.Categorical.from_codes(np.zeros(len(data), np.int8), [levels[0]])
     bm = bmb.Model(formula, data.assign(**stand_in) if stand_in else data, **model_kwargs)
     rows = int(np.shape(bm.response_component.term.data)[0])
