@@ -86,3 +86,13 @@ def test_from_bambi_arguments_are_checked():
         tm.from_bambi("y ~ x1 + (1|g)", family="bernoulli")
     with pytest.raises(ConfigError, match="already has its data"):
         tm.from_bambi(bmb.Model("y ~ x1", df, family="bernoulli"), df)
+
+
+def test_a_large_indicator_matrix_names_the_index_route(monkeypatch):
+    import tallmh as tm
+    from tallmh.frontends import pymc_model
+
+    bm = bmb.Model("y ~ x1 + (1|g)", _frame(), family="bernoulli")
+    monkeypatch.setattr(pymc_model, "DENSE_GROUPS_WARN", 1000)  # 400 rows x 5 levels x 8 bytes = 16,000
+    with pytest.warns(UserWarning, match="with an index instead"):
+        tm.from_bambi(bm, check=False, centre_groups=False)

@@ -541,6 +541,23 @@ def _checks(model: PyMCModel, data, n, check_full_max):
                     "data: the model probably uses the number of rows, or the data, outside its observed variables")
 
 
+DENSE_GROUPS_WARN = 1 << 28  # bytes of Bambi's group indicator matrices above which from_bambi(bm) names the other route
+
+
+def _warn_dense_groups(bmb_model):
+    """A warning where Bambi's model holds group terms' rows x levels indicator matrices of more than 256 MB."""
+    import warnings
+
+    size = 0
+    for comp in getattr(bmb_model, "components", {}).values():
+        for term in getattr(comp, "group_specific_terms", {}).values():
+            size += int(getattr(getattr(term, "grouper", None), "nbytes", 0))
+    if size > DENSE_GROUPS_WARN:
+        warnings.warn(f"Bambi's model holds its group terms' rows x levels indicator matrices ({size / 2**20:,.0f} MB); "
+                      "tm.from_bambi(formula, df, family=..., ...) builds the same model with an index instead",
+                      stacklevel=3)
+
+
 def from_bambi(bmb_model, data=None, *, check: bool = True, check_full_max: int = 20_000, centre_groups: bool = True,
                **model_kwargs):
     """``model, data = tm.from_bambi(bmb_model)``: a Bambi model through :func:`from_pymc`.
@@ -572,6 +589,8 @@ def from_bambi(bmb_model, data=None, *, check: bool = True, check_full_max: int 
     elif data is not None or model_kwargs:
         raise ConfigError("from_bambi takes a data frame and bambi.Model's arguments only with a formula (a string); "
                           "a bambi.Model already has its data")
+    else:
+        _warn_dense_groups(bmb_model)
     if not hasattr(bmb_model, "build") or not hasattr(bmb_model, "backend"):
         raise ConfigError(f"from_bambi needs a bambi.Model; got {type(bmb_model).__name__}")
     if getattr(bmb_model, "backend", None) is None or getattr(bmb_model.backend, "model", None) is None:
