@@ -90,7 +90,7 @@ def test_which_bambi_models_get_a_bound():
                        "g": np.random.default_rng(0).choice(list("abcd"), 600)})
     for fam, f, expect in (("bernoulli", "y ~ x1 + C(g)", True), ("poisson", "c ~ x1 + x2", True),
                            ("bernoulli", "y ~ 1", True), ("gaussian", "x1 ~ x2", False),
-                           ("negativebinomial", "c ~ x1", False)):
+                           ("negativebinomial", "c ~ x1", True), ("zero_inflated_negativebinomial", "c ~ x1", False)):
         model, _ = tm.from_bambi(bmb.Model(f, df, family=fam))
         assert has_bound(model) is expect, (f, fam, getattr(model, "factor_bound_reason", None))
     for centre in (True, False):  # group-level terms: no bound

@@ -15,8 +15,8 @@ exactly at every step, so one set-up serves every value of ``sigma``.
 **Recognition** (:func:`recognise`): the model's per-row log-likelihood in the flat effects ``e`` must be
 ``log sigmoid(a_i . e + b_i)`` with ``a_i`` zero outside the fixed effects and one entry of the largest effect key
 (the group key). With ``l_i = log sigmoid(v_i)``, ``v_i = -log(expm1(-l_i))`` and ``a_i = grad l_i / (1 -
-exp(l_i))``: one pass of per-row gradients gives the design (the response's sign folded into it), the group
-index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
+exp(l_i))``: one pass of forward derivatives (:mod:`tallmh.glm_rows`) gives the design (the response's sign folded
+into it), the group index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
 the start and at a moved point (the model's value against the reconstruction); anything else (a probit link,
 two group terms on one row, a family parameter) is not recognised and keeps the approximate block.
 
@@ -33,11 +33,14 @@ s_{g(i)}``, ``lam = 2 sqrt(p)`` and ``t_j = max(||L^T d_beta|| / lam, |d_u_j + v
 t_j t_j' + t_j'^2)``: symmetric in ``e, e'`` and data-free. (Without the ``v_j`` term an intercept confounded with
 the group effects gives every row the intercept's marginal sd: measured, 1.4% of 10^6 rows a step.) A small, uncertain group has a large ``s_j`` but few rows; a large group
 many rows of tiny ``kappa_i``: each costs in proportion to its own contribution. The Poisson process of rate
-``phi_j rate_i`` (``rate_i >= kappa_i^3``) is drawn as in SMH Alg. 2: ``K ~ Poisson(sum_j phi_j T_j)``, each
-point in group ``j`` with probability ``phi_j T_j / Lambda``, then a bucket of like weights within the group by
-an integer threshold table and an item uniformly in it (the rate it gets is known exactly, as in
-:func:`tallmh.factor_bounds.build_table`). Where ``Lambda > N/4`` the step takes the exact decision from all
-rows (a symmetric condition: still exact).
+``phi_j rate_i`` (``rate_i >= kappa_i^3``) is drawn as in SMH Alg. 2: ``K ~ Poisson(Lambda)`` points, ``Lambda =
+sum_j phi_j T_j``, each in group ``j`` with probability ``phi_j T_j / Lambda``, then a bucket of like weights within
+the group by an integer threshold table and an item uniformly in it (the rate it gets is known exactly, as in
+:func:`tallmh.factor_bounds.build_table`). The points are met, as in :mod:`tallmh.acceptance.thinning`, by their
+arrival times on ``[0, Lambda)`` in a unit-rate process (exponential gaps, summed as a double-float pair), ``K``
+never drawn in advance, until the next arrival is past ``Lambda`` or a point is kept; a chunk of points takes its
+words (group, bucket, item, thinning, gap) from one hash. Where ``Lambda > N/4`` the
+step takes the exact decision from all rows (a symmetric condition: still exact).
 
 **The proposal**: preconditioned Crank-Nicolson on the Gaussian that the surrogate gives *at the current
 hyperparameters*: precision ``P = -H + Lambda0`` (``H`` the likelihood's Hessian sum at the centre, arrow-shaped:
@@ -62,7 +65,7 @@ import numpy as np
 from .blocks.state import BlockInfo
 from .factor_bounds import SAFETY
 from .glm_families import POISSON_RADIUS, host_terms, item_rates, remainder_diff
-from .glm_rows import logistic_rows, tangents
+from .glm_rows import logistic_rows, second_order_rows, tangents
 
 __all__ = ["recognise", "GLMEffects", "glm_setup", "DATA_KEYS"]
 
@@ -94,15 +97,6 @@ def _positions(bm):
     return {k: np.rint(np.asarray(v, np.float64)).astype(np.int64).reshape(-1) for k, v in pos.items()}
 
 
-def _row_fn(bm):
-    h0 = bm.start["hyper"]
-
-    def ell(e, row):
-        return bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), row)[0]
-
-    return ell
-
-
 def recognise(bm, data, n) -> Optional[GLMView]:
     """The effects' GLM structure (see the module and :mod:`tallmh.glm_families`), or None where the likelihood is
     not a logistic, Poisson-log or known-sd Gaussian GLM with one group key (checked on every row at two points).
@@ -130,7 +124,6 @@ PROBE_ROWS = 2048
 def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     """The view read from the first ``rows`` rows by ``form`` (``"logistic"``, or ``"second-order"``: Poisson or
     Gaussian), checked on those rows at the start and at a moved point; None where it does not fit."""
-    from .glm_families import second_order_rows
     from .storage.data import take
 
     e0 = bm.start["effects"]
@@ -138,18 +131,17 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     fj, gj = jnp.asarray(fixed), jnp.asarray(group)
     w = jnp.asarray(np.random.default_rng(4).standard_normal(d), e0.dtype)
 
-    ell = _row_fn(bm)
     h0 = bm.start["hyper"]
     tang = tangents(fixed, group, d, e0.dtype)
 
     @jax.jit
     def chunk(data, idx):  # (the data an argument: closed over, they would be copied into the program as constants)
         flat = take(data, idx)
+        lik = lambda e: bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), flat)  # noqa: E731
+        # forward derivatives along p + 3 directions (tallmh.glm_rows): O(p) a row whatever the number of groups
         if form != "logistic":
-            return second_order_rows(ell, e0, w, jax.tree_util.tree_map(lambda a: a[:, None], flat), fj, gj)
-        # p + 3 forward derivatives a row (tallmh.glm_rows): O(p) a row whatever the number of groups
-        xf, gi, ci, b, ok = logistic_rows(lambda e: bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), flat),
-                                          e0, tang, int(fixed.size), fj, gj)
+            return second_order_rows(lik, e0, tang, w, int(fixed.size), fj, gj)
+        xf, gi, ci, b, ok = logistic_rows(lik, e0, tang, int(fixed.size), fj, gj)
         z = jnp.zeros_like(b)
         return jnp.int32(0), xf, gi, ci, b, z, z, ok
 
@@ -398,6 +390,14 @@ def _row_terms(data, idx, e, ep, c, F, Gp):
     return md[:, 0] + b, md[:, 1], md[:, 2]
 
 
+def _unit(hi, lo, dtype):
+    """A uniform on ``[0, 1)`` from two uint32 words: 24 random bits of ``hi`` in float32, 53 of both in float64 (the
+    resolutions of ``jax.random.uniform``), never 1 after rounding."""
+    if jnp.dtype(dtype).itemsize <= 4:
+        return (hi >> 8).astype(dtype) * (2.0**-24)
+    return ((hi >> 5).astype(dtype) * 2.0**26 + (lo >> 6).astype(dtype)) * (2.0**-53)
+
+
 @dataclass(frozen=True, eq=False)
 class GLMEffects:
     """Exact MH on the ``"effects"`` site of a :class:`~tallmh.hierarchical.BlockedModel` whose likelihood is a
@@ -489,13 +489,17 @@ class GLMEffects:
         m3 = 0.0 if self.family == "gaussian" else 1.0  # (the family's M_i is in the rows' rates: glm_families)
         return (SAFETY * m3 / 6.0 * self.shrink) * dd * (t * t + t * tp + tp * tp), jnp.maximum(jnp.max(t), jnp.max(tp))
 
-    def _draw(self, key, cum_mass, lam_total, m, data):
-        """``m`` points: (items, their per-point rate divided by phi of their group, their groups)."""
+    def _draw(self, w, cum_mass, lam_total, m, data):
+        """``m`` points from the random words ``w`` (6, m): (items, their per-point rate divided by phi of their
+        group, their groups). The group by a uniform (:func:`_unit`), the bucket and the item by multiply-high of 64
+        bits (:func:`tallmh.factor_bounds.below`): one hash for all, no ``randint``'s own."""
+        from .factor_bounds import below
+
         st = self._st()
-        k1, k2, k3 = jax.random.split(key, 3)
         G = st.T.shape[0]
-        j = jnp.minimum(jnp.searchsorted(cum_mass, jax.random.uniform(k1, (m,)) * lam_total, side="right"), G - 1)
-        r = jax.random.randint(k2, (m,), 0, st.K[j])
+        j = jnp.minimum(jnp.searchsorted(cum_mass, _unit(w[0], w[1], lam_total.dtype) * lam_total,
+                                         side="right"), G - 1)
+        r = below(w[2], w[3], st.K[j])
         lo, hi = st.gfirst[j], st.gfirst[j + 1] - 1
 
         def bisect(_, lh):  # the first bucket of the group whose cumulative range exceeds r
@@ -506,21 +510,29 @@ class GLMEffects:
 
         b, _ = jax.lax.fori_loop(0, st.search_steps, bisect, (lo, hi))
         k_b = st.cumk[b] - jnp.where(b > st.gfirst[j], st.cumk[jnp.maximum(b - 1, 0)], 0)
-        item = data["_glm_order"][st.bstart[b] + jax.random.randint(k3, (m,), 0, st.bcount[b])]
+        item = data["_glm_order"][st.bstart[b] + below(w[4], w[5], st.bcount[b])]
         rate = st.T[j] * k_b.astype(st.T.dtype) / (st.K[j].astype(st.T.dtype) * st.bcount[b].astype(st.T.dtype))
         return item, rate, j
 
-    def _full(self, data, n, e, ep, go):
-        """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``)."""
-        from .acceptance.base import CompSum, StreamReader
-
+    def _rem(self, data, e, ep, valid):
+        """``idx -> R_i(e') - R_i(e)`` of rows ``idx``, computed in a ``lax.cond`` branch of its own on ``valid`` (a
+        true predicate the compiler cannot fold, not batched over chains), so that its result is stored once and
+        read by each use: XLA otherwise re-emits the family's series into every consumer fusion."""
         c = self._st().center
 
         def rem(idx):
             m, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
             return remainder_diff(self.family, m, d, dp)
 
-        reader = StreamReader(n, 4096, rem, permuted=False, stop_on_nonfinite=True)
+        return lambda idx: jax.lax.cond(valid, rem, lambda i: jnp.full(i.shape, jnp.nan, e.dtype), idx)
+
+    def _full(self, data, n, e, ep, go, valid):
+        """The compensated sum of every row's remainder difference (a while loop with target 0 unless ``go``), in
+        chunks of one size (one loop)."""
+        from .acceptance.base import CompSum, StreamReader
+
+        reader = StreamReader(n, 4096, self._rem(data, e, ep, valid), permuted=False, ladder_base=None,
+                              stop_on_nonfinite=True)
         return reader.advance(None, CompSum.zero(e.dtype), jnp.where(go, n, 0))
 
     def step(self, key, model, values, aux, members, bstate, data, n):
@@ -539,10 +551,10 @@ class GLMEffects:
         dg = 0.5 * arrow_quad(P, ep[F] + e[F] - 2 * mu[F], ep[Gp] + e[Gp] - 2 * mu[Gp], ep[F] - e[F], ep[Gp] - e[Gp])
         log_base = lp(h, ep) - lp(h, e) + dq + dg
         log_base = jnp.where(jnp.isnan(log_base), -jnp.inf, log_base)
-        u, k_count, k_points = draw_u(k_dec)
+        u, k_first, k_points = draw_u(k_dec)
+        valid = data[DATA_KEYS[1]][0] >= 0  # (true: a predicate on the data, shared by the chains, see _once)
         if self.test == "exact":
-            fallback, lam_total, count = jnp.bool_(True), jnp.zeros((), e.dtype), jnp.zeros((), jnp.int32)
-            mass = None
+            fallback, lam_go, mass = jnp.bool_(True), jnp.zeros((), e.dtype), None
         else:
             phi, tmax = self._phi(e, ep)
             mass = phi * st.T
@@ -551,43 +563,53 @@ class GLMEffects:
             if self.family == "poisson":  # outside the trust region the rates do not bound: every row decides
                 fallback = fallback | ~(tmax <= self.radius)
             go = (jnp.log(u) < log_base) & ~fallback
-            count = jnp.where(go, jax.random.poisson(k_count, jnp.where(go, lam_total, 0.0)), 0).astype(jnp.int32)
-        thin_ok, touched, rounds = self._thin(k_points, count, mass, lam_total, phi if mass is not None else None,
-                                              data, e, ep)
+            lam_go = jnp.where(go, lam_total, jnp.zeros((), e.dtype))  # (no point unless the thinning decides)
+        thin_ok, touched, rounds = self._thin(k_first, k_points, lam_go, mass, phi if mass is not None else None,
+                                              data, e, ep, valid)
         full = fallback & jnp.isfinite(log_base)
-        acc = self._full(data, n, e, ep, full)
+        acc = self._full(data, n, e, ep, full, valid)
         full_ok = full & (acc.nonfinite == 0) & exact_accept("metropolis", u, log_base, (acc.hi, acc.lo))
         accept = jnp.where(fallback, full_ok, (jnp.log(u) < log_base) & thin_ok)
         new = jnp.where(accept, ep, e)
         info = BlockInfo(touched + acc.read, jnp.int32(1), accept.astype(jnp.int32))
         return {**values, self.site: new}, aux, members, bstate, info
 
-    def _thin(self, key, count, mass, lam_total, phi, data, e, ep):
-        """SMH Alg. 2 on the per-group process: ``(no point kept, rows read, rounds)``."""
+    def _thin(self, k_first, key, lam_go, mass, phi, data, e, ep, valid):
+        """SMH Alg. 2 on the per-group process of total rate ``lam_go`` (0: no point), its points met by their
+        arrival times (see the module): ``(no point kept, rows read, rounds)``."""
+        from .acceptance.base import df_add
+
+        z = jnp.zeros((), jnp.int32)
         if mass is None:
-            z = jnp.zeros((), jnp.int32)
             return jnp.bool_(True), z, z
         m = int(self.chunk)
         cum = jnp.cumsum(mass)
-        c = self._st().center
+        lam_total = cum[-1]
+        rem = self._rem(data, e, ep, valid)
+        dtype = e.dtype
 
         def cond(s):
-            done, rejected, _, _ = s
-            return (done < count) & ~rejected
+            hi, lo, rejected, _, _, _ = s
+            return ((hi - lam_go) + lo < 0) & ~rejected
 
         def body(s):
-            done, rejected, k, touched = s
-            k, k1, k2 = jax.random.split(k, 3)
-            idx, rate, j = self._draw(k1, cum, lam_total, m, data)
-            live = jnp.arange(m) < count - done
-            mm, d, dp = _row_terms(data, idx, e, ep, c, self.fixed, self.group)
-            dr = remainder_diff(self.family, mm, d, dp)
+            hi, lo, rejected, k, touched, rounds = s
+            k, k1 = jax.random.split(k)
+            w = jax.random.bits(k1, (10, m), jnp.uint32)  # (one hash: the points' words, the thinning's, the gaps')
+            idx, rate, j = self._draw(w[:6], cum, lam_total, m, data)
+            u2 = jnp.stack([_unit(w[6], w[7], dtype), _unit(w[8], w[9], dtype)])
+            gaps = -jnp.log1p(-u2[1])
+            ahead = jnp.cumsum(gaps) - gaps  # lane j's arrival: T + gaps[0] + ... + gaps[j-1]
+            live = (hi - lam_go) + (lo + ahead) < 0
+            dr = rem(idx)
             bad = live & ~jnp.isfinite(dr)
             lam_i = phi[j] * rate  # (positive for a drawn point; a rounding edge that lands on a zero rate: no point)
             p = jnp.where(live & ~bad & (lam_i > 0), jnp.maximum(-dr, 0.0) / jnp.where(lam_i > 0, lam_i, 1.0), 0.0)
-            kept = (jax.random.uniform(k2, (m,), e.dtype) < p) | bad
-            return done + jnp.minimum(m, count - done), rejected | jnp.any(kept), k, touched + m
+            kept = (u2[0] < p) | bad
+            hi, lo = df_add((hi, lo), (jnp.sum(gaps), jnp.zeros((), dtype)))
+            return hi, lo, rejected | jnp.any(kept), k, touched + m, rounds + 1
 
-        z = jnp.zeros((), jnp.int32)
-        done, rejected, _, touched = jax.lax.while_loop(cond, body, (z, jnp.bool_(False), key, z))
-        return ~rejected, touched, (done + m - 1) // m
+        t1 = jax.random.exponential(k_first, (), dtype)
+        _, _, rejected, _, touched, rounds = jax.lax.while_loop(
+            cond, body, (t1, jnp.zeros((), dtype), jnp.bool_(False), key, z, z))
+        return ~rejected, touched, rounds

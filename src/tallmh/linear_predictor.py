@@ -111,10 +111,50 @@ def _states(jaxpr, in_states, dep_ops):
     return [read(v) for v in jaxpr.outvars]
 
 
-def affine_in(fn: Callable, theta, *rest, outer: Optional[str] = None):
+_SHAPE_ONLY = ("reshape", "broadcast_in_dim", "squeeze", "expand_dims", "copy", "copy_p")
+
+
+def _outer_path(jp, outer):
+    """The values ``jp``'s one output is computed from along ``outer`` (a name or a sequence of steps: a unary
+    operation's name, or ``(name, k)`` for the ``k``-th operand of a binary one), shape-only operations skipped
+    before each step (they commute with the step and keep a value affine); ``None`` where the program differs."""
+    steps = (outer,) if isinstance(outer, str) else tuple(outer)
+    if len(jp.outvars) != 1:
+        return None
+    target = jp.outvars[0]
+    k = len(jp.eqns)
+    for step in steps:
+        name, arg = (step, 0) if isinstance(step, str) else step
+        while True:
+            found = [j for j in range(k) if any(v is target for v in jp.eqns[j].outvars)]
+            if not found:
+                return None
+            k = found[0]
+            eqn = jp.eqns[k]
+            if eqn.primitive.name in _SHAPE_ONLY and eqn.primitive.name != name:
+                target = eqn.invars[0]
+                continue
+            break
+        if eqn.primitive.name != name or arg >= len(eqn.invars) or hasattr(eqn.invars[arg], "val"):
+            return None
+        target = eqn.invars[arg]
+    return SimpleNamespace(invars=jp.invars, constvars=jp.constvars, eqns=jp.eqns[:k], outvars=[target])
+
+
+def _form(outer) -> str:
+    """``(("div", 1), "exp")`` -> ``"div(_, exp(linear predictor))"``."""
+    text = "linear predictor"
+    for step in reversed((outer,) if isinstance(outer, str) else tuple(outer)):
+        name, arg = (step, 0) if isinstance(step, str) else step
+        text = f"{name}({', '.join(['_'] * arg + [text])})"
+    return text
+
+
+def affine_in(fn: Callable, theta, *rest, outer=None):
     """``(True, "")`` when ``fn(theta, *rest)`` is, as a program, affine in the flat vector ``theta`` (see the
     module); else ``(False, why)``. Only the program's structure is read (``jax.make_jaxpr`` at these shapes).
-    ``outer="exp"``: the program's one output must be ``exp`` of a value affine in ``theta`` (a Poisson rate)."""
+    ``outer="exp"``: the program's one output must be ``exp`` of a value affine in ``theta`` (a Poisson rate);
+    a sequence of steps (:func:`_outer_path`), e.g. ``(("div", 1), "exp")``: ``c / exp(affine)``."""
     try:
         closed = jax.make_jaxpr(fn)(theta, *rest)
     except Exception as e:  # noqa: BLE001 - a program that cannot be traced is not certified
@@ -122,12 +162,9 @@ def affine_in(fn: Callable, theta, *rest, outer: Optional[str] = None):
     n_theta = len(jax.tree_util.tree_leaves(theta))
     jp = closed.jaxpr
     if outer is not None:
-        last = [k for k, e in enumerate(jp.eqns) if any(v is jp.outvars[0] for v in e.outvars)]
-        if len(jp.outvars) != 1 or not last or jp.eqns[last[0]].primitive.name != outer:
-            return False, f"the rate is not {outer}(linear predictor) in the program"
-        k = last[0]
-        jp = SimpleNamespace(invars=jp.invars, constvars=jp.constvars, eqns=jp.eqns[:k],
-                             outvars=list(jp.eqns[k].invars))
+        jp = _outer_path(jp, outer)
+        if jp is None:
+            return False, f"the parameter is not {_form(outer)} in the program"
     marks = [_AFFINE] * n_theta + [_CONST] * (len(jp.invars) - n_theta)
     dep_ops: set = set()
     out = _states(jp, marks, dep_ops)
@@ -135,6 +172,18 @@ def affine_in(fn: Callable, theta, *rest, outer: Optional[str] = None):
         ops = ", ".join(sorted(dep_ops)) or "an operation on the parameters"
         return False, f"the linear predictor is not affine in the parameters (it applies {ops} to them)"
     return True, ""
+
+
+def reads_data(fn: Callable, theta, *rest) -> bool:
+    """Whether ``fn(theta, *rest)``'s outputs depend, as a program, on any of ``rest`` (conservatively: an
+    operation with such an input makes all its outputs depend on it)."""
+    jp = jax.make_jaxpr(fn)(theta, *rest).jaxpr
+    n_theta = len(jax.tree_util.tree_leaves(theta))
+    dep = set(jp.invars[n_theta:])
+    for eqn in jp.eqns:
+        if any(not hasattr(v, "val") and v in dep for v in eqn.invars):
+            dep.update(eqn.outvars)
+    return any(not hasattr(v, "val") and v in dep for v in jp.outvars)
 
 
 class LinearPredictorBound:
@@ -145,6 +194,8 @@ class LinearPredictorBound:
     "y": response, "_a": eta(0)}`` and handed to the built-in bound; weights computed in the working precision
     are inflated by 1e-3 for their rounding (as :func:`tallmh.factor_bounds.prepare` does on the device).
     """
+
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
 
     def __init__(self, family: str, eta: Callable, y_key: str, dim: int, radius: float = 6.0):
         from .factor_bounds import PoissonTrustBound
@@ -232,10 +283,10 @@ def unread_coordinates(eta_flat: Callable, theta, data, block: int = 1 << 16) ->
     return np.flatnonzero(total == 0)
 
 
-def attach_bound(model, family: str, eta_flat: Callable, y, unravel, flat0, data, refuse):
+def attach_bound(model, family: str, eta_flat: Callable, y, unravel, flat0, data, refuse, make_bound=None):
     """Give a front end's ``model`` its ``factor_bound`` (a :class:`LinearPredictorBound` on ``eta_flat``'s design
-    rows), unless a hyperparameter (:func:`hyper_coordinates`) makes it a hierarchical model: then
-    ``refuse(why)``. ``y``: the response's data key or a function of a batch."""
+    rows, or ``make_bound()``), unless a hyperparameter (:func:`hyper_coordinates`: of those ``eta_flat`` reads)
+    makes it a hierarchical model: then ``refuse(why)``. ``y``: the response's data key or a function of a batch."""
     try:
         k = hyper_coordinates(eta_flat, lambda t: jnp.asarray(model.log_prior(unravel(t)), t.dtype), flat0, data)
     except Exception as e:  # noqa: BLE001 - no bound, not an error: the model runs as before
@@ -250,6 +301,11 @@ def attach_bound(model, family: str, eta_flat: Callable, y, unravel, flat0, data
         (:class:`tallmh.linear_predictor.LinearPredictorBound`)."""
         return LinearPredictorBound(family, eta_flat, y, dim)
 
+    if make_bound is not None:
+        def factor_bound():  # noqa: F811 - the family's own
+            return make_bound()
+
+        factor_bound.__doc__ = make_bound.__doc__
     model.factor_bound = factor_bound
     model.factor_bound_reason = None
     model.glm_family = family

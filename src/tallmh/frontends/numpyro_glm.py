@@ -1,5 +1,5 @@
-"""A remainder bound for NumPyro models whose likelihood is a Bernoulli-logit or Poisson-log GLM of an affine
-linear predictor.
+"""A remainder bound for NumPyro models whose likelihood is a Bernoulli-logit, Poisson-log or NB2-log GLM of an
+affine linear predictor.
 
 Read from the model's trace on a few rows (see :mod:`tallmh.linear_predictor` for why each condition is needed
 for the exact subsampled test to stay exact): no discrete latent summed out and no latent inside the data plate;
@@ -8,7 +8,9 @@ distribution ``Bernoulli(logits=eta)`` (NumPyro's ``BernoulliLogits``) or ``Pois
 program, ``exp`` of ``eta``; ``eta``, as a function of the flat unconstrained globals and the data, affine
 (:func:`tallmh.linear_predictor.affine_in`); and, as a cross-check of the reading, the model's per-row
 log-likelihood equal to the family's at two parameter values on up to 64 rows. (For a Poisson site ``eta`` is
-computed as ``log(rate)``: exact to rounding where the rate neither overflows nor underflows.)
+computed as ``log(rate)``: exact to rounding where the rate neither overflows nor underflows.) An NB2 site,
+``NegativeBinomial2(mean, concentration)``, needs ``mean = exp(eta)`` and ``concentration = exp(affine)`` of one
+value that reads no data (:func:`_attach_nb2`, :mod:`tallmh.nb2_predictor`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ def _site(model, tr):
     name, s = sites[0]
     if not s.get("is_observed", False):
         return None, "a latent site inside the data plate"
-    if type(s["fn"]).__name__ not in ("BernoulliLogits", "Poisson"):
-        return None, (f"a {type(s['fn']).__name__} likelihood (bounds exist here for Bernoulli(logits=...) and "
-                      "Poisson(exp(...)))")
+    if type(s["fn"]).__name__ not in ("BernoulliLogits", "Poisson", "NegativeBinomial2"):
+        return None, (f"a {type(s['fn']).__name__} likelihood (bounds exist here for Bernoulli(logits=...), "
+                      "Poisson(exp(...)) and NegativeBinomial2(exp(...), exp(...)))")
     if type(s["fn"]).__name__ == "Poisson" and getattr(s["fn"], "is_sparse", False):
         return None, "a sparse Poisson likelihood"
     if s.get("scale") is not None or s.get("mask") is not None or tuple(s["fn"].event_shape) != ():
@@ -77,6 +79,8 @@ def _attach(model, data):
     if tuple(site["fn"].batch_shape) != (b,) or np.shape(site["value"]) != (b,):
         return refuse("a likelihood site without one value per row")
 
+    if type(site["fn"]).__name__ == "NegativeBinomial2":
+        return _attach_nb2(model, name, unravel, flat0, data, few, refuse)
     family = "bernoulli_logit" if type(site["fn"]).__name__ == "BernoulliLogits" else "poisson_log"
     attr = "logits" if family == "bernoulli_logit" else "rate"
 
@@ -104,3 +108,48 @@ def _attach(model, data):
         if ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-4, atol=1e-4):
             return refuse("its log-likelihood differs from the family's (the reading is not trusted)")
     return attach_bound(model, family, eta_flat, y_of, unravel, flat0, data, refuse)
+
+
+def _attach_nb2(model, name, unravel, flat0, data, few, refuse):
+    """The ``NegativeBinomial2(mean, concentration)`` case: NumPyro stores ``rate = concentration / mean``; the
+    rate must be, in the program, ``c / exp(affine)`` and the concentration ``exp(affine)`` of one value that reads
+    no data. Then ``eta = log(concentration) - log(rate)`` and ``tau = -log(concentration)`` (the NB2 dispersion
+    is ``1 / concentration``), exact to rounding where neither overflows nor underflows."""
+    import jax.numpy as jnp
+
+    from ..linear_predictor import affine_in, reads_data
+    from ..nb2_predictor import attach_nb2
+
+    def fn_of(t, batch):
+        tr, _ = model._run(unravel(t), batch)
+        return tr[name]["fn"]
+
+    def rate(t, batch):
+        return fn_of(t, batch).rate
+
+    def conc(t, batch):
+        return fn_of(t, batch).concentration
+
+    two = {k: v[:2] for k, v in few.items()}
+    if np.size(conc(flat0, two)) != 1:
+        return refuse("a concentration that differs between rows (one dispersion for all rows is needed)")
+    ok, why = affine_in(rate, flat0, two, outer=(("div", 1), "exp"))
+    if not ok:
+        return refuse(f"its mean is not exp(linear predictor) ({why})")
+    ok, why = affine_in(conc, flat0, two, outer="exp")
+    if not ok:
+        return refuse(f"its concentration is not exp(affine) of the parameters ({why})")
+    if reads_data(conc, flat0, two):
+        return refuse("a concentration that depends on the data (one dispersion for all rows is needed)")
+
+    def pair(t, batch):
+        f = fn_of(t, batch)
+        bb = int(np.shape(next(iter(batch.values())))[0])
+        log_c = jnp.log(jnp.reshape(f.concentration, ()))
+        return jnp.broadcast_to(log_c - jnp.log(f.rate), (bb,)), -log_c
+
+    def y_of(batch):
+        tr, _ = model._run(unravel(flat0), batch)
+        return tr[name]["value"]
+
+    return attach_nb2(model, pair, y_of, unravel, flat0, data, few, refuse)

@@ -1,20 +1,22 @@
-"""A remainder bound for PyMC (and Bambi) models whose likelihood is a Bernoulli-logit or Poisson-log GLM.
+"""A remainder bound for PyMC (and Bambi) models whose likelihood is a Bernoulli-logit, Poisson-log or NB2-log GLM.
 
 :func:`attach_bound` reads the converted model's graph (see :mod:`tallmh.linear_predictor` for why each step is
 needed for the exact subsampled test to stay exact):
 
 1. exactly one observed variable, one value per row (a 1-d observed array);
 2. its distribution is PyMC's ``Bernoulli`` with ``p = sigmoid(eta)`` (``logit_p=eta``, ``p=pm.math.invlogit(eta)``,
-   or Bambi's logit link, which replaces a ``p`` that rounds to exactly 0 or 1 by 2.2e-16 or 1 - 2.2e-16), or
-   ``Poisson`` with ``mu = exp(eta)`` (Bambi's and PyMC's log link);
+   or Bambi's logit link, which replaces a ``p`` that rounds to exactly 0 or 1 by 2.2e-16 or 1 - 2.2e-16),
+   ``Poisson`` with ``mu = exp(eta)`` (Bambi's and PyMC's log link), or ``NegativeBinomial(mu=exp(eta), alpha)``
+   with ``alpha`` one parameter sampled on its log scale (``exp`` of its value; the NB2 dispersion is ``1/alpha``),
+   which PyMC stores as ``n = alpha``, ``p = n / (mu + n)`` (:mod:`tallmh.nb2_predictor`);
 3. ``eta``, as a function of the flat unconstrained parameters and the data, is affine
    (:func:`tallmh.linear_predictor.affine_in`): a predictor with group-level terms (``offset * sigma``), a
    transformed parameter (``exp(log sigma)``) or any other non-linearity is refused;
 4. the responses fit the family (0/1; whole non-negative counts), and, as a cross-check of the reading, the
    model's own per-row log-likelihood equals the family's at two parameter values on up to 64 rows.
 
-When all hold the model gets ``factor_bound()`` (the built-in logistic or Poisson bound on the design rows that
-``eta`` defines); otherwise it has none and ``reason`` says why. The exact test then targets the GLM's exact
+When all hold the model gets ``factor_bound()`` (the built-in logistic, Poisson or NB2 bound on the design rows
+that ``eta`` (and NB2's ``log alpha``, affine and reading no data) defines); otherwise it has none and ``reason`` says why. The exact test then targets the GLM's exact
 likelihood: with Bambi's rounding guard that differs from the converted program only at rows whose ``p`` rounds
 to 0 or 1 in the working precision.
 """
@@ -68,8 +70,36 @@ def _strip_clip(v):
     return v
 
 
+def _strip_dims(v):
+    v = _unwrap(v)
+    while v.owner is not None and type(v.owner.op).__name__ in ("DimShuffle", "ExpandDims"):
+        v = _unwrap(v.owner.inputs[0])
+    return v
+
+
+def _nb2_parts(n, p):
+    """``(eta, u)`` of PyMC's ``NegativeBinomial(mu=exp(eta), alpha=exp(u))``, whose inputs are ``n = alpha`` and
+    ``p = n / (mu + n)`` (``pm.NegativeBinomial.get_n_p``), or ``(None, why)``."""
+    n0 = _strip_dims(n)
+    p = _unwrap(p)
+    if _scalar_name(p) != "TrueDiv" or _strip_dims(p.owner.inputs[0]) is not n0:
+        return None, "a negative binomial likelihood not given by its mean (mu) and alpha"
+    den = _unwrap(p.owner.inputs[1])
+    if _scalar_name(den) != "Add" or len(den.owner.inputs) != 2:
+        return None, "a negative binomial likelihood not given by its mean (mu) and alpha"
+    a, b = den.owner.inputs
+    mu = a if _strip_dims(b) is n0 else b if _strip_dims(a) is n0 else None
+    mu = None if mu is None else _unwrap(mu)
+    if mu is None or _scalar_name(mu) != "Exp":
+        return None, "a negative binomial likelihood whose mean is not exp(linear predictor) (log link)"
+    if _scalar_name(n0) != "Exp" or n0.type.ndim != 0:
+        return None, "a negative binomial likelihood whose alpha is not one positive parameter (exp of its value)"
+    return mu.owner.inputs[0], n0.owner.inputs[0]
+
+
 def _linear_predictor(graph):
-    """``(family, eta graph)`` of an observed variable's graph, or ``(None, why)``."""
+    """``(family, eta graph)`` of an observed variable's graph (NB2: ``(eta, log alpha)`` graphs), or
+    ``(None, why)``."""
     op = type(graph.owner.op).__name__ if graph.owner is not None else ""
     if op == "BernoulliRV":
         p = _strip_clip(graph.owner.inputs[-1])
@@ -81,7 +111,11 @@ def _linear_predictor(graph):
         if _scalar_name(mu) != "Exp":
             return None, "a Poisson likelihood whose mean is not exp(linear predictor) (log link)"
         return "poisson_log", mu.owner.inputs[0]
-    return None, f"a {op or 'computed'} likelihood (bounds exist for Bernoulli-logit and Poisson-log GLMs)"
+    if op == "NegBinomialRV":
+        parts = _nb2_parts(*graph.owner.inputs[-2:])
+        return ("nb2_log", parts) if parts[0] is not None else parts
+    return None, (f"a {op or 'computed'} likelihood (bounds exist for Bernoulli-logit, Poisson-log and NB2-log "
+                  "GLMs)")
 
 
 def family_loglik(family, eta, y):
@@ -156,6 +190,8 @@ def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, c
     y_key = model.data_names[0]  # (the observed values come first among the data)
     if not _response_fits(family, data[y_key]):
         return refuse("responses that do not fit the family")
+    if family == "nb2_log":
+        return _attach_nb2(model, eta, repl, value_vars, placeholders, data, compile_fn, y_key, refuse)
     try:
         eta_b = clone_replace([eta], replace=repl, rebuild_strict=False)[0]
         fn = compile_fn(value_vars + list(placeholders), [eta_b])
@@ -178,3 +214,43 @@ def _attach(model, observed, obs_graphs, repl, value_vars, placeholders, data, c
     except Exception as e:  # noqa: BLE001
         return refuse(f"the cross-check failed ({type(e).__name__})")
     return attach_bound(model, family, eta_flat, y_key, unravel, flat0, data, refuse)
+
+
+def _attach_nb2(model, parts, repl, value_vars, placeholders, data, compile_fn, y_key, refuse):
+    """The NB2 case of :func:`_attach`: ``parts = (eta, u)`` with ``mu = exp(eta)``, ``alpha_pymc = r = exp(u)``
+    (so the NB2 dispersion is ``e^tau``, ``tau = -u``); both affine, ``u`` reading no data
+    (:mod:`tallmh.nb2_predictor`)."""
+    import jax.numpy as jnp
+    from jax.flatten_util import ravel_pytree
+    from pytensor.graph.replace import clone_replace
+
+    from ..linear_predictor import affine_in, reads_data
+    from ..nb2_predictor import attach_nb2
+
+    try:
+        eta_b, u_b = clone_replace(list(parts), replace=repl, rebuild_strict=False)
+        fn = compile_fn(value_vars + list(placeholders), [eta_b, u_b])
+    except Exception as e:  # noqa: BLE001 - no bound, not an error: the model runs as before
+        return refuse(f"its linear predictor cannot be compiled ({type(e).__name__})")
+    flat0, unravel = ravel_pytree(model.init())
+    names, dnames = list(model.value_names), list(model.data_names)
+
+    def both(t, batch):
+        th = unravel(t)
+        return fn(*[th[k] for k in names], *[batch[k] for k in dnames])
+
+    def pair(t, batch):
+        eta, u = both(t, batch)
+        return jnp.reshape(eta, (-1,)), -jnp.reshape(u, ())
+
+    two = {k: jnp.asarray(np.asarray(v)[:2]) for k, v in data.items()}
+    for k, what in ((0, "linear predictor"), (1, "log alpha")):
+        ok, why = affine_in(lambda t, b: both(t, b)[k], flat0, two)
+        if not ok:
+            return refuse(why if k == 0 else f"its {what} is not affine in the parameters")
+    if reads_data(lambda t, b: both(t, b)[1], flat0, two):
+        return refuse("an alpha that depends on the data (one dispersion for all rows is needed)")
+    n = model.n
+    rows = np.unique(np.linspace(0, n - 1, min(n, 64)).astype(np.int64))
+    few = {k: jnp.asarray(np.asarray(v)[rows]) for k, v in data.items()}
+    return attach_nb2(model, pair, y_key, unravel, flat0, data, few, refuse)

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..factor_bounds import SAFETY, exp3
 from .logistic import M3_LOGISTIC, m3_local, logistic_remainder_diff, softplus_diff
 
-__all__ = ["NB2TrustBound", "nb2_remainder_diff", "g3_bound"]
+__all__ = ["NB2TrustBound", "nb2_remainder_diff", "nb2_remainder_steps", "nb2_weights", "g3_bound"]
 
 _K_BLOCK = 64  # values of k per block of the sum over k < y
 
@@ -53,7 +53,12 @@ def _weights(xp, X, y, center, rinv, radius):
     beta_c, tau_c = center[:-1], center[-1]
     rho_s = xp.sqrt(xp.sum((X @ rinv[:, :-1].T + rinv[:, -1]) ** 2, axis=-1))  # ||R^-1 (x, 1)||
     rho_t = xp.sqrt(xp.sum(rinv[:, -1] ** 2))  # ||R^-1 e_tau||
-    s_c = X @ beta_c + tau_c
+    return nb2_weights(xp, y, X @ beta_c + tau_c, tau_c, rho_s, rho_t, radius)
+
+
+def nb2_weights(xp, y, s_c, tau_c, rho_s, rho_t, radius):
+    """``w_i`` of :class:`NB2TrustBound` from each row's ``s`` and ``tau`` at the centre and their whitened norms
+    ``rho_s = ||R^-1 ds/dtheta||``, ``rho_t = ||R^-1 dtau/dtheta||`` (any affine ``s``, ``tau`` of ``theta``)."""
     hs, ht = rho_s * radius, rho_t * radius
     big_r = xp.exp(-tau_c + ht)  # sup e^-tau on the region
     k3 = m3_local(s_c, hs, xp)  # sup |softplus'''| (= sup |(log sigmoid)'''| on the mirrored interval)
@@ -113,6 +118,12 @@ def nb2_remainder_diff(X, y, center, theta, theta_p):
     dt, dtp = theta[-1] - tau_c, theta_p[-1] - tau_c
     s_c = md[..., 0] + tau_c
     ds, dsp = md[..., 1] + dt, md[..., 2] + dtp
+    return nb2_remainder_steps(y, s_c, tau_c, ds, dsp, dt, dtp)
+
+
+def nb2_remainder_steps(y, s_c, tau_c, ds, dsp, dt, dtp):
+    """``R_i(theta') - R_i(theta)`` (as :func:`nb2_remainder_diff`) from each row's ``s`` and the scalar ``tau`` at
+    the centre and their steps from it to ``theta`` (``ds``, ``dt``) and to ``theta'`` (``dsp``, ``dtp``)."""
     dt, dtp = jnp.broadcast_to(dt, ds.shape), jnp.broadcast_to(dtp, ds.shape)
     # - y softplus(s): softplus(v) = -log sigmoid(-v), so its remainder at s_c with step d is -R_f(-s_c; -d)
     out = y * logistic_remainder_diff(-s_c, -ds, -dsp)
@@ -184,6 +195,8 @@ class NB2TrustBound:
     ``radius=None``: ``sqrt(d) + 6.5`` (as the logistic local bound), which a near-Gaussian posterior in whitened
     coordinates leaves with probability below 1e-9.
     """
+
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
 
     def __init__(self, radius=None):
         if radius is not None and not radius > 0:
