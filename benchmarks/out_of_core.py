@@ -20,7 +20,9 @@ For each N, two runs, each in its own process (so that peak memory is measured a
 
   With ``--test default`` the call is ``tm.sample(model, data, num_samples=..., num_warmup=..., num_chains=...,
   seed=0)``: the default, for this model the exact subsampled test, whose item table is one more pass over the
-  files (timed apart: ``table_s``, inside ``setup_s``).
+  files (timed apart: ``table_s``, inside ``setup_s``), or, where the set-up's last Newton pass made the table's
+  weights, that pass (``fused_pass_s``) and the table's grouping after it (``fused_finish_s``), both inside
+  ``setup_s``.
 
 - ``memory``: the same call on ``np.load`` of the same files (skipped when the data is more than
   ``--memory-fraction`` of the available RAM).
@@ -148,6 +150,16 @@ class _PeakAnon:
         return self.peak
 
 
+def evict(folder):
+    """Drop the data files' pages from the page cache (theirs only: ``posix_fadvise(DONTNEED)``)."""
+    for name in ("X.npy", "y.npy"):
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def run_one(mode, folder, args):
     """One timed call (in this process): mode "disk" or "memory"; returns a dict of numbers."""
     import warnings
@@ -181,6 +193,28 @@ def run_one(mode, folder, args):
             table["s"] += time.perf_counter() - t
 
     factor_bounds.prepare = timed_prepare
+    fused = {"pass_s": 0.0, "finish_s": 0.0, "used": False}
+    try:  # the table's weights made in the set-up's last Newton pass: that pass and the table's grouping, timed
+        from tallmh import fused_table
+    except ImportError:  # (an earlier version, measured for comparison)
+        fused_table = None
+    if fused_table is not None:
+        run0, table0 = fused_table.FusedTable.run, fused_table.FusedTable.table
+
+        def timed(fn, key):
+            def wrapper(*a, **k):
+                t = time.perf_counter()
+                try:
+                    out = fn(*a, **k)
+                    if key == "finish_s" and out is not None:
+                        fused["used"] = True
+                    return out
+                finally:
+                    fused[key] += time.perf_counter() - t
+            return wrapper
+
+        fused_table.FusedTable.run = timed(run0, "pass_s")
+        fused_table.FusedTable.table = timed(table0, "finish_s")
     how = {} if args.test == "default" else dict(
         test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
         proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())
@@ -197,7 +231,8 @@ def run_one(mode, folder, args):
     post_mean = res.flat_samples.reshape(-1, res.flat_samples.shape[-1]).mean(axis=0)
     out = {
         "mode": mode, "N": n, "gather": kinds, "chains": args.chains, "draws": draws, "warmup": args.warmup,
-        "method": res.label, "open_s": open_s, "setup_s": res.timings["setup_s"], "table_s": table["s"], "compile_s": res.timings["compile_s"],
+        "method": res.label, "open_s": open_s, "setup_s": res.timings["setup_s"], "table_s": table["s"],
+        "fused_pass_s": fused["pass_s"], "fused_finish_s": fused["finish_s"], "fused_table_used": fused["used"], "compile_s": res.timings["compile_s"],
         "warmup_s": res.timings["warmup_s"], "sampling_s": res.timings["sampling_s"],
         "call_s": res.timings["total_s"], "wall_s": wall,
         "time_per_step_us": 1e6 * res.timings["sampling_s"] / max(1, draws),
@@ -296,6 +331,9 @@ def main(argv=None):
     p.add_argument("--memory-fraction", type=float, default=0.4,
                    help="run in memory only when the data is below this fraction of MemAvailable")
     p.add_argument("--no-check", action="store_true", help="from_npy(check_finite=False)")
+    p.add_argument("--evict", action="store_true",
+                   help="drop the data files' own pages from the page cache before each run (posix_fadvise "
+                        "DONTNEED on the two files only: the passes then read the disk)")
     p.add_argument("--cold-read", action="store_true", help="measure the disk's O_DIRECT read speed")
     p.add_argument("--progress", action="store_true", help="progress bars (set-up passes, sampling)")
     p.add_argument("--smoke", action="store_true")
@@ -323,6 +361,8 @@ def main(argv=None):
             if not args.no_memory and data_bytes < args.memory_fraction * _meminfo("MemAvailable") * 1024:
                 modes.append("memory")
             for mode in modes:
+                if args.evict:
+                    evict(folder)
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
                        str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains),
                        "--batch", str(args.batch), "--proposal", args.proposal, "--test", args.test,
@@ -337,7 +377,8 @@ def main(argv=None):
                 r = json.loads(line[-1][7:])
                 rows.append(r)
                 print(f"  {mode:6s} [{'/'.join(sorted(set(r['gather'].values())))}] {r['method']}: open {r['open_s']:.1f} s, "
-                      f"set-up {r['setup_s']:.1f} s ({r['setup_passes']:.2f} passes; table {r['table_s']:.1f} s), "
+                      f"set-up {r['setup_s']:.1f} s ({r['setup_passes']:.2f} passes; table {r['table_s']:.1f} s; fused pass "
+                      f"{r.get('fused_pass_s', 0):.1f} s, its table {r.get('fused_finish_s', 0):.1f} s), "
                       f"compile {r['compile_s']:.1f} s, warmup {r['warmup_s']:.1f} s, sampling {r['sampling_s']:.1f} s, "
                       f"call {r['call_s']:.1f} s, "
                       f"{r['time_per_step_us']:.0f} us/step, {r['items_per_step']:.0f} items/step/chain, "
@@ -355,7 +396,7 @@ def main(argv=None):
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": meta, "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
                               "proposal": args.proposal, "batch": args.batch,
-                                           "audit": args.audit, "gather": args.gather, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
+                                           "audit": args.audit, "gather": args.gather, "evict": args.evict, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}

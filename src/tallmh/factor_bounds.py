@@ -19,7 +19,11 @@ with item weights ``w_i >= 0`` computed once (a set-up pass) and a data-free ``p
     where the bound holds (a trust region; ``True`` for a global bound); outside it the test takes the
     full exact decision. Symmetric in ``z, z'``;
 ``remainder(theta, theta', center, batch) -> (b,)``
-    the per-item ``R_i(theta') - R_i(theta)`` computed without cancellation.
+    the per-item ``R_i(theta') - R_i(theta)`` computed without cancellation;
+``any_whitening`` (optional, default False)
+    True where the bound holds with ``Rinv`` the inverse of any invertible ``A`` and ``z = A^T (theta - c)`` (the
+    built-in bounds: their argument is Cauchy-Schwarz, ``|x . a| <= ||A^-1 x|| ||A^T a||``): the set-up may then
+    make the weights in its last Newton pass, whitened by the Hessian before it (:mod:`tallmh.fused_table`).
 
 Whitening: ``x . a = (R^-1 x) . (R^T a)``, so a GLM item whose log-likelihood is ``f(s_i x_i . theta)``
 with ``|f'''| <= M`` has ``delta_i = s_i x_i . a = rho_i <e_i, z>`` with ``rho_i = ||R^-1 x_i||`` and a unit
@@ -125,6 +129,8 @@ class ZeroRemainder:
     """A likelihood whose second-order Taylor expansion is exact (Gaussian with known variance): every
     ``w_i = 0``; the test then reads no item and is plain MH on the (exact) quadratic."""
 
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
+
     def weights(self, center, rinv, batch):
         return jnp.zeros(jax.tree_util.tree_leaves(batch)[0].shape[:1], center.dtype)
 
@@ -150,6 +156,8 @@ class PoissonTrustBound:
 
     ``offset``: the batch key of a log-exposure offset, if any.
     """
+
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
 
     def __init__(self, radius: float = 6.0, offset=None):
         if not radius > 0:

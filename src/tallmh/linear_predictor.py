@@ -146,6 +146,8 @@ class LinearPredictorBound:
     are inflated by 1e-3 for their rounding (as :func:`tallmh.factor_bounds.prepare` does on the device).
     """
 
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
+
     def __init__(self, family: str, eta: Callable, y_key: str, dim: int, radius: float = 6.0):
         from .factor_bounds import PoissonTrustBound
         from .models.logistic import LogisticLocalBound

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import fused_request
 from ._blas import one_thread as one_blas_thread
 from .cache_keys import shape_key, value_key
 from .storage.data import take, to_device
@@ -688,10 +689,13 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
     prior_parts, prior_diff = _prior_parts(model, unravel, th)
     if host is None:
         chunk_vgh, chunk_dv = _newton_chunk_fns(model, unravel, th)
+    fuse = fused_request.request_of(data if host is None and scale == 1.0 else None)  # (the table's weights)
 
     def lik_derivs(t0):
         if host is not None:
             return host.sums(t0, what)
+        if hint is None and fuse.ready(pending):
+            return fuse.run(full_pass, chunk_vgh, data, n, t0, what)
         if hint is not None:
             v, g = 0.0, np.zeros(d, np.float64)
             for cv, cg in full_pass(_newton_vg_fn(model, unravel, th), data, n, (t0,), what):
@@ -729,6 +733,7 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
         hint = None
         pv, pg, ph = prior_parts(th)
         v, g, h = pv + scale * lv, pg + scale * lg, ph + scale * lh
+        fuse.saw(h)
         finite = np.isfinite(v) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))
         step, decrement, concave = _newton_step(g, h, keep) if finite else (None, np.inf, False)
         if pending is not None:

@@ -142,6 +142,8 @@ class LogisticCubicBound:
     For ``ell_i = log sigmoid(s_i x_i . theta)``, ``s_i = 2 y_i - 1``; ``rho_i = ||R^-1 x_i||``.
     """
 
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
+
     m3 = M3_LOGISTIC
 
     def weights(self, center, rinv, batch):
@@ -183,7 +185,7 @@ def m3_local(m, half, xp):
         return e / (1.0 + e) ** 2 * (1.0 - e) / (1.0 + e)
 
     inside = (lo <= U_PEAK) & (hi >= U_PEAK)
-    edge = xp.where(hi < U_PEAK, k(hi), k(lo))
+    edge = k(xp.where(hi < U_PEAK, hi, lo))  # (one evaluation of k: the end nearest to U_PEAK)
     return xp.where(inside, M3_LOGISTIC, xp.minimum(edge, M3_LOGISTIC))
 
 

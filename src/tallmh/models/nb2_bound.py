@@ -185,6 +185,8 @@ class NB2TrustBound:
     coordinates leaves with probability below 1e-9.
     """
 
+    any_whitening = True  # valid for weights and z whitened by any invertible A (tallmh.fused_table)
+
     def __init__(self, radius=None):
         if radius is not None and not radius > 0:
             raise ConfigError(f"the trust region's radius must be positive; got {radius}")

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import control_variates as cvm
+from .. import fused_table
 from .. import setup_passes as setup
 from .. import strata
 from ..storage import datasource as ds
@@ -128,7 +129,8 @@ def set_up(run, init_jitter, early=None):
         return run.init_states(jax.random.split(run.k_jit, run.num_chains))
     model, data, n, test, proposal = run.model, run.data, run.n, run.test, run.proposal
     try:
-        with ds.tapping(data, run.stats_tap):  # the model's statistics from the first full pass's blocks
+        with ds.tapping(data, run.stats_tap), fused_table.requesting(data, _fused_bound(run)) as fused:
+            # (the model's statistics from the first full pass's blocks; the exact test's weights from the last)
             st = threads.in_thread(lambda: start_points(model, data, n, run.unravel, run.flat0,
                                                   run.control_variates, run.num_chains, run.init_given,
                                                   init_jitter, run.k_jit, run.dtype, run.notes))
@@ -147,7 +149,8 @@ def set_up(run, init_jitter, early=None):
         # the exact subsampled test's table from the same centre, made beside the kernel's init (its compile)
         # (as the chains' states hold it: the init's compiled program takes its arrays in JAX's dtypes)
         cv_h = jax.tree_util.tree_map(lambda a: np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)), cv0)
-        run.table_job = threads.started(lambda: _table(run, cv_h))
+        run.table_job = threads.started(lambda: (fused is not None and fused.table(model, run.unravel, cv_h))
+                                        or _table(run, cv_h))
     if early is not None and "traced" in early:
         while not early["traced"].wait(0.05) and early["thread"].is_alive():
             pass  # (short waits: Ctrl-C stays responsive)
@@ -197,6 +200,15 @@ def warmup_of_start(run):
                           f"from the Laplace approximation at the mode tunes only its {what})")
 
 
+def _fused_bound(run):
+    """The bound whose weights the set-up's last Newton pass makes (:mod:`tallmh.fused_table`), or None."""
+    from ..model import own_method
+
+    fb = own_method(run.model, "factor_bound") if getattr(run.test, "needs_factor_table", False) else None
+    bound = fb() if fb is not None and run.control_variates is not None else None
+    return bound if getattr(bound, "any_whitening", False) else None  # (a bound that says it holds for any A)
+
+
 def _table(run, cv):
     from .. import factor_bounds as fbm
 
@@ -227,6 +239,8 @@ def factor_table(run):
     run.stats = {**(run.stats or {}), fbm.FACTOR_KEY: table}
     run.setup_items += items
     note = (f"{run.test.name} test: its table of the items' remainder bounds made in one pass of N = {run.n:,} items "
-            "(counted in the set-up's items)")
+            "(counted in the set-up's items)") if items else \
+        (f"{run.test.name} test: its table of the items' remainder bounds made in the set-up's last Newton pass "
+         "(weights whitened by the Hessian before it)")
     if note not in run.notes:
         run.notes.append(note)

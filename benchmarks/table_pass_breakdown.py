@@ -1,0 +1,86 @@
+"""Where the exact default's set-up goes on data in files: each full pass, the item table, the process's CPU seconds.
+
+One ``tm.sample(LogisticRegression(prior_scale=10), from_npy(DIR), num_samples=4000, num_warmup=1000,
+num_chains=1, seed=0)`` (the default: the exact subsampled test) on the files ``out_of_core.py --data-dir``
+writes (``DIR/N<n>/X.npy``, ``y.npy``), in this process, with every full set-up pass timed (its function's name
+and seconds, and the seconds since ``from_npy``), the table's separate pass (``factor_bounds.prepare``) where it
+runs, or the grouping of the table whose weights the last Newton pass made (``FusedTable.table``), and the
+process's CPU seconds (user + system): on a shared machine the wall times follow the load, the CPU seconds much
+less. Prints one JSON line and appends it to ``--out``.
+
+    python benchmarks/table_pass_breakdown.py --data-dir DIR --n 1e8 --label after
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import warnings
+
+import _common as C
+
+
+def main(argv):
+    ap = C.parser(__doc__)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--n", type=float, default=1e8)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
+    args = ap.parse_args(argv[1:])
+    import tallmh as tm
+    from tallmh import factor_bounds as fbm
+    from tallmh import setup_passes as sp
+
+    log, t00 = [], [0.0]
+    full_pass = sp.full_pass
+
+    def timed_pass(chunk_fn, data, n, pargs, desc="set-up pass"):
+        t = time.perf_counter()
+        yield from full_pass(chunk_fn, data, n, pargs, desc)
+        log.append({"what": f"pass ({getattr(chunk_fn, '__name__', '?')})", "s": round(time.perf_counter() - t, 2),
+                    "at_s": round(time.perf_counter() - t00[0], 2)})
+
+    def timed(fn, what):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            log.append({"what": what, "s": round(time.perf_counter() - t, 2), "at_s": round(time.perf_counter() - t00[0], 2),
+                        "used": out is not None})
+            return out
+        return wrapper
+
+    sp.full_pass = timed_pass
+    fbm.prepare = timed(fbm.prepare, "table pass (prepare)")
+    try:
+        from tallmh import fused_table
+    except ImportError:  # (an earlier version)
+        fused_table = None
+    if fused_table is not None:
+        run0 = fused_table.FusedTable.run
+        fused_table.FusedTable.run = lambda self, _fp, *a: run0(self, timed_pass, *a)
+        fused_table.FusedTable.table = timed(fused_table.FusedTable.table, "fused table's grouping")
+    folder = f"{args.data_dir}/N{int(args.n)}"
+    with open("/proc/loadavg") as f:
+        load0 = f.read().split()[:3]
+    t00[0] = time.perf_counter()
+    data = tm.data.from_npy({"X": f"{folder}/X.npy", "y": f"{folder}/y.npy"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = tm.sample(tm.models.LogisticRegression(prior_scale=10.0), data, num_samples=4000, num_warmup=1000,
+                        num_chains=1, seed=0, progress=False)
+    wall = time.perf_counter() - t00[0]
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out = {"label": args.label, "N": res.n, "load_at_start": load0, "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
+           "call_s": round(res.timings["total_s"], 1), "setup_s": round(res.timings["setup_s"], 1),
+           "wall_s": round(wall, 1), "setup_passes": res.setup_items / res.n, "steps": log,
+           "commit": C.git_commit(), "trusted": bool(res.trusted)}
+    print(json.dumps(out))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
