@@ -3,9 +3,10 @@
 The logistic model's gradient-and-Hessian pass (:meth:`tallmh.setup_passes.HostPasses.sums`) and its
 line-search pass (``diff``) over N rows of ``time_to_trusted.make_data`` (d = 11), each timed in a thread of its
 own, in turn: with OpenBLAS's default thread count (the pass as it was, its hold on one thread lifted for the
-measurement), and with one thread (:func:`tallmh._blas.one_thread`, as the pass now runs its blocks). Prints wall and CPU seconds per pass (CPU of the whole process: OpenBLAS's threads
-included) and which sums agree bit for bit; saves ``host_pass_blas.json``. The load average is recorded:
-on a shared machine the default threads' cost depends on it.
+measurement), and with one thread (:func:`tallmh._blas.one_thread`, as the pass now runs its blocks). Prints wall
+and CPU seconds per pass (CPU of the whole process: OpenBLAS's threads included) and which sums agree bit for
+bit; saves ``host_pass_blas.json``. The load average is recorded: on a shared machine the default threads' cost
+depends on it.
 
 Usage::
 

@@ -3,11 +3,11 @@
 NumPy's OpenBLAS splits each matrix product over all cores. The set-up's host passes (the Newton passes in
 blocks of 65,536 rows, the check of degenerate columns, the exact test's table) make many small products,
 beside the chain's compile on the same cores: there OpenBLAS's threads waited for each other. Measured on
-the logistic model's gradient-and-Hessian pass at N = 10^6, d = 11, 2 cores shared with other jobs: 0.55-0.71 s
-wall and 0.22-0.25 CPU s per pass with OpenBLAS's default threads, 0.13 s wall and 0.05 CPU s with one
-(``benchmarks/host_pass_blas.py``). The sums then no longer depend on the number of cores either: with several
-threads OpenBLAS split the gradient's product ``X^T r`` over rows, and its last bits with them (the Hessian's
-product was split over its 11 columns, the same bits).
+the logistic model's gradient-and-Hessian pass at N = 10^6, d = 11, 2 cores shared with other jobs (load 10):
+0.69-0.72 s wall and 0.27-0.28 CPU s per pass with OpenBLAS's default threads, 0.15-0.17 s wall and 0.06-0.07
+CPU s with one (``benchmarks/host_pass_blas.py``). The sums then no longer depend on the number of cores
+either: with several threads OpenBLAS split the gradient's product ``X^T r`` over rows, and its last bits with
+them (the Hessian's product was split over its 11 columns, the same bits).
 
 OpenBLAS 0.3.27 and later sets a thread count for the calling thread alone (``openblas_set_num_threads_local``):
 :func:`one_thread` uses it for tallmh's own threads and the call's, and restores the previous count after.
