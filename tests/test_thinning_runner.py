@@ -57,7 +57,8 @@ def test_is_the_default_where_the_model_bounds_its_remainders():
     and the summary) for a model with a factor_bound(); austerity with control variates, audited, for the same
     likelihood without one, whose summary says that a slow drift is not bounded."""
     r = tm.sample(tm.models.LogisticRegression(), DATA, num_samples=200, **KW)
-    assert r.label.startswith("exact-subsampled") and isinstance(r.proposal, tm.proposals.CrankNicolson)
+    assert r.label.startswith("exact-subsampled") and isinstance(r.proposal, tm.proposals.LaplaceChoice)
+    assert r.proposal.chosen == "crank-nicolson" and any(m.startswith("proposal: independence") for m in r.notes)
     assert any(m.startswith("default method: exact-subsampled+cv (the model bounds") for m in r.notes)
     assert r.audit.get("audit_steps", 0) == 0 and "\nexact: the chain targets the exact posterior" in str(r.summary())
     assert float(np.mean(r.stats["n_data"])) < 2.0

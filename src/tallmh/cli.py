@@ -138,7 +138,8 @@ def _add_run_parser(sub):
                           "at the Laplace approximation, else 1000")
     run.add_argument("--proposal", choices=("auto", "langevin", "adaptive", "laplace"), default="auto",
                      help="auto: as tallmh.sample chooses: with the exact subsampled test, Crank-Nicolson from the "
-                          "Laplace approximation at the mode (rho adapted in warmup), with an approximate test and "
+                          "Laplace approximation at the mode (rho adapted in warmup) or, where warmup sees its "
+                          "independent draws stick, MALA on the surrogate, with an approximate test and "
                           "control variates langevin, else adaptive; langevin: preconditioned adaptive "
                           "MALA with a minibatch gradient (100 rows); adaptive: adaptive Metropolis; laplace: a "
                           "random walk with covariance 2.38^2/d times the inverse Hessian at the mode")

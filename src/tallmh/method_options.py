@@ -82,7 +82,8 @@ def method_config(name: str, args) -> dict:
                 "control_variates": "Taylor, order 2, at the posterior mode"}
     if name == "recommended":
         return {**method_config(THINNING, args),
-                "proposal": "crank-nicolson (Laplace approximation at the mode, rho adapted in warmup)",
+                "proposal": "crank-nicolson (Laplace approximation at the mode, rho adapted in warmup) or surrogate "
+                            "MALA, chosen in warmup",
                 "as": "the default of tallmh.sample and 'tallmh run' for this model"}
     if name.endswith("-cv"):
         return {**method_config(name[:-3], args), "control_variates": "Taylor, order 2, at the posterior mode"}

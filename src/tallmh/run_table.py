@@ -574,7 +574,7 @@ def _results_json(v) -> dict:
         "settings": {"test": args.test, "label": v.label, "samples": args.samples, "min_ess": args.min_ess,
                      "warmup": args.warmup,
                      "chains": args.chains, "seed": args.seed, "start": args.start, "proposal": args.proposal,
-                     "proposal_used": str(getattr(result.proposal, "name", type(result.proposal).__name__)),
+                     "proposal_used": str(getattr(result.proposal, "chosen", None) or getattr(result.proposal, "name", type(result.proposal).__name__)),
                      "checkpoint_every_s": args.checkpoint_every},
         "partial": bool(result.partial), "trusted": v.trusted, "verdict": v.verdict, "warnings": v.warns,
         "data_notes": list(scaling.get("data_notes") or []),

@@ -8,8 +8,10 @@ kernel ravels pytrees).
 from .adaptive import AdaptiveMetropolis
 from .langevin import Langevin
 from .laplace import CrankNicolson, SurrogateLangevin
+from .laplace_choice import LaplaceChoice
 from .random_walk import RandomWalk
 from .rjmcmc import ReversibleJump
 from .stiefel import StiefelWalk
 
-__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin", "StiefelWalk", "ReversibleJump", "CrankNicolson", "SurrogateLangevin"]
+__all__ = ["RandomWalk", "AdaptiveMetropolis", "Langevin", "StiefelWalk", "ReversibleJump", "CrankNicolson", "SurrogateLangevin",
+           "LaplaceChoice"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["CrankNicolson", "SurrogateLangevin"]
+__all__ = ["CrankNicolson", "SurrogateLangevin", "LaplaceState", "from_run"]
 
 
 class LaplaceState(NamedTuple):
@@ -30,7 +30,7 @@ class LaplaceState(NamedTuple):
     log_gap: jax.Array  # CrankNicolson: rho = 1 - exp(log_gap) (adapted in warmup; 0 is the independence sampler)
 
 
-def _from_run(theta, cov_hint, center, name):
+def from_run(theta, cov_hint, center, name):
     """``(c, chol, chol^-1)`` from the run's Laplace approximation (traced: the kernel's init)."""
     if cov_hint is None or center is None:
         raise ConfigError(f"{name}() without a centre takes the Laplace approximation at the control variates' "
@@ -129,7 +129,7 @@ class CrankNicolson:
     def _state(self, theta, cov_hint, center, log_gap):
         name = type(self).__name__
         if self.center is None:
-            c, L, Linv = _from_run(theta, cov_hint, center, name)
+            c, L, Linv = from_run(theta, cov_hint, center, name)
         else:
             if theta.shape != self.center.shape:
                 raise ConfigError(f"{name} centre has {self.center.shape[0]} coordinates; the parameter has "

@@ -21,7 +21,7 @@ from .. import control_variates as cvm
 from ..storage import datasource as ds
 from .. import distributed
 from ..errors import DataChanged, Stopped
-from . import configure, data_notes, finish, programs, rng, runstate, selfaudit, start, threads
+from . import configure, data_notes, finish, programs, proposal_choice, rng, runstate, selfaudit, start, threads
 
 # an approximate test without control variates that reads more than this fraction of the data per step in
 # its first chunk is told about control variates (at N = 10^5-2.4*10^5 logistic regressions such runs read
@@ -109,9 +109,11 @@ def go(run, init, init_jitter, progress):
                             run.done["warmup"] + run.done["sampling"], getattr(run.test, "name", "mcmc"))
         run.last_ckpt = time.perf_counter()
         run.next_check = 100
-        for pname, total, phase in (("warmup", run.num_warmup, 0), ("sampling", run.num_samples, 1)):
-            if run.done[pname] < total and run_phase(run, pname, total, phase):
-                break
+        if run.done["warmup"] < run.num_warmup:
+            run_phase(run, "warmup", run.num_warmup, 0)
+        proposal_choice.choose(run, run_phase)  # (the default exact test's proposal: a MALA pilot, if needed)
+        if run.done["sampling"] < run.num_samples:
+            run_phase(run, "sampling", run.num_samples, 1)
         ta = time.perf_counter()  # (the audits still running after the last chunk: sampling's time)
         selfaudit.settle_audits(run)
         run.timings["sampling_s"] += time.perf_counter() - ta

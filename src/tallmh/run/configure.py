@@ -371,12 +371,12 @@ def factor_test_settings(run, model, test, control_variates):
     if control_variates.order != 2:
         raise ConfigError(f"the {test.name} test needs ControlVariates(order=2); got order {control_variates.order}")
     if run.proposal is None:
-        from ..proposals import CrankNicolson
+        from ..proposals import LaplaceChoice
 
-        run.proposal = CrankNicolson()
-        run.notes.append(f"{test.name} test: independence proposals from the Laplace approximation at the mode "
-                         "(Crank-Nicolson, rho adapted in warmup towards local moves where they are rejected; "
-                         "no data read)")
+        run.proposal = LaplaceChoice()
+        run.notes.append(f"{test.name} test: proposals from the Laplace approximation at the mode, no data read: "
+                         "Crank-Nicolson (independence proposals, rho adapted in warmup towards local moves where "
+                         "they are rejected) or MALA on the surrogate, chosen in warmup by estimated ESS per second")
     return control_variates
 
 
