@@ -17,13 +17,16 @@ Usage::
     python benchmarks/hierarchical_scale.py --effects approximate   # austerity + control variates instead
     python benchmarks/hierarchical_scale.py --effects single-block  # no automatic blocks
     python benchmarks/hierarchical_scale.py --frontend pymc      # the same model written in PyMC
+    python benchmarks/hierarchical_scale.py --frontend bambi-formula  # tm.from_bambi(formula, df, family=...)
+    python benchmarks/hierarchical_scale.py --frontend bambi-formula --model-only --rows 10000000 --groups 1000
     python benchmarks/hierarchical_scale.py --smoke
 
 ``--frontend pymc`` builds the model Bambi builds (its names, its group term ``1|g = 1|g_offset * 1|g_sigma``,
 priors ``Normal(0, 1.5)`` on the intercept, ``Normal(0, 1)`` on the slopes, ``HalfNormal(2.5)`` on the group sd)
 directly in PyMC with an index for the group: Bambi's formula library holds the group term's rows x levels
 indicator matrix in float64 (800 MB at 10^6 x 100, 80 GB at 10^7 x 1,000), so at 10^7 rows only this route fits
-in memory.
+in memory. ``--frontend bambi-formula`` passes the formula and the data frame to ``tm.from_bambi``, which builds
+Bambi's model with an integer index for the group term (no indicator matrix; the same PyMC model).
 """
 
 import time
@@ -84,8 +87,11 @@ def main(argv=None):
     ap.add_argument("--effects", choices=("exact-glm", "approximate", "single-block"), default="exact-glm",
                     help="the effects block: the exact one for a logistic GLM (glm_effects.py) or austerity with "
                          "control variates; single-block: no automatic blocks (tm.sample's default method)")
-    ap.add_argument("--frontend", choices=("bambi", "pymc"), default="bambi",
-                    help="bambi: bmb.Model and tm.from_bambi; pymc: the same model written in PyMC, tm.from_pymc")
+    ap.add_argument("--frontend", choices=("bambi", "bambi-formula", "pymc"), default="bambi",
+                    help="bambi: bmb.Model and tm.from_bambi; bambi-formula: tm.from_bambi(formula, df, family=...); "
+                         "pymc: the same model written in PyMC, tm.from_pymc")
+    ap.add_argument("--model-only", action="store_true",
+                    help="with --frontend bambi-formula: stop after Bambi's model is built (its memory and time)")
     ap.add_argument("--pcn", type=float, default=None, help="the exact block's Crank-Nicolson parameter")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -107,7 +113,7 @@ def main(argv=None):
     mem = {"imports": peak_mb()}
     g, x, y, a_true, truth, sizes = simulate(a.rows, a.groups, a.seed)
     levels = [f"g{j:0{len(str(a.groups - 1))}d}" for j in range(a.groups)]
-    if a.frontend == "bambi":
+    if a.frontend != "pymc":
         df = pd.DataFrame({"y": y, "x1": x[:, 0], "x2": x[:, 1], "g": pd.Categorical.from_codes(g, levels)})
         del g, x, y
     mem["table"] = peak_mb()
@@ -117,12 +123,25 @@ def main(argv=None):
         bm.build()
         mem["bambi model"] = peak_mb()
         model, data = tm.from_bambi(bm)
+    elif a.frontend == "bambi-formula":
+        if a.model_only:  # Bambi's model by the index route, built; no conversion, no sampling
+            from tallmh.frontends.bambi_index import indexed_bambi_model
+
+            indexed_bambi_model("y ~ x1 + x2 + (1|g)", df, family="bernoulli")
+            mem["bambi model"] = peak_mb()
+            row = {"frontend": a.frontend, "rows": a.rows, "groups": a.groups, "model s": time.perf_counter() - t1,
+                   "peak MB by stage": mem, "load": open("/proc/loadavg").read().split()[:3]}
+            print(row, flush=True)
+            _common.write_json(a.out, f"hierarchical_scale_{a.rows}x{a.groups}_bambi_formula_model_only.json",
+                               {"meta": meta, "result": row})
+            return
+        model, data = tm.from_bambi("y ~ x1 + x2 + (1|g)", df, family="bernoulli")
     else:
         pm_model = pymc_model(g, x, y, levels)
         del g, x, y
         mem["pymc model"] = peak_mb()
         model, data = tm.from_pymc(pm_model)
-    mem["from_bambi" if a.frontend == "bambi" else "from_pymc"] = peak_mb()
+    mem["from_pymc" if a.frontend == "pymc" else "from_bambi"] = peak_mb()
     t2 = time.perf_counter()
     r = tm.sample(model, data, seed=a.seed, progress=False, program=None if a.effects == "single-block" else "auto",
                   **({"budget_s": 30.0} if a.smoke else {}))
@@ -153,7 +172,7 @@ def main(argv=None):
         print(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}", flush=True)
     _common.write_json(a.out, "hierarchical_scale_smoke.json" if a.smoke else
                        f"hierarchical_scale_{a.rows}x{a.groups}_{a.effects}"
-                       f"{'' if a.frontend == 'bambi' else '_pymc'}.json", {"meta": meta, "result": row})
+                       f"{'' if a.frontend == 'bambi' else '_' + a.frontend.replace('-', '_')}.json", {"meta": meta, "result": row})
 
 
 if __name__ == "__main__":

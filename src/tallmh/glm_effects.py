@@ -15,8 +15,8 @@ exactly at every step, so one set-up serves every value of ``sigma``.
 **Recognition** (:func:`recognise`): the model's per-row log-likelihood in the flat effects ``e`` must be
 ``log sigmoid(a_i . e + b_i)`` with ``a_i`` zero outside the fixed effects and one entry of the largest effect key
 (the group key). With ``l_i = log sigmoid(v_i)``, ``v_i = -log(expm1(-l_i))`` and ``a_i = grad l_i / (1 -
-exp(l_i))``: one pass of per-row gradients gives the design (the response's sign folded into it), the group
-index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
+exp(l_i))``: one pass of forward derivatives (:mod:`tallmh.glm_rows`) gives the design (the response's sign folded
+into it), the group index ``g_i``, its coefficient ``c_i`` and the offset ``b_i = v_i - a_i . e``. It is then checked on every row at
 the start and at a moved point (the model's value against the reconstruction); anything else (a probit link,
 two group terms on one row, a family parameter) is not recognised and keeps the approximate block.
 
@@ -62,7 +62,7 @@ import numpy as np
 from .blocks.state import BlockInfo
 from .factor_bounds import SAFETY
 from .glm_families import POISSON_RADIUS, host_terms, item_rates, remainder_diff
-from .glm_rows import logistic_rows, tangents
+from .glm_rows import logistic_rows, second_order_rows, tangents
 
 __all__ = ["recognise", "GLMEffects", "glm_setup", "DATA_KEYS"]
 
@@ -94,15 +94,6 @@ def _positions(bm):
     return {k: np.rint(np.asarray(v, np.float64)).astype(np.int64).reshape(-1) for k, v in pos.items()}
 
 
-def _row_fn(bm):
-    h0 = bm.start["hyper"]
-
-    def ell(e, row):
-        return bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), row)[0]
-
-    return ell
-
-
 def recognise(bm, data, n) -> Optional[GLMView]:
     """The effects' GLM structure (see the module and :mod:`tallmh.glm_families`), or None where the likelihood is
     not a logistic, Poisson-log or known-sd Gaussian GLM with one group key (checked on every row at two points).
@@ -130,7 +121,6 @@ PROBE_ROWS = 2048
 def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     """The view read from the first ``rows`` rows by ``form`` (``"logistic"``, or ``"second-order"``: Poisson or
     Gaussian), checked on those rows at the start and at a moved point; None where it does not fit."""
-    from .glm_families import second_order_rows
     from .storage.data import take
 
     e0 = bm.start["effects"]
@@ -138,18 +128,17 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     fj, gj = jnp.asarray(fixed), jnp.asarray(group)
     w = jnp.asarray(np.random.default_rng(4).standard_normal(d), e0.dtype)
 
-    ell = _row_fn(bm)
     h0 = bm.start["hyper"]
     tang = tangents(fixed, group, d, e0.dtype)
 
     @jax.jit
     def chunk(data, idx):  # (the data an argument: closed over, they would be copied into the program as constants)
         flat = take(data, idx)
+        lik = lambda e: bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), flat)  # noqa: E731
+        # forward derivatives along p + 3 directions (tallmh.glm_rows): O(p) a row whatever the number of groups
         if form != "logistic":
-            return second_order_rows(ell, e0, w, jax.tree_util.tree_map(lambda a: a[:, None], flat), fj, gj)
-        # p + 3 forward derivatives a row (tallmh.glm_rows): O(p) a row whatever the number of groups
-        xf, gi, ci, b, ok = logistic_rows(lambda e: bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), flat),
-                                          e0, tang, int(fixed.size), fj, gj)
+            return second_order_rows(lik, e0, tang, w, int(fixed.size), fj, gj)
+        xf, gi, ci, b, ok = logistic_rows(lik, e0, tang, int(fixed.size), fj, gj)
         z = jnp.zeros_like(b)
         return jnp.int32(0), xf, gi, ci, b, z, z, ok
 

@@ -7,17 +7,13 @@ Gaussian with a known noise sd, each as a function ``f`` of the row's margin ``m
 - ``"gaussian"``: ``f = -(y - m)^2 / 2`` (the noise sd folded into ``a_i`` and ``y_i``; ``-log sd - log(2 pi)/2``
   in ``k_i``).
 
-**Recognition of the Poisson and Gaussian forms** (:func:`second_order_rows`), from the model's per-row
-log-likelihood alone, as the logistic one is read: for a random direction ``w`` the row's gradient ``g_i = f'
-a_i``, its Hessian along ``w``, ``h_i = f'' t_i a_i`` (``t_i = a_i . w``), and the second and third derivatives
-along ``w``, ``d2 = f'' t^2`` and ``d3 = f''' t^3``. Poisson: ``f''' = f'' = -exp(m)``, so ``t = d3 / d2``, ``exp(m) =
--d2 / t^2``, ``a = -h / (exp(m) t)``, ``y = exp(m) + (g . w) / t``. Gaussian: ``f'' = -1``, ``f''' = 0``, so ``t =
-sqrt(-d2)``, ``a = -h / t`` and ``y - m = (g . w) / t`` (``b = 0``). The Gaussian form is taken where every row's
-``|d3|`` is below ``1e-3 |d2|^(3/2)``. (``w`` only gives the direction of ``a_i``, ``h_i / |h_i|``; every derivative
-is then taken along that unit direction, so ``t_i = +-|a_i|`` has no cancellation where ``a_i`` is nearly orthogonal
-to ``w``.) The reconstruction is then checked against the model on every row at two
-points (:func:`tallmh.glm_effects.recognise`), so a family read wrongly (a probit link, a Student-t or a Gaussian
-whose sd is a parameter) is refused there and keeps the approximate block.
+**Recognition of the Poisson and Gaussian forms** (:func:`tallmh.glm_rows.second_order_rows`), from the model's
+per-row log-likelihood alone, as the logistic one is read: the first three derivatives along each fixed effect and
+along the group key's ``1``, ``j``, ``j^2`` (forward mode, ``O(p)`` a row whatever the number of groups) give
+``f''`` and ``a_i`` (Poisson: ``f''' = f'' = -exp(m)``; Gaussian: ``f'' = -1``, ``f''' = 0``, taken where every row's
+``|d3|`` is below ``1e-3 |d2|^(3/2)``), then ``f'`` and ``y_i``. The reconstruction is then checked against the
+model on every row at two points (:func:`tallmh.glm_effects.recognise`), so a family read wrongly (a probit link, a
+Student-t or a Gaussian whose sd is a parameter) is refused there and keeps the approximate block.
 
 **The remainder and its bound**: ``R_i(t) = f(m_i + t) - f(m_i) - f'(m_i) t - f''(m_i) t^2 / 2`` (no ``y`` in it
 for these canonical links), ``|R_i(d') - R_i(d)| <= (M_i / 6) |d'^3 - d^3|`` with ``M_i`` the largest ``|f'''|``
@@ -38,12 +34,11 @@ import numpy as np
 from .factor_bounds import exp3
 from .models.logistic import M3_LOGISTIC, logistic_remainder_diff
 
-__all__ = ["FAMILIES", "WORDS", "host_terms", "remainder_diff", "item_rates", "row_loglik", "second_order_rows"]
+__all__ = ["FAMILIES", "WORDS", "host_terms", "remainder_diff", "item_rates", "row_loglik"]
 
 FAMILIES = ("logistic", "poisson", "gaussian")
 WORDS = {"logistic": "logistic", "poisson": "Poisson-log", "gaussian": "Gaussian (known noise sd)"}
 POISSON_RADIUS = 6.0  # the Poisson bound's trust region, in the block's per-group coordinates
-GAUSS_D3 = 1e-3  # |d3| / |d2|^(3/2) below which every row is read as Gaussian
 
 
 def host_terms(family, m, y):
@@ -94,48 +89,3 @@ def row_loglik(family, m, y, k):
     r = y - m
     v = -0.5 * r * r + k
     return v, jnp.maximum(jnp.abs(v), 0.5 * r * r)
-
-
-def second_order_rows(ell, e0, w, rows, fj, gj):
-    """For a chunk of rows: ``(family guess, x, group index, coefficient, offset, y, k, ok)`` read by the module's
-    second-order recognition (``family`` ``"gaussian"`` where every row's third derivative vanishes, else
-    ``"poisson"``; ``ok`` false where a row is not of the form: non-finite, convex, or two group entries)."""
-
-    def per_row(row):
-        val, g = jax.value_and_grad(ell)(e0, row)
-        hvp = lambda v: jax.jvp(lambda x: jax.grad(ell)(x, row), (e0,), (v,))[1]  # noqa: E731
-        # the direction of a_i from the Hessian along w (exact up to rounding whatever t_i), then every derivative
-        # along that unit direction u: t = a . u = +-|a|, free of the cancellation in a . w where a is nearly
-        # orthogonal to w (which cost 2e-3 of the log-likelihood on one row in 10^5)
-        h = hvp(w)
-        nh, ng = jnp.linalg.norm(h), jnp.linalg.norm(g)
-        u = jnp.where(nh > 0, h / jnp.where(nh > 0, nh, 1.0), jnp.where(ng > 0, g / jnp.where(ng > 0, ng, 1.0), 0.0))
-        hu = hvp(u)
-        f = lambda s: ell(e0 + s * u, row)  # noqa: E731 - the row along u
-        d3 = jax.grad(jax.grad(jax.grad(f)))(jnp.zeros((), e0.dtype))
-        return val, g, hu, hu @ u, d3, g @ u
-
-    val, g, h, d2, d3, d1 = jax.vmap(per_row)(rows)
-    live = d2 < 0
-    sd2 = jnp.where(live, d2, -1.0)
-    gauss = jnp.all(~live | (jnp.abs(d3) <= GAUSS_D3 * (-sd2) ** 1.5))
-    # Poisson: t = d3 / d2, exp(m) = -d2 / t^2; Gaussian: t = sqrt(-d2), f'' = -1
-    tp = jnp.where(live, d3 / sd2, 1.0)
-    mu = -sd2 / (tp * tp)
-    tg = jnp.sqrt(-sd2)
-    t = jnp.where(gauss, tg, tp)
-    scale = jnp.where(gauss, 1.0, mu) * t
-    a = jnp.where(live[:, None], -h / scale[:, None], 0.0)
-    m0 = a @ e0
-    eta = jnp.where(gauss, m0, jnp.log(mu))
-    y = jnp.where(live, jnp.where(gauss, m0, mu) + d1 / t, jnp.where(gauss, 0.0, 1.0))
-    eta = jnp.where(live, eta, 0.0)
-    b = jnp.where(gauss, 0.0, eta - m0)
-    fval = jnp.where(gauss, -0.5 * (y - eta) ** 2, y * eta - jnp.exp(eta))
-    k = val - fval
-    ag = a[:, gj]
-    gi = jnp.argmax(jnp.abs(ag), axis=1).astype(jnp.int32)
-    ci = jnp.take_along_axis(ag, gi[:, None], axis=1)[:, 0]
-    ok = jnp.all((jnp.sum(ag != 0, axis=1) <= 1) & jnp.all(jnp.isfinite(a), axis=1) & jnp.isfinite(b)
-                 & jnp.isfinite(y) & jnp.isfinite(k) & (live | (jnp.abs(d1) == 0)))
-    return jnp.where(gauss, 2, 1), a[:, fj], gi, ci, b, y, k, ok

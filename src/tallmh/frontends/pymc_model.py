@@ -541,20 +541,56 @@ def _checks(model: PyMCModel, data, n, check_full_max):
                     "data: the model probably uses the number of rows, or the data, outside its observed variables")
 
 
-def from_bambi(bmb_model, *, check: bool = True, check_full_max: int = 20_000, centre_groups: bool = True):
+DENSE_GROUPS_WARN = 1 << 28  # bytes of Bambi's group indicator matrices above which from_bambi(bm) names the other route
+
+
+def _warn_dense_groups(bmb_model):
+    """A warning where Bambi's model holds group terms' rows x levels indicator matrices of more than 256 MB."""
+    import warnings
+
+    size = 0
+    for comp in getattr(bmb_model, "components", {}).values():
+        for term in getattr(comp, "group_specific_terms", {}).values():
+            size += int(getattr(getattr(term, "grouper", None), "nbytes", 0))
+    if size > DENSE_GROUPS_WARN:
+        warnings.warn(f"Bambi's model holds its group terms' rows x levels indicator matrices ({size / 2**20:,.0f} MB); "
+                      "tm.from_bambi(formula, df, family=..., ...) builds the same model with an index instead",
+                      stacklevel=3)
+
+
+def from_bambi(bmb_model, data=None, *, check: bool = True, check_full_max: int = 20_000, centre_groups: bool = True,
+               **model_kwargs):
     """``model, data = tm.from_bambi(bmb_model)``: a Bambi model through :func:`from_pymc`.
 
     Builds the model (``bmb_model.build()``) and converts its PyMC model; common and group-level effects,
     and the family's auxiliary parameters, are all globals, named as Bambi names them. Group-level terms
     are moved partially centred unless ``centre_groups=False`` (see :func:`from_pymc`, :func:`recentre`).
 
+    ``tm.from_bambi(formula, df, family=..., priors=..., ...)`` (the formula and the data frame, and
+    ``bambi.Model``'s other arguments as keywords) builds the same model without the rows x levels indicator
+    matrix Bambi's formula library keeps for each group term (800 MB at 10^6 rows x 100 groups): the way to
+    convert large tables with group terms (:mod:`tallmh.frontends.bambi_index`: grouping factors that are plain
+    columns).
+
     Example::
 
         import bambi as bmb, tallmh as tm
         bm = bmb.Model("y ~ x + C(g) + (1|site)", df, family="bernoulli")
         model, data = tm.from_bambi(bm)
+        # or, for a large table: tm.from_bambi("y ~ x + C(g) + (1|site)", df, family="bernoulli")
         result = tm.sample(model, data, seed=0)
     """
+    if isinstance(bmb_model, str) or type(bmb_model).__name__ == "Formula":
+        from .bambi_index import indexed_bambi_model
+
+        if data is None:
+            raise ConfigError("from_bambi(formula, data): the data frame is missing")
+        bmb_model = indexed_bambi_model(bmb_model, data, **model_kwargs)
+    elif data is not None or model_kwargs:
+        raise ConfigError("from_bambi takes a data frame and bambi.Model's arguments only with a formula (a string); "
+                          "a bambi.Model already has its data")
+    else:
+        _warn_dense_groups(bmb_model)
     if not hasattr(bmb_model, "build") or not hasattr(bmb_model, "backend"):
         raise ConfigError(f"from_bambi needs a bambi.Model; got {type(bmb_model).__name__}")
     if getattr(bmb_model, "backend", None) is None or getattr(bmb_model.backend, "model", None) is None:
