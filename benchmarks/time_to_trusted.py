@@ -47,7 +47,8 @@ covariance at the Newton MAP, made by ``peers.make_reference`` on this data set 
 cached as ``<out>/reference_scaled-<N>.npz`` (``--laplace-ref``, the default of ``--quick``: the Laplace
 approximation at the float64 MAP instead, no reference run).
 
-Reported per cell: ``process_s`` (whole process, measured by the parent), the child's breakdown
+Reported per cell: ``process_s`` (whole process, measured by the parent), ``cpu_s`` (the process's CPU seconds,
+user and system, all threads: what a shared machine's load changes least), the child's breakdown
 (``import_s``, ``data_s``, ``setup_s``, ``compile_s``, ``warmup_s``, ``sampling_s``, ``other_s``: the rest
 of the sampler call and of the child, ``startup_exit_s``: the interpreter's start and exit, ``process_s``
 minus the child's own total; the parts add up to ``process_s``), min
@@ -290,6 +291,14 @@ def get_reference(n, args, say):
     return peers.get_reference(name, "scaled", n, n, D_FEATURES + 1, ns, say)
 
 
+def _children_cpu():
+    """CPU seconds (user + system, every thread) of this process's finished children so far."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_cell(method, n, cache, args, say):
     import _common as C  # here, not at the top: a child's measured imports start at T_START
 
@@ -316,6 +325,7 @@ def run_cell(method, n, cache, args, say):
         runs = 2 if cache == "warm" else 1
         for i in range(runs):
             load0 = C.load_average()
+            cpu0 = _children_cpu()
             try:
                 row, wall = C.run_child(cmd, env, "TTT-JSON", timeout=args.timeout)
             except subprocess.TimeoutExpired:
@@ -335,7 +345,7 @@ def run_cell(method, n, cache, args, say):
         cache_files = sum(len(fs) for _, _, fs in os.walk(os.path.join(tmp, "xdg"))) if cache != "none" else 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    row.update(cache=cache, process_s=wall, startup_exit_s=wall - row["child_total_s"], load_before=load0,
+    row.update(cache=cache, process_s=wall, cpu_s=_children_cpu() - cpu0, startup_exit_s=wall - row["child_total_s"], load_before=load0,
                load_after=C.load_average(), cache_files=cache_files, chains=CHAINS)
     return row, theta
 
@@ -356,7 +366,7 @@ def score(row, theta, ref):
     return row
 
 
-COLS = ["method", "N", "cache", "process_s", "import_s", "data_s", "setup_s", "compile_s", "warmup_s", "sampling_s",
+COLS = ["method", "N", "cache", "process_s", "cpu_s", "import_s", "data_s", "setup_s", "compile_s", "warmup_s", "sampling_s",
         "other_s", "startup_exit_s", "draws", "ess_min", "rhat_max", "ess_per_process_s", "max_mean_err_sd",
         "sd_ratio_min", "sd_ratio_max", "cache_hits", "cache_misses", "load_before"]
 
@@ -478,7 +488,7 @@ def main(argv=None):
                     continue
                 row = score(row, theta, ref)
                 rows.append(row)
-                say(f"{method:7s} N={_fmt_n(n):4s} cache={cache:5s} process {row['process_s']:6.1f}s "
+                say(f"{method:7s} N={_fmt_n(n):4s} cache={cache:5s} process {row['process_s']:6.1f}s (CPU {row['cpu_s']:.1f}s) "
                     f"(import {row['import_s']:.1f}, data {row['data_s']:.1f}, set-up {row['setup_s']:.1f}, "
                     f"compile {row['compile_s']:.1f}, warmup {row['warmup_s']:.1f}, sampling {row['sampling_s']:.1f}, "
                     f"other {row['other_s']:.1f}, start/exit {row['startup_exit_s']:.1f})  ESS {row['ess_min']:.0f}  "

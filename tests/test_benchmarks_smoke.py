@@ -108,6 +108,22 @@ def test_time_to_trusted_quick(tmp_path):
     assert row["draws"] == 300 and row["ess_min"] > 0 and row["rhat_max"] > 0.9
     assert 0.0 <= row["max_mean_err_sd"] < 1.0  # against the Laplace approximation at N = 2000
     assert (tmp_path / "time_to_trusted_quick.md").exists()
+    assert row["cpu_s"] > 0.0  # the process's CPU seconds, as the parent counted them
+
+
+def test_host_pass_blas_smoke(tmp_path):
+    """``host_pass_blas.py`` times the host pass with OpenBLAS's threads and with one, and says which sums keep
+    their bits (the value and the line search's sum do: their products ``X theta`` give each row to one thread;
+    the gradient's may differ in its last bits)."""
+    cmd = [sys.executable, os.path.join(BENCH, "host_pass_blas.py"), "--smoke", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "host_pass_blas.json").read_text())
+    assert {(r["blas"], r["pass_"]) for r in res["rows"]} == {(b, p) for b in ("default threads", "one thread")
+                                                              for p in ("sums", "diff")}
+    assert all(r["wall_s"] > 0 and r["cpu_s"] >= 0 for r in res["rows"])
+    assert res["same_bits"]["value"] and res["same_bits"]["line search"]
+    assert res["same_bits"]["gradient max relative difference"] < 1e-12
 
 
 def test_exact_pass_smoke():

@@ -320,12 +320,13 @@ def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorT
     # (the padding groups: size 1, rate 0 and an empty draw range at the end, so never drawn)
     pad = MAX_GROUPS - G
     cum = np.cumsum(k)
-    return FactorTable(jnp.asarray(center, dt), jnp.asarray(rt, dt), jnp.asarray(chol_cov, dt),
-                       jax.device_put(order), jnp.asarray(np.pad(starts, (0, pad)).astype(np.int32)),
-                       jnp.asarray(np.pad(counts, (0, pad), constant_values=1).astype(np.int32)),
-                       jnp.asarray(np.pad(cum, (0, pad), constant_values=K).astype(np.int32)),
-                       jnp.asarray(np.pad(rate32, (0, pad)).astype(dt)),
-                       jnp.asarray(np.float32(total) * np.float32(1 + 1e-6), dt))
+    def put(x, t):  # (device_put of a host array: no compiled copy or conversion, as jnp.asarray makes)
+        return jax.device_put(np.asarray(x, t))
+
+    return FactorTable(put(center, dt), put(rt, dt), put(chol_cov, dt), jax.device_put(order),
+                       put(np.pad(starts, (0, pad)), np.int32), put(np.pad(counts, (0, pad), constant_values=1), np.int32),
+                       put(np.pad(cum, (0, pad), constant_values=K), np.int32), put(np.pad(rate32, (0, pad)), dt),
+                       put(np.float32(total) * np.float32(1 + 1e-6), dt))
 
 
 def build_table(w, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
@@ -435,26 +436,30 @@ def prepare(model, data, n, unravel, cv, bound=None):
     center64 = np.asarray(cv.center, np.float64)
     leaves = jax.tree_util.tree_leaves(data)
     tb = TableBuilder(n)  # (the weights go to it block by block: never N of them in memory)
-    block = 1 << 18
+    block, reread = 1 << 18, 0
     if all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
             tb.add(s, bound.weights_host(center64, rinv, jax.tree_util.tree_map(lambda a: a[s:s + block], data)))
     else:  # (rows read from files in blocks get the same weights as the same rows in memory)
         reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
-        c, ri = jnp.asarray(cv.center), jnp.asarray(rinv, cv.center.dtype)
+        c, ri = jnp.asarray(cv.center), jax.device_put(np.asarray(rinv, cv.center.dtype))
         fn = jax.jit(bound.weights)
         pending = None
         for s in range(0, n + block, block):  # (the next block's weights computed while this one is grouped)
             nxt = None
             if s < n:
-                batch = reader(s, min(n, s + block)) if reader is not None else \
-                    jax.tree_util.tree_map(lambda a: jnp.asarray(a[s:s + block]), data)
-                nxt = (s, fn(c, ri, batch))  # (dispatched: runs while the host groups the previous block)
+                # the last block is the last `block` rows (overlapping the one before), so that every block has
+                # one shape and the weights program compiles once; only its rows from s on are kept
+                lo = min(s, max(n - block, 0))
+                reread += s - lo
+                batch = reader(lo, min(n, lo + block)) if reader is not None else \
+                    jax.tree_util.tree_map(lambda a: jnp.asarray(a[lo:lo + block]), data)
+                nxt = (s, s - lo, fn(c, ri, batch))  # (dispatched: runs while the host groups the previous block)
             if pending is not None:
-                tb.add(pending[0], np.asarray(pending[1], np.float64) * (1 + 1e-3))
+                tb.add(pending[0], np.asarray(pending[2], np.float64)[pending[1]:] * (1 + 1e-3))
             pending = nxt
     table = tb.table(cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
-    return table, n
+    return table, n + reread
 
 
 def view(bound, table: FactorTable, theta, theta_p, remainder: Callable) -> FactorView:

@@ -453,12 +453,17 @@ def _default_blocks(model, data):
     recognised GLM (:func:`tallmh.glm_effects.recognise`: logistic, Poisson-log, Gaussian with a known noise sd):
     the automatic blocks with the exact effects block (:func:`auto_program`); any other model as it is (a model
     written directly as a :class:`~tallmh.model.Model` included: its author chose its method)."""
-    from .frontends.numpyro_model import NumPyroModel
-    from .frontends.pymc_model import PyMCModel
+    import sys
+
+    # (the front ends' classes where their modules are loaded, as they are for any model they made: a built-in
+    # model's run does not import them, nor the blocks, for this check)
+    kinds = tuple(k for k in (getattr(sys.modules.get("tallmh.frontends.numpyro_model"), "NumPyroModel", None),
+                              getattr(sys.modules.get("tallmh.frontends.pymc_model"), "PyMCModel", None))
+                  if k is not None)
+    if not kinds or not isinstance(model, kinds) or callable(getattr(model, "factor_bound", None)):
+        return model, None, None  # (a GLM without group terms: the exact subsampled test over all its parameters)
     from .glm_effects import GLMEffects
 
-    if not isinstance(model, (PyMCModel, NumPyroModel)) or callable(getattr(model, "factor_bound", None)):
-        return model, None, None  # (a GLM without group terms: the exact subsampled test over all its parameters)
     got = auto_program(model, data)
     if got is None or not isinstance(_inner(got[1].blocks[-1]), GLMEffects):
         return model, None, None

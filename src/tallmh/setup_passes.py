@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import fused_request
+from ._blas import one_thread as one_blas_thread
 from .cache_keys import shape_key, value_key
 from .storage.data import take, to_device
 from .errors import ModelError
@@ -218,7 +219,9 @@ class HostPasses:
     Blocks of ``HOST_BLOCK`` rows are read (:func:`tallmh.storage.datasource.host_reader`: slices of in-memory
     arrays, reads of files) and reduced one after the other (for data in files, by ``HOST_THREADS_FILES``
     threads, so that reads overlap the arithmetic); their results are summed in row order, so in-memory and
-    on-disk data give the same sums, bit for bit. A pass over on-disk data of at
+    on-disk data give the same sums, bit for bit (each block's products on one BLAS thread, :mod:`tallmh._blas`,
+    in whatever thread makes them: OpenBLAS's threads would split a product's sum over rows). A pass over on-disk
+    data of at
     least ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar."""
 
     def __init__(self, model, data, n, read):
@@ -248,7 +251,8 @@ class HostPasses:
         ds.advise(self.data, "sequential")
 
         def work(s):
-            return fn(read(s, min(n, s + HOST_BLOCK)))
+            with one_blas_thread():  # (the same sums in any thread, on any number of cores: tallmh._blas)
+                return fn(read(s, min(n, s + HOST_BLOCK)))
 
         def done(s):
             if bar is not None:

@@ -60,12 +60,37 @@ def runner(kernel, key, num_chains, length, audit_on, plan=None, kernel_of=None,
 
         fn = jax.jit(chains)
     else:
-        fn = jax.jit(jax.vmap(chain_run(kernel, length, audit_on, defer),
-                              in_axes=(0, 0, None, None, None, None, None, None, None)))
+        fn = jax.jit(chains_run(kernel, length, audit_on, defer))
     if len(RUNNERS) >= 16:
         RUNNERS.pop(next(iter(RUNNERS)))
     RUNNERS[key] = {"fn": fn, "compiled": None, "kernel": kernel}
     return RUNNERS[key]
+
+
+def _step_fns(kernel, audit_on, defer):
+    """``(do, skip)``: one chain's step at scan index ``g`` (made, or not: the first ``count`` of a chunk are), each
+    ``(st, k_step, k_audit, g, adapt, audit_rate, data, stats) -> (st, info, *deferred)``."""
+    empty = getattr(kernel, "empty_info", None) or StepInfo.empty
+
+    def do(st, k_step, k_audit, g, adapt, audit_rate, data, stats):
+        if audit_on:
+            ua = jax.random.uniform(k_audit)
+            audit = ua < audit_rate
+        else:
+            audit = False
+        if defer:  # (the host picks the audited steps afterwards: ua < the rate it settles)
+            return (*kernel.step(k_step, st, data, g, adapt, stats, False, defer_audit=True), ua)
+        return kernel.step(k_step, st, data, g, adapt, stats, audit)
+
+    def skip(st, k_step, k_audit, g, adapt, audit_rate, data, stats):
+        if defer:  # (the step's own key stands in for the test's, which is split from it: never read,
+            # the step is never audited; no split here, whose unrolled hash would be compiled for nothing)
+            one = jnp.ones((), jax.dtypes.canonicalize_dtype(jnp.float64))  # (a uniform's dtype: x64 or not)
+            return st, empty(st.theta.dtype), AuditArgs(k_step, st.theta, st.theta,
+                                                        jnp.full((), -jnp.inf, st.theta.dtype), one), one
+        return st, empty(st.theta.dtype)
+
+    return do, skip
 
 
 def chain_run(kernel, length, audit_on, defer=False):
@@ -74,7 +99,7 @@ def chain_run(kernel, length, audit_on, defer=False):
     ``defer``: no exact pass in the chain; each step's :class:`~tallmh.kernel.AuditArgs` and its audit
     uniform (the step is audited when it is below the phase's rate) are further outputs beside the draws and
     statistics, and :func:`audit_runner` takes the audited steps' exact decisions after the chunk."""
-    empty = getattr(kernel, "empty_info", None) or StepInfo.empty
+    do, skip = _step_fns(kernel, audit_on, defer)
 
     def chain_run(state, skeys, akeys, start, count, phase, audit_rate, data, stats):
         # skeys, akeys: the chunk's step keys, fold_in(fold_in(chain key, phase), step) and the same of the audit
@@ -83,30 +108,38 @@ def chain_run(kernel, length, audit_on, defer=False):
 
         def body(st, xs):
             i, k_step, k_audit = xs
-            g = start + i
-
-            def do(st):
-                if audit_on:
-                    ua = jax.random.uniform(k_audit)
-                    audit = ua < audit_rate
-                else:
-                    audit = False
-                if defer:  # (the host picks the audited steps afterwards: ua < the rate it settles)
-                    return (*kernel.step(k_step, st, data, g, adapt, stats, False, defer_audit=True), ua)
-                return kernel.step(k_step, st, data, g, adapt, stats, audit)
-
-            def skip(st):
-                if defer:  # (the step's own key stands in for the test's, which is split from it: never read,
-                    # the step is never audited; no split here, whose unrolled hash would be compiled for nothing)
-                    one = jnp.ones((), jax.dtypes.canonicalize_dtype(jnp.float64))  # (a uniform's dtype: x64 or not)
-                    return st, empty(st.theta.dtype), AuditArgs(k_step, st.theta, st.theta,
-                                                                jnp.full((), -jnp.inf, st.theta.dtype), one), one
-                return st, empty(st.theta.dtype)
-
-            st, info, *deferred = jax.lax.cond(i < count, do, skip, st)
+            rest = (k_step, k_audit, start + i, adapt, audit_rate, data, stats)
+            st, info, *deferred = jax.lax.cond(i < count, lambda s: do(s, *rest), lambda s: skip(s, *rest), st)
             return st, (st.theta, runstate.info_dict(info), *deferred)
 
         return jax.lax.scan(body, state, (jnp.arange(length, dtype=jnp.int32), skeys, akeys))
+
+    return chain_run
+
+
+def chains_run(kernel, length, audit_on, defer=False):
+    """The chunk of chains side by side on one device: what ``vmap`` of :func:`chain_run` over the chains (states
+    and step keys; the audit's keys and the rest shared) computes, with the chains' axis inside the scan and the
+    ``cond`` (their steps vectorised) instead of outside: JAX then batches the step once as it traces it,
+    instead of tracing it and batching the scan's and the cond's traced bodies (fixed-point passes over the
+    whole step), which took most of the chain's tracing. The draws and statistics come out ``(chains, length,
+    ...)``, as from the ``vmap``."""
+    do, skip = _step_fns(kernel, audit_on, defer)
+    axes = (0, 0, None, None, None, None, None, None)
+    do_v, skip_v = jax.vmap(do, in_axes=axes), jax.vmap(skip, in_axes=axes)
+
+    def chain_run(states, skeys, akeys, start, count, phase, audit_rate, data, stats):
+        adapt = phase == 0
+
+        def body(st, xs):
+            i, k_step, k_audit = xs
+            rest = (k_step, k_audit, start + i, adapt, audit_rate, data, stats)
+            st, info, *deferred = jax.lax.cond(i < count, lambda s: do_v(s, *rest), lambda s: skip_v(s, *rest), st)
+            return st, (st.theta, runstate.info_dict(info), *deferred)
+
+        k_steps = jnp.swapaxes(skeys, 0, 1)  # (length, chains, ...): the scan's axis first
+        states, out = jax.lax.scan(body, states, (jnp.arange(length, dtype=jnp.int32), k_steps, akeys))
+        return states, jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1), out)
 
     return chain_run
 

@@ -151,16 +151,28 @@ def set_up(run, init_jitter, early=None):
         cv_h = jax.tree_util.tree_map(lambda a: np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)), cv0)
         run.table_job = threads.started(lambda: (fused is not None and fused.table(model, run.unravel, cv_h))
                                         or _table(run, cv_h))
-    init_v = jax.jit(jax.vmap(run.kernel.init, in_axes=(0, None, None, None)))
     if early is not None and "traced" in early:
         while not early["traced"].wait(0.05) and early["thread"].is_alive():
             pass  # (short waits: Ctrl-C stays responsive)
-    states = threads.wait(init_v(st["starts"], data, cv0, hint))
+    states = threads.wait(init_program(run, (st["starts"], data, cv0, hint))(st["starts"], data, cv0, hint))
     if tracks_log_lik(test, model):
         run.setup_items += n * run.num_chains  # the exact test's initial full pass, one per chain
     if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
         run.setup_items += test.setup_items_of(states, n)
     return states
+
+
+def init_program(run, args):
+    """The kernel's init vectorised over the chains, compiled for ``args`` with the chain's CPU compile options
+    where the chain has them (:func:`tallmh.run.programs.elemental`: about 40% less CPU for this small program's
+    compile, which a fresh process makes beside the chain's; the same draws, ``tests/test_same_draws.py``)."""
+    from . import _exec_cache
+    from .programs import elemental
+
+    init_v = jax.jit(jax.vmap(run.kernel.init, in_axes=(0, None, None, None)))
+    if run.plan is not None or run.program is not None or not elemental(run):
+        return init_v
+    return _exec_cache.compile_and_store(None, lambda: init_v.lower(*args), unrolled=False, elemental=True, quick=True)
 
 
 def resolve_stats(run):

@@ -15,6 +15,7 @@ import time
 
 import jax
 
+from .._blas import one_thread as one_blas_thread
 from ..errors import Stopped
 
 
@@ -57,8 +58,8 @@ def as_caller(fn):
     random-bits settings: ``_CARRIED``) and full float32 matrix products (:func:`full_float32`): JAX's
     configuration contexts hold in the thread that entered them only, and tallmh traces in threads of its own
     (the set-up, the chain's compile, the audits); without this a run inside ``with jax.enable_x64(True):``
-    made its start points and its chain in float32. Call it in the calling thread; the wrapper runs in the
-    new one."""
+    made its start points and its chain in float32. NumPy's products in the new thread run on one BLAS thread
+    (:func:`tallmh._blas.one_thread`). Call it in the calling thread; the wrapper runs in the new one."""
     settings = [(state, getattr(jax.config, "jax_" + name)) for name in CARRIED
                 if (state := getattr(jax, name, None)) is not None]  # (States: callable as contexts, not truthy)
     fn32 = full_float32(fn)
@@ -68,6 +69,7 @@ def as_caller(fn):
         with contextlib.ExitStack() as stack:
             for state, value in settings:
                 stack.enter_context(state(value))
+            stack.enter_context(one_blas_thread())  # (the set-up's host passes: see tallmh._blas)
             return fn32(*args, **kwargs)
 
     return wrapper
