@@ -152,6 +152,7 @@ def data_mistake(data, e) -> str:
 AUTO_RHAT = 1.01
 
 
+AUTO_CONFIRM_COLUMNS, AUTO_CONFIRM_MARGIN = 32, 0.005  # columns the thinned check confirms on all draws
 AUTO_CHECK_DRAWS = 4096  # draws a chain the num_samples="auto" check reads (evenly thinned beyond)
 
 
@@ -180,7 +181,25 @@ def auto_reached(parts, min_ess):
     if not (ess >= min_ess) or rhat_k is None:
         return None
     rhat = float(np.max(rhat_k)) if x.shape[0] > 1 else 1.0
+    if rhat > AUTO_RHAT:
+        return None
+    if step > 1 and x.shape[0] > 1:  # the thinned draws pass: confirm the columns nearest the limit on all draws
+        rhat = max(rhat, _rhat_on_all_draws(parts, np.asarray(rhat_k), min_ess))
     return (ess, rhat) if rhat <= AUTO_RHAT else None
+
+
+def _rhat_on_all_draws(parts, rhat_k, min_ess):
+    """Max R-hat on all draws of the columns whose thinned R-hat is within ``AUTO_CONFIRM_MARGIN`` of the limit, or
+    among the ``AUTO_CONFIRM_COLUMNS`` largest (the thinned estimate of a column near 1.01 can fall on either
+    side of the one on all draws the verdict uses; a run stopped on the thinned value alone could end untrusted)."""
+    from ..reporting import diagnostics
+
+    top = np.argsort(rhat_k)[max(0, rhat_k.size - AUTO_CONFIRM_COLUMNS):]
+    cols = np.union1d(top, np.flatnonzero(rhat_k > AUTO_RHAT - AUTO_CONFIRM_MARGIN)).astype(int)
+    if cols.size == 0:
+        return 1.0
+    x = np.concatenate([p[0][:, :, cols] for p in parts], axis=1)
+    return float(np.max(diagnostics.rhat_all(x)))
 
 
 def prepare(model, data, test, init, check_finite=True, cv_center=None, tap_stats=False):
