@@ -33,6 +33,7 @@ import time
 
 T0 = time.perf_counter()
 
+import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
@@ -84,9 +85,13 @@ def main(argv=None):
     ap = _common.parser(__doc__)
     _common.add_run_options(ap, os.path.join(REPO, "benchmarks", "results"))
     _common.add_options(ap, rows=1_000_000, groups=100)
-    ap.add_argument("--effects", choices=("exact-glm", "approximate", "single-block"), default="exact-glm",
+    ap.add_argument("--effects", choices=("exact-glm", "exact-mh", "approximate", "single-block"), default="exact-glm",
                     help="the effects block: the exact one for a logistic GLM (glm_effects.py) or austerity with "
-                         "control variates; single-block: no automatic blocks (tm.sample's default method)")
+                         "control variates; exact-mh: the same program with every effects step deciding on all rows "
+                         "(the reference); single-block: no automatic blocks (tm.sample's default method)")
+    ap.add_argument("--reference", default=None,
+                    help="the JSON of an --effects exact-mh run of the same rows, groups and seed: prints each fixed "
+                         "effect's and sigma's |mean difference| in its posterior sds, and the group effects' largest")
     ap.add_argument("--frontend", choices=("bambi", "bambi-formula", "pymc"), default="bambi",
                     help="bambi: bmb.Model and tm.from_bambi; bambi-formula: tm.from_bambi(formula, df, family=...); "
                          "pymc: the same model written in PyMC, tm.from_pymc")
@@ -104,7 +109,9 @@ def main(argv=None):
     import tallmh as tm
     from tallmh import hierarchical
 
-    hierarchical.EXACT_GLM = a.effects == "exact-glm"
+    hierarchical.EXACT_GLM = a.effects in ("exact-glm", "exact-mh")
+    if a.effects == "exact-mh":
+        hierarchical.GLM_TEST = "exact"
     if a.pcn is not None:
         hierarchical.GLM_PCN = a.pcn
 
@@ -163,11 +170,25 @@ def main(argv=None):
            "trusted": bool(o["trusted"]), "verdict": o["verdict"], "peak MB": mem["sample"], "peak MB by stage": mem,
            "z (fixed, sigma)": z, "group z max |z|": float(np.max(np.abs(zg))),
            "group z share within 2": float(np.mean(np.abs(zg) < 2)), "data fraction": r.data_fraction,
-           "notes": r.notes}
+           "notes": r.notes,
+           "means": {k: float(np.asarray(r.samples[k]).mean()) for k in truth},
+           "sds": {k: float(np.asarray(r.samples[k]).std(ddof=1)) for k in truth},
+           "group means": eff.mean(0).tolist(), "group sds": eff.std(0, ddof=1).tolist()}
+    if a.reference:
+        with open(a.reference) as f:
+            ref = json.load(f)["result"]
+        row["|mean - reference| / reference sd"] = {
+            k: abs(row["means"][k] - ref["means"][k]) / ref["sds"][k] for k in truth}
+        row["groups: max |mean - reference| / reference sd"] = float(np.max(
+            np.abs(eff.mean(0) - np.asarray(ref["group means"])) / np.asarray(ref["group sds"])))
+        row["sd / reference sd"] = {k: row["sds"][k] / ref["sds"][k] for k in truth}
     print(str(s))
     for k in ("frontend", "effects block", "load", "rows per step by block", "rows", "groups", "group sizes", "whole process s", "from_bambi s", "sample s", "sampling s",
               "min bulk ESS", "max R-hat", "trusted", "peak MB", "peak MB by stage", "z (fixed, sigma)",
-              "group z max |z|", "group z share within 2", "data fraction"):
+              "group z max |z|", "group z share within 2", "data fraction", "|mean - reference| / reference sd",
+              "groups: max |mean - reference| / reference sd", "sd / reference sd"):
+        if k not in row:
+            continue
         v = row[k]
         print(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}", flush=True)
     _common.write_json(a.out, "hierarchical_scale_smoke.json" if a.smoke else
