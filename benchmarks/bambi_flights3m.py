@@ -16,6 +16,8 @@ Needs ``bambi`` and ``numpyro`` (``pip install ".[test]"`` has both). Run::
 
     python benchmarks/bambi_flights3m.py --table flights-3m.parquet [--subset 100000] [--nuts-cache F.npz]
     python benchmarks/bambi_flights3m.py --table flights-3m.parquet --group origin --skip-subset
+    python benchmarks/bambi_flights3m.py --table flights-3m.parquet --group origin --skip-subset --route formula \\
+        --nuts-reference benchmarks/results/nuts_reference_flights3m_origin_2026-11-29.json --json OUT.json
 
 Everything of tallmh is ``tm.sample``'s default (``--budget`` sets ``budget_s``). Times are whole calls
 from the data frame: Bambi's model build, the conversion (``tm.from_bambi``, with its pilot fit) and the
@@ -93,6 +95,21 @@ def by_nuts(bmb, frame, args, names):
     return flat(raw), wall, div
 
 
+def whole_table_summary(r, wall, gt, keys, args):
+    """Means and sds (over all draws, ddof 1) of the common effects and the group sd, and of each group effect."""
+    import sys
+
+    d = flat(r.samples)
+    eff = np.asarray(r.samples[gt], float)
+    eff = eff.reshape(-1, eff.shape[-1])
+    o = r.summary().overall
+    return {"command": "python " + " ".join(sys.argv), "whole call s": wall, "verdict": r.verdict,
+            "min bulk ESS": o["ess_min"], "max R-hat": o["rhat_max"], "notes": r.notes,
+            "load": open("/proc/loadavg").read().split()[:3],
+            "means": {k: float(d[k].mean()) for k in keys}, "sds": {k: float(d[k].std(ddof=1)) for k in keys},
+            "group means": eff.mean(0).tolist(), "group sds": eff.std(0, ddof=1).tolist()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", default="flights-3m.parquet", help="path of flights-3m.parquet")
@@ -105,6 +122,12 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--group", default="day", choices=["day", "origin"], help="the group-level intercept's group")
     ap.add_argument("--budget", type=float, default=None, help="tm.sample's budget_s (default: its own, 600 s)")
+    ap.add_argument("--nuts-reference", default=None,
+                    help="a NUTS reference on the whole table (nuts_reference.py flights): prints, for the whole-table "
+                         "run, z = |mean - reference mean| / reference sd for every fixed effect and the group sd, the "
+                         "sd ratios, and the group effects' largest z and share within 0.1 and 0.2")
+    ap.add_argument("--json", default=None, help="write the whole-table run's summary (means and sds per site, the "
+                                                 "group effects', the verdict, times, the comparison) to this file")
     ap.add_argument("--route", default="model", choices=["model", "formula"],
                     help="tallmh's conversion: tm.from_bambi(bmb.Model(...)) or tm.from_bambi(formula, frame), "
                          "which builds the same model without the group term's dense rows x levels matrix")
@@ -158,6 +181,19 @@ def main():
         res["tallmh whole table"] = (moments(flat(r_full.samples)), r_full.verdict, w_full)
         keys = [k for k in flat(r_full.samples) if not k.startswith(gt + "[") and not k.startswith(gt + "_offset")]
         show("means and sds (common effects and the group scale)", {k: v[0] for k, v in res.items()}, keys)
+        if args.nuts_reference or args.json:
+            summary = whole_table_summary(r_full, w_full, gt, keys, args)
+            if args.nuts_reference:
+                from nuts_reference import compare
+
+                summary["against the NUTS reference"] = compare(
+                    args.nuts_reference, summary["means"], summary["sds"], summary["group means"],
+                    summary["group sds"], label="tallmh, whole table")
+            if args.json:
+                import json
+
+                with open(args.json, "w") as f:
+                    json.dump({"result": summary}, f, indent=1)
     print("\nwall times: " + ", ".join(f"{k} {v[2]:.1f}s" for k, v in res.items()))
     print("verdicts: " + "; ".join(f"{k}: {v[1]}" for k, v in res.items()))
 

@@ -19,6 +19,8 @@ Usage::
     python benchmarks/hierarchical_scale.py --frontend pymc      # the same model written in PyMC
     python benchmarks/hierarchical_scale.py --frontend bambi-formula  # tm.from_bambi(formula, df, family=...)
     python benchmarks/hierarchical_scale.py --frontend bambi-formula --model-only --rows 10000000 --groups 1000
+    python benchmarks/hierarchical_scale.py --rows 10000000 --groups 1000 --frontend pymc \\
+        --nuts-reference benchmarks/results/nuts_reference_10000000x1000_2026-11-29.json
     python benchmarks/hierarchical_scale.py --smoke
 
 ``--frontend pymc`` builds the model Bambi builds (its names, its group term ``1|g = 1|g_offset * 1|g_sigma``,
@@ -92,6 +94,10 @@ def main(argv=None):
     ap.add_argument("--reference", default=None,
                     help="the JSON of an --effects exact-mh run of the same rows, groups and seed: prints each fixed "
                          "effect's and sigma's |mean difference| in its posterior sds, and the group effects' largest")
+    ap.add_argument("--nuts-reference", default=None,
+                    help="a NUTS reference on the same rows, groups and seed (nuts_reference.py simulated): prints "
+                         "z = |mean - reference mean| / reference sd for every fixed effect and sigma, the sd ratios, "
+                         "and the group effects' largest z and share within 0.1 and 0.2")
     ap.add_argument("--frontend", choices=("bambi", "bambi-formula", "pymc"), default="bambi",
                     help="bambi: bmb.Model and tm.from_bambi; bambi-formula: tm.from_bambi(formula, df, family=...); "
                          "pymc: the same model written in PyMC, tm.from_pymc")
@@ -183,6 +189,11 @@ def main(argv=None):
             np.abs(eff.mean(0) - np.asarray(ref["group means"])) / np.asarray(ref["group sds"])))
         row["sd / reference sd"] = {k: row["sds"][k] / ref["sds"][k] for k in truth}
     print(str(s))
+    if a.nuts_reference:
+        from nuts_reference import compare
+
+        row["against the NUTS reference"] = compare(a.nuts_reference, row["means"], row["sds"], row["group means"],
+                                                    row["group sds"], label="tallmh")
     for k in ("frontend", "effects block", "load", "rows per step by block", "rows", "groups", "group sizes", "whole process s", "from_bambi s", "sample s", "sampling s",
               "min bulk ESS", "max R-hat", "trusted", "peak MB", "peak MB by stage", "z (fixed, sigma)",
               "group z max |z|", "group z share within 2", "data fraction", "|mean - reference| / reference sd",
