@@ -17,7 +17,11 @@ Two cases, each with the priors of the model tallmh samples:
 The likelihood is exact on every row. The flights are held as binomial counts per distinct row of the design
 (log distance, departure band, airport: 13,378 patterns), which is the Bernoulli likelihood of the 3,000,000 rows
 up to a constant (the same posterior, with an exact gradient at 1/200 of the cost). The simulated rows have
-continuous covariates and are read one by one (float32 terms, float64 sums of blocks of rows).
+continuous covariates and are read one by one (float32 terms, their sum in float64: a float32 sum of 10^7 terms is
+off by O(1), noise in NUTS's energy that drove the step size down and the trees to their largest in a first try).
+The data reach NumPyro's programs as the model's argument, not as constants compiled into them: each chunk's
+sampling program is compiled anew, and with the data as constants each kept a copy of them (a first 10^7-row run
+grew to 24 GB and was killed by the kernel after 170 draws per chain).
 
 The group term: Bambi's model writes it ``1|g = 1|g_offset * 1|g_sigma`` with ``1|g_offset ~ Normal(0, 1)``, which is
 the same joint distribution as ``1|g ~ Normal(0, 1|g_sigma)``. Here NUTS samples the group-level intercepts
@@ -111,7 +115,7 @@ def simulated_data(rows, groups, seed):
     return x.astype(np.float32), ["x1", "x2"], g.astype(np.int32), y.astype(np.float32), None, 2.5, "1|g", info
 
 
-def build(X, g, k, n, G, s_scale, block):
+def build(X, g, k, n, G, s_scale):
     """The potential (minus the log posterior, unconstrained: log sigma) of a flat vector
     ``[Intercept, beta (p), c (G), log sigma]``, its gradient, and the exact Hessian (prior part by autodiff, data
     part in one pass: diagonal in c, the c-beta cross terms and X'WX)."""
@@ -120,20 +124,21 @@ def build(X, g, k, n, G, s_scale, block):
 
     p = X.shape[1]
     f32 = X.dtype == np.float32
-    Xj, gj, kj = jnp.asarray(X), jnp.asarray(g), jnp.asarray(k)
-    nj = None if n is None else jnp.asarray(n)
-    N = X.shape[0]
-    nb = block if (N % block == 0) else 1
+    Xd, gd, kd = jnp.asarray(X), jnp.asarray(g), jnp.asarray(k)
+    nd = None if n is None else jnp.asarray(n)
 
     def unpack(t):
         return t[0], t[1:1 + p], t[1 + p:1 + p + G], t[1 + p + G]
 
-    def loglik(t):
+    def loglik(t, data=None):
+        Xj, gj, kj, nj = data if data is not None else (Xd, gd, kd, nd)
         b0, beta, c, ls = unpack(t)
         dt_ = Xj.dtype
         eta = c.astype(dt_)[gj] + Xj @ beta.astype(dt_)
         r = kj * eta - (jax.nn.softplus(eta) if nj is None else nj * jax.nn.softplus(eta))
-        return jnp.sum(jnp.sum(r.reshape(nb, -1), axis=1).astype(jnp.float64))
+        # each row's term in the data's precision, their sum in float64: a float32 sum of 10^7 terms rounds the
+        # potential by O(1), noise in NUTS's energy that no step size removes
+        return jnp.sum(r.astype(jnp.float64))
 
     def logprior(t):
         b0, beta, c, ls = unpack(t)
@@ -143,10 +148,20 @@ def build(X, g, k, n, G, s_scale, block):
         lp += jnp.sum(-0.5 * ((c - b0) / s) ** 2) - G * ls
         return lp
 
-    def potential(t):
-        return -(loglik(t) + logprior(t))
+    def potential(t, data=None):
+        return -(loglik(t, data) + logprior(t))
+
+    def nuts_model(data):
+        """The same density as a NumPyro model of one unconstrained vector, the data passed as the model's
+        argument: jit arguments, not constants compiled into each of NumPyro's sampling programs."""
+        import numpyro
+        import numpyro.distributions as dist
+
+        t = numpyro.sample("t", dist.ImproperUniform(dist.constraints.real_vector, (), event_shape=(2 + p + G,)))
+        numpyro.factor("log_density", -potential(t, data))
 
     def data_hessian(t):
+        Xj, gj, nj = Xd, gd, nd
         b0, beta, c, ls = unpack(t)
         dt_ = Xj.dtype
         eta = c.astype(dt_)[gj] + Xj @ beta.astype(dt_)
@@ -164,7 +179,7 @@ def build(X, g, k, n, G, s_scale, block):
         H = H.at[ib, ic].set(cross.T)
         return H + jax.hessian(lambda u: -logprior(u))(t)
 
-    return (jax.jit(potential), jax.jit(jax.value_and_grad(potential)), jax.jit(data_hessian), unpack)
+    return nuts_model, (Xd, gd, kd, nd), jax.jit(jax.value_and_grad(potential)), jax.jit(data_hessian)
 
 
 def newton_mode(vg, hess, t0, log, iters=30):
@@ -244,9 +259,10 @@ def compare(ref_path, means, sds, group_means, group_sds, label="tallmh"):
     range of the sd ratios."""
     with open(ref_path) as f:
         ref = json.load(f)["result"]
-    if ref.get("complete") is False:
-        print(f"WARNING: the reference {ref_path} is not complete (draws per chain {ref.get('draws per chain')}, "
-              f"stopped by its deadline: {ref.get('stopped by deadline')}); it is no converged reference")
+    ess, rh = ref.get("min bulk ESS (fixed effects and sigma)"), ref.get("max R-hat (fixed effects and sigma)")
+    if ess is not None and not (ess >= 400 and rh <= 1.01):
+        print(f"WARNING: the reference {ref_path} has min bulk ESS {ess:.0f} and max R-hat {rh:.4f} over the fixed "
+              f"effects and sigma (draws per chain {ref.get('draws per chain')}): it is no converged reference")
     rows = {}
     print(f"\n{label} against the reference {os.path.basename(ref_path)} (z = |mean - ref mean| / ref sd)")
     print(f"{'site':<22}{'mean':>11}{'ref mean':>11}{'ref sd':>11}{'z':>8}{'sd ratio':>10}{'ref ESS':>9}{'ref R-hat':>10}")
@@ -268,7 +284,8 @@ def compare(ref_path, means, sds, group_means, group_sds, label="tallmh"):
            "groups: share z <= 0.2": float(np.mean(zg <= 0.2)), "groups: median z": float(np.median(zg)),
            "groups: sd ratio range": [float(ratio.min()), float(ratio.max())],
            "groups: median sd ratio": float(np.median(ratio)), "reference": os.path.basename(ref_path),
-           "reference complete": ref.get("complete", True)}
+           "reference min bulk ESS": ess, "reference max R-hat": rh,
+           "reference draws per chain": ref.get("draws per chain")}
     print(f"group effects ({len(zg)}): max z {zg.max():.3f} (level {int(zg.argmax())}), median {np.median(zg):.3f}, "
           f"share z <= 0.1 {np.mean(zg <= 0.1):.3f}, <= 0.2 {np.mean(zg <= 0.2):.3f}; sd ratio "
           f"{ratio.min():.3f}-{ratio.max():.3f} (median {np.median(ratio):.3f})", flush=True)
@@ -294,6 +311,9 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=50, help="draws per chunk (chains alternate chunk by chunk)")
     ap.add_argument("--shared-adaptation", action="store_true")
     ap.add_argument("--burn-in", type=int, default=100, help="chain 2's burn-in with --shared-adaptation")
+    ap.add_argument("--fixed-mass", action="store_true",
+                    help="keep the Laplace inverse mass matrix (adapt the step size only)")
+    ap.add_argument("--max-tree-depth", type=int, default=10)
     ap.add_argument("--deadline", default=None, help="HH:MM UTC: start no chunk after it (the summary says so)")
     ap.add_argument("--out", default=None, help="the summary's JSON (default benchmarks/results/...)")
     a = ap.parse_args(argv)
@@ -313,14 +333,14 @@ def main(argv=None):
     load0 = open("/proc/loadavg").read().split()[:3]
     if a.case == "flights":
         X, names, g, k, n, s_scale, gname, info = flights_data(a.table)
-        block, stem = 1, "nuts_reference_flights3m_origin"
+        stem = "nuts_reference_flights3m_origin"
     else:
         X, names, g, k, n, s_scale, gname, info = simulated_data(a.rows, a.groups, a.seed)
-        block, stem = 1000, f"nuts_reference_{a.rows}x{a.groups}"
+        stem = f"nuts_reference_{a.rows}x{a.groups}"
     G = len(info["levels"])
     out = a.out or os.path.join(HERE, "results", f"{stem}_2026-11-29.json")
     log(f"data: {X.shape[0]:,} likelihood rows, {G} groups, {X.shape[1]} slopes")
-    potential, vg, hess, unpack = build(X, g, k, n, G, s_scale, block)
+    nuts_model, data, vg, hess = build(X, g, k, n, G, s_scale)
     p = X.shape[1]
     t0 = np.zeros(2 + p + G)
     t0[-1] = np.log(0.5)
@@ -354,14 +374,16 @@ def main(argv=None):
     adapted = {}
     for ci in range(a.chains):
         shared = a.shared_adaptation and ci > 0
-        kern = NUTS(potential_fn=potential, inverse_mass_matrix=adapted["imm"] if shared else imm,
+        kern = NUTS(nuts_model, inverse_mass_matrix=adapted["imm"] if shared else imm,
                     step_size=adapted["step"] if shared else 1.0,
-                    adapt_step_size=not shared, adapt_mass_matrix=not shared)
+                    adapt_step_size=not shared, adapt_mass_matrix=not (shared or a.fixed_mass),
+                    max_tree_depth=a.max_tree_depth)
         m = MCMC(kern, num_warmup=a.burn_in if shared else a.warmup, num_samples=min(a.chunk, a.draws),
                  num_chains=1, progress_bar=False)
         t = time.perf_counter()
-        m.warmup(jax.random.PRNGKey(100 + ci), init_params=jnp.asarray(starts[ci]), collect_warmup=True,
+        m.warmup(jax.random.PRNGKey(100 + ci), data, init_params={"t": jnp.asarray(starts[ci])}, collect_warmup=True,
                  extra_fields=("num_steps",))
+        jax.block_until_ready(m.last_state)  # the call returns before the chain has run
         times[ci] += time.perf_counter() - t
         st = m.last_state
         if ci == 0:
@@ -376,7 +398,8 @@ def main(argv=None):
         d = np.stack([np.concatenate(c_, 0) for c_ in chunks], 0) if counts[0] else None
         res = {"case": a.case, "complete": complete, "stopped by deadline": stopped, "info": info,
                "draws per chain": counts, "chains": a.chains, "warmup": a.warmup,
-               "shared adaptation": a.shared_adaptation, "burn-in of later chains": a.burn_in if a.shared_adaptation else None,
+               "shared adaptation": a.shared_adaptation, "fixed Laplace mass": a.fixed_mass,
+               "max tree depth": a.max_tree_depth, "burn-in of later chains": a.burn_in if a.shared_adaptation else None,
                "seconds per chain (warm-up and draws)": times, "whole process s": time.perf_counter() - T0,
                "potential + gradient s": grad_s, "mode s": t_mode,
                "mean leapfrog steps per draw": [float(np.mean(s)) if s else None for s in steps],
@@ -403,9 +426,10 @@ def main(argv=None):
         for ci, m in enumerate(mcmcs):
             t = time.perf_counter()
             m.post_warmup_state = m.last_state
-            m.run(m.post_warmup_state.rng_key, extra_fields=("num_steps", "diverging"))
+            m.run(m.post_warmup_state.rng_key, data, extra_fields=("num_steps", "diverging"))
+            jax.block_until_ready(m.last_state)
             times[ci] += time.perf_counter() - t
-            chunks[ci].append(np.asarray(m.get_samples()))
+            chunks[ci].append(np.asarray(m.get_samples()["t"]))
             ef = m.get_extra_fields()
             steps[ci].extend(np.asarray(ef["num_steps"]).tolist())
             diverg[ci] += int(np.sum(ef["diverging"]))
