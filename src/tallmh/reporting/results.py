@@ -410,20 +410,10 @@ class Result:
         return self._cache["summary"]
 
     def _summary(self) -> Summary:
-        x = self.flat_output
-        names = self.output_names
-        rows = []
-        bulk, tail, rh = diagnostics.ess_all(x), diagnostics.ess_all(x, "tail"), diagnostics.rhat_all(x)
-        for j, name in enumerate(names):
-            xj = x[:, :, j]
-            rows.append({
-                "param": name,
-                "mean": float(np.mean(xj)) if xj.size else float("nan"),
-                "sd": float(np.std(xj, ddof=1)) if xj.size > 1 else float("nan"),
-                "ess_bulk": float(bulk[j]),
-                "ess_tail": float(tail[j]),
-                "r_hat": float(rh[j]),
-            })
+        cols = diagnostics.summary_columns(self.flat_output)
+        bulk, rh = cols["ess_bulk"], cols["r_hat"]
+        keys = ("mean", "sd", "ess_bulk", "ess_tail", "r_hat")
+        rows = [{"param": name, **{key: float(cols[key][j]) for key in keys}} for j, name in enumerate(self.output_names)]
         ess_min = float(np.nanmin(bulk)) if len(rows) and np.any(np.isfinite(bulk)) else float("nan")
         secs = self.timings.get("sampling_s", float("nan"))
         overall = {
