@@ -39,7 +39,9 @@ def _arviz_values(x, method):
                          for j in range(x.shape[-1])])
 
 
-@pytest.mark.parametrize("chains,n", [(4, 500), (2, 301), (1, 400), (3, 7)])
+# (4, 402): halves of 201 draws, whose FFT length (the smallest fast one from 402) is odd, where the inverse
+# transform's length must be given; (2, 4000): the autocovariances read from the first lags, then all lags
+@pytest.mark.parametrize("chains,n", [(4, 500), (2, 301), (1, 400), (3, 7), (4, 402), (2, 4000)])
 @pytest.mark.parametrize("method", ["bulk", "tail", "mean", "rhat"])
 def test_matches_arviz(chains, n, method):
     x = _draws(chains, n, seed=chains * 1000 + n)

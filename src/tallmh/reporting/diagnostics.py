@@ -213,8 +213,9 @@ def _autocov(x, max_lag=None):
     linear ones."""
     n = x.shape[1]
     lag = n - 1 if max_lag is None else min(int(max_lag), n - 1)
-    f = np.fft.rfft(x - x.mean(axis=1, keepdims=True), n=_next_fast_len(n + lag + 1), axis=1)
-    return np.fft.irfft(f * np.conjugate(f), axis=1)[:, :lag + 1] / n
+    size = 2 * _next_fast_len(-(-(n + lag + 1) // 2))  # (even: the real transform's fast case, and irfft's length)
+    f = np.fft.rfft(x - x.mean(axis=1, keepdims=True), n=size, axis=1)
+    return np.fft.irfft(f * np.conjugate(f), n=size, axis=1)[:, :lag + 1] / n
 
 
 # lags first tried by ESS (then all lags for the columns whose Geyer sequence had not ended): an eighth of the
