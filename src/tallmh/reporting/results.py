@@ -357,15 +357,17 @@ class Result:
 
     @property
     def flat_output(self) -> np.ndarray:
-        """Draws ``(chain, draw, D)`` as reported: ``flat_samples`` unless a ``constrain`` map is set."""
+        """Draws ``(chain, draw, D)`` as reported: ``flat_samples`` unless a ``constrain`` map is set (then in the sites'
+        common floating type: float32 as the chains store them, float64 in 64-bit mode)."""
         if self.constrain is None and self.stored_output is None:
             return self.flat_samples
         if "flat_output" not in self._cache:
             c, k, _ = self.flat_samples.shape
             leaves = jax.tree_util.tree_leaves(self.samples)
-            # (filled site by site: no float64 copy of every site beside the joined array)
+            # (filled site by site: no float64 copy of every site beside the joined array; the sites' own type,
+            # float32 draws stay float32: the summary's means and sds are taken in float64 column block by block)
             widths = [int(np.prod(np.shape(a)[2:], dtype=np.int64)) for a in leaves]
-            out = np.empty((c, k, sum(widths)), float)
+            out = np.empty((c, k, sum(widths)), np.result_type(np.float32, *(np.dtype(getattr(a, "dtype", float)) for a in leaves)))
             j = 0
             for a, w in zip(leaves, widths):
                 out[:, :, j:j + w] = np.reshape(a, (c, k, w))
