@@ -15,9 +15,10 @@ So the set-up decides by a predicted cost, not by N (:func:`keep_one_pass`): aft
 the expected reads per step at ``c`` and at a centre at the mode from the table just made (no data read: the
 table's total weight times the mean of ``phi`` over proposal pairs drawn from the Laplace approximation
 ``N(c*, H^-1)``, the independence proposal the warmup starts with; a pair outside the bound's trust region
-costs a full pass of N reads), and takes the second pass only where the extra reads over the run's steps, at
+costs a full pass of N reads), and takes the second pass where the extra reads over the run's steps, at
 this data source's cost per read (:func:`read_cost`: a random row of a file not in the page cache costs far
-more than one in memory), cost more than the pass just timed.
+more than one in memory), cost more than the pass just timed, or where the predicted reads per step exceed
+``READS_MAX`` (beyond it the factorised acceptance, and ESS per step, fall: measured).
 
 The trust region: a bound whose region is ``||z||, ||z'|| <= r`` (the local logistic bound, the Poisson and
 NB2 bounds) holds for any whitening ``A`` (``any_whitening``); whitening by ``s A`` with ``s < 1`` gives the
@@ -40,6 +41,10 @@ REACH_MARGIN = 3.0  # the table's region reaches this many times the predicted o
 PAIRS = 4096  # proposal pairs the predicted reads average over
 LOOP_READ_S = 5e-6  # the thinning loop's cost per item read from memory (an iteration: one row's remainder)
 PROBE_ROWS = 8  # random rows timed to price a read from files
+# one pass only where the predicted items per step at its centre are at most this: the factorised test's acceptance
+# falls as the remainders grow (logistic, d = 11, N = 10^6, benchmarks/centre_offset.py --test default: 0.96 at the
+# mode, 0.95 at 0.8 items per step, 0.87 at 5.8, 0.33 at 26), and ESS per step with it
+READS_MAX = 2.0
 
 __all__ = ["MODE", "OnePassPlan", "Prediction", "radius_of", "whitening_scale", "reach_of", "predict_reads",
            "keep_one_pass", "read_cost"]
@@ -165,7 +170,7 @@ def keep_one_pass(plan: OnePassPlan, bound, tb, at, center, step, neg_h, n: int,
     if MODE in ("always", "never"):
         one = MODE == "always"
     else:
-        one = (reads_one - reads_two) * plan.steps * read_s < pass_s
+        one = reads_one <= READS_MAX and (reads_one - reads_two) * plan.steps * read_s < pass_s
     return Prediction(bool(one), offset, reads_one, reads_two, int(plan.steps), read_s, float(pass_s),
                       MODE in ("always", "never"))
 

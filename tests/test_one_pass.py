@@ -1,0 +1,155 @@
+"""The exact default's set-up in one full pass (:mod:`tallmh.one_pass`): the control variates' centre left at the
+first pass's point (a sub-sample's mode), the chains and Laplace proposals at that pass's Newton point, the table's
+region widened to reach them. The chain is still exact (against exact MH; a shrunk bound fails the same check),
+the search stops or goes on as forced, and the rule picks each side on constructed inputs."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+import tallmh as tm
+from tallmh import factor_bounds as fbm
+from tallmh import fused_table, one_pass
+from tallmh import setup_passes as setup
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_fused_table import _worst_z, rare_feature  # noqa: E402
+
+
+def small_ladder(monkeypatch, mode):
+    """A warm start of 256 rows whose Hessian serves the first full pass (as the larger sub-samples do at N >=
+    10^8), the compiled passes (as for data in files), and the one-pass rule forced to ``mode``."""
+    monkeypatch.setattr(setup, "HOST_MAX_ROWS", 0)
+    monkeypatch.setattr(setup, "WARM_ROWS", 256)
+    monkeypatch.setattr(setup, "WARM_MIN_N", 1024)
+    monkeypatch.setattr(setup, "WARM_TARGET", 0.5)
+    monkeypatch.setattr(one_pass, "MODE", mode)
+
+
+def search(data, steps=1000):
+    model = tm.models.LogisticRegression()
+    jd = jax.tree_util.tree_map(jnp.asarray, data)
+    flat0, unravel = ravel_pytree(model.init(jd))
+    n = data["y"].shape[0]
+    with fused_table.requesting(jd, model.factor_bound(), one_pass.OnePassPlan(steps, jd)) as req:
+        found = setup.mode_search(model, jd, n, unravel, flat0, tol=setup.centre_tol(flat0.shape[0]))
+    return found, req
+
+
+def test_forced_one_pass_stops_at_the_first_pass_with_the_chains_at_its_newton_point(monkeypatch):
+    data, _ = tm.models.LogisticRegression.simulate(20000, d=3, seed=1)
+    small_ladder(monkeypatch, "always")
+    found, req = search(data)
+    assert found.passes == 1 and req.prediction is not None and req.prediction.one_pass
+    assert found.mean is not None and found.hess_sum is not None
+    # the offset is the Newton decrement's root, well above the centre's tolerance (a second pass would move it)
+    assert req.prediction.offset ** 2 > setup.centre_tol(np.shape(found.center)[0])
+    assert req.prediction.reads_one > req.prediction.reads_two
+    # the table from that pass belongs to the centre (no separate pass), its region widened
+    small_ladder(monkeypatch, "never")
+    two, req2 = search(data)
+    assert two.passes >= 2 and two.mean is None and req2.prediction is None
+    # the surrogate's mode from one pass is much nearer the mode than the first pass's point
+    d = np.shape(two.center)[0]
+    H = -np.asarray(two.hess_sum, np.float64) + np.eye(d) / 100.0
+    dist = lambda a: float(np.sqrt((a - np.asarray(two.center)) @ H @ (a - np.asarray(two.center))))  # noqa: E731
+    assert dist(found.mean) < 0.5 * dist(np.asarray(found.center))
+
+
+def _sample(data, **kw):
+    args = dict(num_samples=4000, num_warmup=500, num_chains=4, progress=False)
+    args.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tm.TrustWarning)
+        return tm.sample(tm.models.LogisticRegression(), data, **args)
+
+
+@pytest.mark.slow
+def test_chain_with_a_one_pass_centre_matches_exact_mh(monkeypatch):
+    """The default with its centre left at a sub-sample's mode (forced; 8.8 posterior sd from the mode here) against
+    exact MH on a rare feature: every mean within 4 combined MCSE and sd within 4 of its MCSE; negative control:
+    the same run with the fused weights shrunk 50x (too small a bound) fails the check."""
+    data = rare_feature()
+    small_ladder(monkeypatch, "always")
+    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
+    got = _sample(data, seed=0)
+    assert any("set-up in one full pass (forced)" in m for m in got.notes), got.notes
+    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
+    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
+    bad = _sample(data, seed=0)
+    assert any("set-up in one full pass (forced)" in m for m in bad.notes)
+    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+
+
+def _table(n=20000, d=4, seed=0):
+    """A TableBuilder of ``n`` weights like a logistic table's (rho^3 with rho ~ 1/sqrt(n))."""
+    rng = np.random.default_rng(seed)
+    tb = fbm.TableBuilder(n)
+    tb.add(0, (np.abs(rng.normal(size=n)) + 0.5) ** 3 * n**-1.5)
+    return tb
+
+
+@pytest.mark.parametrize("pass_s, steps, one", [(100.0, 1000, True), (1e-4, 100_000, False)])
+def test_the_rule_weighs_the_extra_reads_against_the_pass(monkeypatch, pass_s, steps, one):
+    monkeypatch.setattr(one_pass, "MODE", "auto")
+    d, n = 4, 20000
+    bound = tm.models.LogisticRegression().factor_bound()
+    tb = _table(n, d)
+    s = one_pass.whitening_scale(bound, d, 3 * 8.0)
+    at = s * np.eye(d)  # (whitened at the centre by the identity precision, the region widened as the set-up does)
+    step = np.zeros(d)
+    step[0] = 8.0  # 8 posterior sd from the centre
+    data = {"X": np.zeros((n, d), np.float32)}  # (in memory: the loop's read cost)
+    p = one_pass.keep_one_pass(one_pass.OnePassPlan(steps, data), bound, tb, at, np.zeros(d), step, np.eye(d), n,
+                               pass_s)
+    assert p.offset == pytest.approx(8.0) and not p.forced
+    assert p.reads_one > 5 * p.reads_two  # (the offset squared times the step)
+    assert p.one_pass is one
+    assert p.read_s == one_pass.LOOP_READ_S
+
+
+def test_an_offset_beyond_the_region_costs_full_passes(monkeypatch):
+    """A centre farther than the widened region reaches: the chain would leave it (the exact fallback, N reads a
+    step), so the rule takes the second pass whatever the pass costs."""
+    monkeypatch.setattr(one_pass, "MODE", "auto")
+    d, n = 4, 20000
+    bound = tm.models.LogisticRegression().factor_bound()
+    step = np.zeros(d)
+    step[0] = 40.0
+    at = one_pass.whitening_scale(bound, d, 10.0) * np.eye(d)  # (widened for 10 sd; the offset is 40)
+    p = one_pass.keep_one_pass(one_pass.OnePassPlan(1000, {"X": np.zeros((n, d))}), bound, _table(n, d), at,
+                               np.zeros(d), step, np.eye(d), n, 100.0)
+    assert p.reads_one > 0.5 * n and not p.one_pass
+
+
+def test_the_widened_whitening_keeps_the_bound_and_reaches_the_offset():
+    """Whitening by s A (s = r / (r + reach)): a pair at the offset is inside the region, and every item's
+    remainder difference there stays within its weight times phi (the bound holds for any whitening)."""
+    rng = np.random.default_rng(3)
+    n, d = 3000, 3
+    X = np.concatenate([np.ones((n, 1)), rng.normal(size=(n, d - 1))], axis=1).astype(np.float32)
+    y = (rng.uniform(size=n) < 0.5).astype(np.float32)
+    bound = tm.models.LogisticRegression().factor_bound()
+    c = np.array([0.3, -0.5, 0.8])
+    A = np.linalg.cholesky(X.T.astype(np.float64) @ X / 4.0)  # (about the logistic precision at this scale)
+    reach = 12.0
+    s = one_pass.whitening_scale(bound, d, reach)
+    assert s == pytest.approx(bound.radius_for(d) / (bound.radius_for(d) + reach))
+    at = (s * A).T
+    w = bound.weights_host(c, np.linalg.inv(s * A), {"X": X, "y": y}) * (1 + 1e-3)
+    u = rng.normal(size=d)
+    off = c + np.linalg.solve(A.T, u / np.linalg.norm(u) * reach)  # reach sds from c in A's metric
+    rem = jax.jit(bound.remainder)
+    for _ in range(20):
+        th, thp = (off + np.linalg.solve(A.T, rng.normal(size=d)) for _ in range(2))
+        z, zp = (jnp.asarray(at @ (t - c), jnp.float32) for t in (th, thp))
+        assert bool(bound.region(z, zp))
+        dr = np.abs(np.asarray(rem(jnp.asarray(th, jnp.float32), jnp.asarray(thp, jnp.float32), jnp.asarray(c, jnp.float32),
+                                   {"X": jnp.asarray(X), "y": jnp.asarray(y)}), np.float64))
+        assert np.all(dr <= w * float(bound.phi(z, zp)) + 1e-7)
