@@ -153,3 +153,13 @@ def test_the_widened_whitening_keeps_the_bound_and_reaches_the_offset():
         dr = np.abs(np.asarray(rem(jnp.asarray(th, jnp.float32), jnp.asarray(thp, jnp.float32), jnp.asarray(c, jnp.float32),
                                    {"X": jnp.asarray(X), "y": jnp.asarray(y)}), np.float64))
         assert np.all(dr <= w * float(bound.phi(z, zp)) + 1e-7)
+
+
+def test_the_rule_prices_the_acceptance_lost_to_a_far_centre():
+    """With reads free (in memory), many extra items per step still cost the steps that win back the ESS the lower
+    acceptance loses; none extra cost nothing."""
+    assert one_pass.extra_cost(0.5, 0.5, 10_000, one_pass.LOOP_READ_S) == 0.0
+    near = one_pass.extra_cost(1.0, 0.0, 10_000, 0.0)
+    far = one_pass.extra_cost(30.0, 0.0, 10_000, 0.0)
+    assert 0 < near < far and far > 10_000 * one_pass.STEP_S  # (more than doubling the run's steps)
+    assert np.isfinite(one_pass.extra_cost(1e9, 0.0, 10_000, 1e-3))

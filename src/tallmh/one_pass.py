@@ -15,10 +15,10 @@ So the set-up decides by a predicted cost, not by N (:func:`keep_one_pass`): aft
 the expected reads per step at ``c`` and at a centre at the mode from the table just made (no data read: the
 table's total weight times the mean of ``phi`` over proposal pairs drawn from the Laplace approximation
 ``N(c*, H^-1)``, the independence proposal the warmup starts with; a pair outside the bound's trust region
-costs a full pass of N reads), and takes the second pass where the extra reads over the run's steps, at
+costs a full pass of N reads), and takes the second pass only where the extra reads over the run's steps, at
 this data source's cost per read (:func:`read_cost`: a random row of a file not in the page cache costs far
-more than one in memory), cost more than the pass just timed, or where the predicted reads per step exceed
-``READS_MAX`` (beyond it the factorised acceptance, and ESS per step, fall: measured).
+more than one in memory), and the steps that would win back the ESS a lower acceptance loses
+(:func:`extra_cost`), cost more than the pass just timed.
 
 The trust region: a bound whose region is ``||z||, ||z'|| <= r`` (the local logistic bound, the Poisson and
 NB2 bounds) holds for any whitening ``A`` (``any_whitening``); whitening by ``s A`` with ``s < 1`` gives the
@@ -41,13 +41,16 @@ REACH_MARGIN = 3.0  # the table's region reaches this many times the predicted o
 PAIRS = 4096  # proposal pairs the predicted reads average over
 LOOP_READ_S = 5e-6  # the thinning loop's cost per item read from memory (an iteration: one row's remainder)
 PROBE_ROWS = 8  # random rows timed to price a read from files
-# one pass only where the predicted items per step at its centre are at most this: the factorised test's acceptance
-# falls as the remainders grow (logistic, d = 11, N = 10^6, benchmarks/centre_offset.py --test default: 0.96 at the
-# mode, 0.95 at 0.8 items per step, 0.87 at 5.8, 0.33 at 26), and ESS per step with it
-READS_MAX = 2.0
+# The factorised test's acceptance falls as the remainders grow, and ESS per step with it: the rule prices that as
+# the steps that would win the ESS back, with the acceptance taken to fall by exp(-ACCEPT_DECAY) per extra item read
+# per step (a lower envelope of the measured ratios to the acceptance at the mode, logistic, d = 11,
+# benchmarks/centre_offset.py --test default and out_of_core.py: 0.99 at 0.5 extra items at N = 10^6, 0.92 at 4.9,
+# 0.34 at 25; 0.78 at 12 at 10^7; 0.95 at 3.8 at 10^8), each such step costing STEP_S plus its reads
+ACCEPT_DECAY = 0.04
+STEP_S = 3e-5  # a chain's step without reads (one chain at N = 10^8: 27 us)
 
 __all__ = ["MODE", "OnePassPlan", "Prediction", "radius_of", "whitening_scale", "reach_of", "predict_reads",
-           "keep_one_pass", "read_cost"]
+           "extra_cost", "keep_one_pass", "read_cost"]
 
 
 class OnePassPlan(NamedTuple):
@@ -155,6 +158,15 @@ def _leaves(tree):
     return jax.tree_util.tree_leaves(tree)
 
 
+def extra_cost(reads_one: float, reads_two: float, steps: int, read_s: float) -> float:
+    """Seconds a one-pass centre is predicted to add to the run: its extra reads over ``steps`` steps, and the steps
+    that would make up the ESS its lower acceptance loses (``exp(-ACCEPT_DECAY * extra reads)`` of the acceptance
+    at the mode), each at ``STEP_S`` plus its reads."""
+    extra = max(0.0, reads_one - reads_two)
+    lost = math.expm1(min(ACCEPT_DECAY * extra, 60.0))  # (1 / ratio - 1)
+    return steps * (extra * read_s + lost * (STEP_S + reads_one * read_s))
+
+
 def keep_one_pass(plan: OnePassPlan, bound, tb, at, center, step, neg_h, n: int, pass_s: float) -> Prediction:
     """Whether the set-up stops after its first full pass, the centre at that pass's point ``center`` and the
     chains' Laplace approximation at ``center + step`` (``neg_h``: minus the log posterior's Hessian there;
@@ -170,7 +182,7 @@ def keep_one_pass(plan: OnePassPlan, bound, tb, at, center, step, neg_h, n: int,
     if MODE in ("always", "never"):
         one = MODE == "always"
     else:
-        one = reads_one <= READS_MAX and (reads_one - reads_two) * plan.steps * read_s < pass_s
+        one = extra_cost(reads_one, reads_two, plan.steps, read_s) < pass_s
     return Prediction(bool(one), offset, reads_one, reads_two, int(plan.steps), read_s, float(pass_s),
                       MODE in ("always", "never"))
 
@@ -185,10 +197,12 @@ def note(p: Prediction) -> str:
         return (f"set-up in one full pass: the control variates' centre is the first pass's point, {p.offset:.1f} "
                 f"posterior sd from the surrogate's mode (where the chains and proposals are centred); predicted "
                 f"{p.reads_one:.3g} items per step against {p.reads_two:.3g} after a second pass, cheaper over "
-                f"{p.steps:,} steps at {p.read_s * 1e6:.3g} us a read than the {p.pass_s:.1f} s pass")
+                f"{p.steps:,} steps at {p.read_s * 1e6:.3g} us a read (and the acceptance it loses) than the "
+                f"{p.pass_s:.1f} s pass")
     return (f"set-up made a second full pass: the first pass's point was {p.offset:.1f} posterior sd from the mode, "
             f"predicted {p.reads_one:.3g} items per step there against {p.reads_two:.3g} at the mode, over "
-            f"{p.steps:,} steps at {p.read_s * 1e6:.3g} us a read dearer than the {p.pass_s:.1f} s pass")
+            f"{p.steps:,} steps at {p.read_s * 1e6:.3g} us a read (and the acceptance it loses) dearer than the "
+            f"{p.pass_s:.1f} s pass")
 
 
 def widened(model, unravel, cv, mean):
