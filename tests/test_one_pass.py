@@ -163,3 +163,30 @@ def test_the_rule_prices_the_acceptance_lost_to_a_far_centre():
     far = one_pass.extra_cost(30.0, 0.0, 10_000, 0.0)
     assert 0 < near < far and far > 10_000 * one_pass.STEP_S  # (more than doubling the run's steps)
     assert np.isfinite(one_pass.extra_cost(1e9, 0.0, 10_000, 1e-3))
+
+
+class _Overflowing:
+    """A bound whose widened weights overflow (as a Poisson trust region's exp(eta + rho r) may)."""
+
+    any_whitening = True
+    radius = 6.0
+
+    def weights(self, center, rinv, batch):
+        return jnp.full(batch["X"].shape[:1], jnp.inf, center.dtype)
+
+
+def test_a_widened_table_that_overflows_leaves_the_second_pass(monkeypatch):
+    """The one-pass table's weights not finite: the pass still gives its sums, no table (the search goes on to a
+    second pass, whose table has the centre's own region); without the widening the error is raised as before."""
+    model = tm.models.LogisticRegression()
+    data, _ = tm.models.LogisticRegression.simulate(3000, d=2, seed=0)
+    jd = jax.tree_util.tree_map(jnp.asarray, data)
+    flat0, unravel = ravel_pytree(model.init(jd))
+    chunk_vgh, _ = setup._newton_chunk_fns(model, unravel, flat0)
+    req = fused_table.FusedTable(jd, _Overflowing(), one_pass.OnePassPlan(100, jd))
+    d = flat0.shape[0]
+    v, g, h = req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0, scale=0.5)
+    assert np.isfinite(v) and np.all(np.isfinite(g)) and req.result is None
+    assert not req.decide(3000, np.asarray(flat0), np.ones(d), np.eye(d), 1.0)
+    with pytest.raises(tm.errors.ConfigError):
+        req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import fused_request
+from .errors import ConfigError
 
 RATIO_MAX = 1.25  # the previous Hessian within this factor of the final one in every direction, or a separate pass
 _INFLATE = 1 + 1e-3  # the working-precision weights' rounding, as factor_bounds.prepare inflates them
@@ -121,8 +122,13 @@ class FusedTable:
                     jobs.append(ex.submit(tb.add, filled, w.astype(np.float64) * _INFLATE))
                     filled += w.size
                     buf = []
-            for j in jobs:
-                j.result()  # (a weight that is not finite raises here, as in the separate pass)
+            try:
+                for j in jobs:
+                    j.result()  # (a weight that is not finite raises here, as in the separate pass)
+            except ConfigError:
+                if scale is None:
+                    raise
+                return v, g, h  # (the widened region's weights overflow: no table from this pass, a second one)
         self.result = (np.asarray(t0), a.T, neg_h, tb)
         self.widened = scale is not None  # (whitened for a centre that may stay off the mode: its own check)
         self.fused_passes += 1

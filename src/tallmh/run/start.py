@@ -236,7 +236,10 @@ def _table(run, cv, mean=None):
     from .. import factor_bounds as fbm
 
     if mean is not None:
-        cv = one_pass.widened(run.model, run.unravel, cv, mean)
+        try:
+            return fbm.prepare(run.model, run.data, run.n, run.unravel, one_pass.widened(run.model, run.unravel, cv, mean))
+        except ConfigError:  # (the widened region's weights overflow: the centre's own region, its exits exact too)
+            pass
     return fbm.prepare(run.model, run.data, run.n, run.unravel, cv)
 
 
