@@ -190,3 +190,14 @@ def test_a_widened_table_that_overflows_leaves_the_second_pass(monkeypatch):
     assert not req.decide(3000, np.asarray(flat0), np.ones(d), np.eye(d), 1.0)
     with pytest.raises(tm.errors.ConfigError):
         req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0)
+
+
+def test_a_read_from_files_is_priced_by_random_rows_and_counted(tmp_path):
+    rng = np.random.default_rng(0)
+    paths = {"X": str(tmp_path / "X.npy"), "y": str(tmp_path / "y.npy")}
+    np.save(paths["X"], rng.normal(size=(5000, 3)).astype(np.float32))
+    np.save(paths["y"], (rng.uniform(size=5000) < 0.5).astype(np.float32))
+    data = tm.data.from_npy(paths)
+    s, rows = one_pass.read_cost(data, 5000)
+    assert rows == one_pass.PROBE_ROWS and s > one_pass.LOOP_READ_S
+    assert one_pass.read_cost({"X": np.zeros((10, 3))}, 10) == (one_pass.LOOP_READ_S, 0)

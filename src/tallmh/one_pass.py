@@ -72,6 +72,7 @@ class Prediction(NamedTuple):
     read_s: float
     pass_s: float
     forced: bool = False  # (MODE "always" or "never")
+    probed: int = 0  # rows read to price a read (counted in the set-up's items)
 
 
 def radius_of(bound, d: int) -> Optional[float]:
@@ -130,17 +131,17 @@ def table_total(tb) -> float:
     return float(np.sum(tb.count[:-1] * tb.maxw[:-1]))
 
 
-def read_cost(data, n: int) -> float:
-    """Seconds per item the chain reads: the thinning loop's iteration, plus for data in files the median time of
-    reading ``PROBE_ROWS`` random rows there (now: a file the page cache holds costs microseconds a row, one it
-    does not, a disk's random read)."""
+def read_cost(data, n: int):
+    """``(seconds per item the chain reads, rows read to find it)``: the thinning loop's iteration, plus for data in
+    files the median time of reading ``PROBE_ROWS`` random rows there (now: a file the page cache holds costs
+    microseconds a row, one it does not, a disk's random read)."""
     from .storage import datasource as ds
 
     if not ds.in_files(data):
-        return LOOP_READ_S
+        return LOOP_READ_S, 0
     read = ds.host_reader(data)
     if read is None:
-        return LOOP_READ_S
+        return LOOP_READ_S, 0
     rng = np.random.default_rng()
     times = []
     for i in rng.integers(0, n, PROBE_ROWS):
@@ -149,7 +150,7 @@ def read_cost(data, n: int) -> float:
         for a in _leaves(rows):
             float(np.asarray(a).ravel()[0])  # (touch it: a memory map reads the page here)
         times.append(time.perf_counter() - t)
-    return LOOP_READ_S + float(np.median(times))
+    return LOOP_READ_S + float(np.median(times)), len(times)
 
 
 def _leaves(tree):
@@ -178,13 +179,13 @@ def keep_one_pass(plan: OnePassPlan, bound, tb, at, center, step, neg_h, n: int,
     total = table_total(tb)
     reads_one = predict_reads(bound, total, at, c, c + step, chol, n)
     reads_two = predict_reads(bound, total, at, c, c, chol, n)
-    read_s = read_cost(plan.data, n)
+    read_s, probed = read_cost(plan.data, n)
     if MODE in ("always", "never"):
         one = MODE == "always"
     else:
         one = extra_cost(reads_one, reads_two, plan.steps, read_s) < pass_s
     return Prediction(bool(one), offset, reads_one, reads_two, int(plan.steps), read_s, float(pass_s),
-                      MODE in ("always", "never"))
+                      MODE in ("always", "never"), probed)
 
 
 def note(p: Prediction) -> str:

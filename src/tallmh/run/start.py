@@ -154,6 +154,7 @@ def set_up(run, init_jitter, early=None):
     pred = getattr(fused, "prediction", None)
     if pred is not None:  # (the one-pass rule was asked: tallmh.one_pass)
         run.start_info["one_pass"] = bool(pred.one_pass)
+        run.setup_items += pred.probed  # (the rows timed to price a read)
         run.notes.append(one_pass.note(pred))
     mean = st["mean"] if st.get("mean") is not None and cv0 is not None else None
     if cv0 is not None and getattr(test, "needs_factor_table", False):
