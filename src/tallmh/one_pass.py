@@ -100,11 +100,14 @@ def reach_of(n: int, d: int, m: int) -> float:
 def _phi_region(bound):
     import jax
 
-    fns = _FNS.get(id(type(bound)), None)
-    if fns is None or fns[0] is not bound:
-        fns = (bound, jax.jit(jax.vmap(lambda z, zp: (bound.phi(z, zp), bound.region(z, zp)))))
-        _FNS[id(type(bound))] = fns
-    return fns[1]
+    key = (type(bound), tuple(sorted((k, repr(v)) for k, v in vars(bound).items())))  # (by value: compiled once)
+    fn = _FNS.get(key)
+    if fn is None:
+        fn = jax.jit(jax.vmap(lambda z, zp: (bound.phi(z, zp), bound.region(z, zp))))
+        if len(_FNS) >= 8:
+            _FNS.pop(next(iter(_FNS)))
+        _FNS[key] = fn
+    return fn
 
 
 _FNS: dict = {}
