@@ -201,3 +201,26 @@ def test_a_read_from_files_is_priced_by_random_rows_and_counted(tmp_path):
     s, rows = one_pass.read_cost(data, 5000)
     assert rows == one_pass.PROBE_ROWS and s > one_pass.LOOP_READ_S
     assert one_pass.read_cost({"X": np.zeros((10, 3))}, 10) == (one_pass.LOOP_READ_S, 0)
+
+
+@pytest.mark.parametrize("mode", ["always", "never"])
+def test_the_default_from_files_counts_one_pass_or_two(monkeypatch, tmp_path, mode):
+    """The default call on data in files (the compiled passes with the table fused): the set-up's items are one
+    full pass (plus the warm start's rows and the rows timed to price a read) where it stops after the first,
+    two where it goes on (forced off: the set-up as before), and the notes say which."""
+    small_ladder(monkeypatch, mode)
+    data, _ = tm.models.LogisticRegression.simulate(20000, d=3, seed=1)
+    paths = {k: str(tmp_path / f"{k}.npy") for k in data}
+    for k, p in paths.items():
+        np.save(p, np.asarray(data[k]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = tm.sample(tm.models.LogisticRegression(), tm.data.from_npy(paths), num_samples=200, num_warmup=100,
+                        num_chains=2, seed=0, progress=False)
+    full = int(res.setup_items // 20000)
+    if mode == "always":
+        assert res.resume_info["start_info"]["one_pass"] is True
+        assert any("set-up in one full pass (forced)" in m for m in res.notes)
+    else:  # (forced off: the rule is not asked, the set-up as before)
+        assert "one_pass" not in res.resume_info["start_info"] and not any("full pass" in m for m in res.notes)
+    assert (full == 1) if mode == "always" else (full >= 2), (res.setup_items, res.notes)
