@@ -46,7 +46,7 @@ PROBE_ROWS = 8  # random rows timed to price a read from files
 # per step (a lower envelope of the measured ratios to the acceptance at the mode, logistic, d = 11,
 # benchmarks/centre_offset.py --test default and out_of_core.py: 0.99 at 0.5 extra items at N = 10^6, 0.92 at 4.9,
 # 0.34 at 25; 0.78 at 12 at 10^7; 0.95 at 3.8 at 10^8), each such step costing STEP_S plus its reads
-ACCEPT_DECAY = 0.04
+ACCEPT_DECAY = 0.045
 STEP_S = 3e-5  # a chain's step without reads (one chain at N = 10^8: 27 us)
 
 __all__ = ["MODE", "OnePassPlan", "Prediction", "radius_of", "whitening_scale", "reach_of", "predict_reads",
