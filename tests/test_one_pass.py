@@ -224,3 +224,29 @@ def test_the_default_from_files_counts_one_pass_or_two(monkeypatch, tmp_path, mo
     else:  # (forced off: the rule is not asked, the set-up as before)
         assert "one_pass" not in res.resume_info["start_info"] and not any("full pass" in m for m in res.notes)
     assert (full == 1) if mode == "always" else (full >= 2), (res.setup_items, res.notes)
+
+
+def test_a_resumed_one_pass_run_widens_its_table_to_the_chains(monkeypatch, tmp_path):
+    """A one-pass run cut and resumed: the table (not stored) is made again in a pass of its own from the centre the
+    chains carry, its region widened to their proposals' mean, so the resumed steps read about as many items as the
+    run's own (not the fallback's N), and every chain's proposal stays at the surrogate's mode."""
+    import os
+
+    small_ladder(monkeypatch, "always")
+    data, _ = tm.models.LogisticRegression.simulate(20000, d=3, seed=1)
+    kw = dict(num_warmup=300, num_chains=2, seed=0, progress=False, num_samples=600)
+
+    def stop(info):
+        if info["phase"] == "sampling" and info["done"] >= 200:
+            raise KeyboardInterrupt
+
+    cut = tm.sample(tm.models.LogisticRegression(), data, callback=stop, chunk_size=100, **kw)
+    assert cut.partial and any("set-up in one full pass (forced)" in m for m in cut.notes)
+    path = os.fspath(tmp_path / "cut.npz")
+    cut.save(path)
+    kw["num_warmup"] = int(cut.resume_info["warmup_done"])  # (with the warmup's MALA pilot where it ran one)
+    resumed = tm.sample(tm.models.LogisticRegression(), data, resume=tm.load_result(path), **kw)
+    assert any("made in one pass of N" in m for m in resumed.notes), resumed.notes
+    before = float(np.mean(np.asarray(cut.stats["n_data"])))
+    after = float(np.mean(np.asarray(resumed.stats["n_data"])[:, 200:]))
+    assert after < 5 * before + 5 and after < 2000  # (the fallback would read N = 20,000 a step)
