@@ -250,3 +250,19 @@ def test_a_resumed_one_pass_run_widens_its_table_to_the_chains(monkeypatch, tmp_
     before = float(np.mean(np.asarray(cut.stats["n_data"])))
     after = float(np.mean(np.asarray(resumed.stats["n_data"])[:, 200:]))
     assert after < 5 * before + 5 and after < 2000  # (the fallback would read N = 20,000 a step)
+
+
+@pytest.mark.parametrize("steps, attempt", [(5000, True), (10**12, False)])
+def test_the_prescreen_skips_only_a_hopeless_attempt(monkeypatch, steps, attempt):
+    """Before the first pass, from a warm sub-sample's rows: the one-pass table is attempted unless its predicted
+    cost exceeds even a slow pass's (here made so by a run of 10^12 steps)."""
+    monkeypatch.setattr(one_pass, "MODE", "auto")
+    model = tm.models.LogisticRegression()
+    data, _ = tm.models.LogisticRegression.simulate(20000, d=3, seed=1)
+    rows = {k: np.asarray(v) for k, v in data.items()}
+    flat0, unravel = ravel_pytree(model.init(jax.tree_util.tree_map(jnp.asarray, data)))
+    X = rows["X"].astype(np.float64)
+    h_lik = -(X.T @ X) * 0.2 * (10**8 / 20000)  # (about the logistic Hessian, the sub-sample scaled to N = 10^8)
+    got = one_pass.prescreen(one_pass.OnePassPlan(steps, rows), model.factor_bound(), model, unravel, rows,
+                             2**20, 10**8, np.zeros(flat0.shape[0]), h_lik)
+    assert got is attempt

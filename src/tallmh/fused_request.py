@@ -23,6 +23,9 @@ class _NoRequest:
     def mean_for(self, center):
         return None
 
+    def prescreen(self, *args):
+        pass
+
 
 _NONE = _NoRequest()
 

@@ -55,13 +55,21 @@ class FusedTable:
         self.prediction = None  # the one-pass rule's tallmh.one_pass.Prediction, once asked
         self.mean = None  # (centre, the surrogate's mode) where the set-up stopped after one pass
         self.widened = False
+        self.attempt = True  # (the prescreen's verdict: the first pass makes the one-pass table)
+
+    def prescreen(self, model, unravel, rows, m, n, center, h_lik):
+        """Whether the first full pass makes the one-pass table (:func:`tallmh.one_pass.prescreen`)."""
+        from . import one_pass
+
+        if self.plan is not None:
+            self.attempt = one_pass.prescreen(self.plan, self.bound, model, unravel, rows, m, n, center, h_lik)
 
     def one_pass_scale(self, d, n, m):
         """The whitening's scale for a first pass, at the mode of a sub-sample of ``m`` rows, that may be the only
         one (:mod:`tallmh.one_pass`), or None (no plan, or forced off)."""
         from . import one_pass
 
-        if self.plan is None or one_pass.MODE == "never":
+        if self.plan is None or one_pass.MODE == "never" or not self.attempt:
             return None
         return one_pass.whitening_scale(self.bound, d, one_pass.reach_of(n, d, m))
 

@@ -226,3 +226,37 @@ def widened(model, unravel, cv, mean):
     hp = np.asarray(prior_hessian(model, unravel, cv.center), np.float64)
     h = s * s * (np.asarray(cv.hess_sum, np.float64) + hp) - hp
     return cv._replace(hess_sum=np.asarray(h, np.asarray(cv.hess_sum).dtype))
+
+
+PRESCREEN_ROWS = 1 << 16  # rows of the warm sub-sample whose weights estimate the table before the first pass
+PASS_ROW_S_MAX = 1e-6  # a generous bound on a full pass's seconds per row (measured 0.07-0.21 us: 10^8 and 10^9)
+
+
+def prescreen(plan: OnePassPlan, bound, model, unravel, rows, m: int, n: int, center, h_lik) -> bool:
+    """Whether the first full pass should make the one-pass table at all: False only where, predicted before it
+    from ``rows`` of the last warm sub-sample (``m`` rows; their weights at ``center`` scaled by ``N / len(rows)``)
+    and an offset of the expected ``sqrt(d N / m)`` in a random direction, the one-pass centre's cost
+    (:func:`extra_cost`) exceeds what even a slow pass (``PASS_ROW_S_MAX`` a row) would cost; the first pass then
+    computes the value and gradient only, as without the rule. True where the bound has no host weights."""
+    from .setup_passes import prior_hessian
+
+    if MODE != "auto" or not hasattr(bound, "weights_host"):
+        return MODE != "never"
+    c = np.asarray(center, np.float64)
+    d = c.shape[0]
+    neg = -(np.asarray(h_lik, np.float64) + prior_hessian(model, unravel, center))
+    try:
+        a = np.linalg.cholesky(0.5 * (neg + neg.T)) * whitening_scale(bound, d, reach_of(n, d, m))
+    except np.linalg.LinAlgError:
+        return True
+    w = np.asarray(bound.weights_host(c, np.linalg.inv(a), rows), np.float64)
+    if not np.all(np.isfinite(w)):
+        return True  # (the pass itself decides: its table is dropped where its weights overflow)
+    total = float(np.sum(w)) * n / max(1, w.shape[0])
+    chol = np.linalg.cholesky(np.linalg.inv(0.5 * (neg + neg.T)))
+    u = np.random.default_rng(1).standard_normal(d)
+    mean = c + chol @ (u / np.linalg.norm(u) * math.sqrt(d * n / max(1, m)))
+    reads_one = predict_reads(bound, total, a.T, c, mean, chol, n, PAIRS // 4)
+    reads_two = predict_reads(bound, total, a.T, c, c, chol, n, PAIRS // 4)
+    read_s, _ = read_cost(plan.data, n) if reads_one > reads_two else (LOOP_READ_S, 0)
+    return extra_cost(reads_one, reads_two, plan.steps, read_s) <= n * PASS_ROW_S_MAX

@@ -443,6 +443,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
             th_w, p_w, last_w = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start",
                                         fixed=fixed)
             warm_items += m * (p_w + 1)  # the gather, and each of its passes
+            probe = _strided_host(sub, m, one_pass_rows(m)) if m * m >= WARM_TARGET**2 * d * n \
+                and HostPasses.of(model, data, n, unravel, th) is None else None  # (rows for the one-pass prescreen)
         except ModelError:
             warm_items += m
             break
@@ -457,6 +459,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
         if last_w is not None and np.array_equal(np.asarray(last_w[0]), np.asarray(th_w)) \
                 and m * m >= WARM_TARGET**2 * d * n:
             h_hint = np.asarray(last_w[2], np.float64) * (n / m)
+            if probe is not None:
+                fused_request.request_of(data).prescreen(model, unravel, probe, m, n, th, h_hint)
     th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol, fixed=fixed, h_hint=h_hint,
                                one_rows=m if h_hint is not None else None)
     g_sum = h_sum = None
@@ -469,6 +473,20 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
 
 
 
+
+
+def one_pass_rows(m):
+    """Rows of a warm sub-sample of ``m`` kept for the one-pass prescreen (:func:`tallmh.one_pass.prescreen`)."""
+    return min(m, 1 << 16)
+
+
+def _strided_host(sub, m, k):
+    """``k`` evenly strided rows of every leaf of ``sub`` as NumPy arrays, or None where a leaf is not an array."""
+    step = max(1, m // max(1, k))
+    try:
+        return jax.tree_util.tree_map(lambda a: np.array(np.asarray(a)[::step][:k]), sub)
+    except Exception:  # noqa: BLE001 - (rows the prescreen cannot read: it is skipped)
+        return None
 
 
 def _gather_rows(data, idx):
