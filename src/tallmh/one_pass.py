@@ -20,6 +20,10 @@ this data source's cost per read (:func:`read_cost`: a random row of a file not 
 more than one in memory), and the steps that would win back the ESS a lower acceptance loses
 (:func:`extra_cost`), cost more than the pass just timed.
 
+Before the first pass, :func:`prescreen` makes the same prediction from a few thousand of the last warm
+sub-sample's rows and the offset expected from it, and skips the one-pass table where even a slow pass would
+cost less (the first pass then computes the value and gradient only, as without the rule).
+
 The trust region: a bound whose region is ``||z||, ||z'|| <= r`` (the local logistic bound, the Poisson and
 NB2 bounds) holds for any whitening ``A`` (``any_whitening``); whitening by ``s A`` with ``s < 1`` gives the
 same bound with the region ``||A^T (theta - c)|| <= r / s`` (the weights ``rho_i^3 K_i`` then take ``K_i`` over
