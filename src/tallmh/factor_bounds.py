@@ -78,6 +78,10 @@ class FactorTable(NamedTuple):
     cum: jax.Array  # (G,) int32: upper ends of the groups' integer draw ranges (total cum[-1])
     rate: jax.Array  # (G,) float: per-item rate of group g divided by phi (>= every w_i of the group)
     total: jax.Array  # float: Lambda / phi (the sum of the per-item rates divided by phi)
+    # the large-N table (:mod:`tallmh.large_table`): group 0 is every item (drawn uniformly over N, no array of
+    # N), the other groups the heavy items' excess; None in the grouped table of every item
+    heavy_idx: Any = None  # (K,) int32: the heavy items, ascending (padded with 2^31 - 1)
+    heavy_rate: Any = None  # (K,) float: each heavy item's whole rate divided by phi (group 0's and its group's)
 
 
 class FactorView(NamedTuple):
@@ -257,15 +261,23 @@ class TableBuilder:
         self.filled += key.size
 
     def table(self, center, rt, chol_cov, dtype=np.float32, block: int = 1 << 20) -> FactorTable:
-        if self.filled != self.n:
-            raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
         dt = np.dtype(dtype)
-        present = np.nonzero(self.count[:-1])[0]  # (keys less _KEY_MIN; the last is the zero weights')
-        if present.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
+        grouped = self.groups(block)
+        if grouped is None:  # no remainder anywhere: dummy groups, never drawn (total 0)
             G0 = MAX_GROUPS
             return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
                                jnp.zeros(self.n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
                                jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
+        return _finish_table(*grouped, center, rt, chol_cov, dt)
+
+    def groups(self, block: int = 1 << 20):
+        """``(order, starts, counts, largest weights)`` of the groups (None where every weight is 0): the items
+        with ``w_i > 0`` grouped, in ascending index within a group, then those of weight 0."""
+        if self.filled != self.n:
+            raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
+        present = np.nonzero(self.count[:-1])[0]  # (keys less _KEY_MIN; the last is the zero weights')
+        if present.size == 0:
+            return None
         # keys more than MAX_GROUPS - 1 below the largest share the lowest group
         low = max(int(present[0]), int(present[-1]) - (MAX_GROUPS - 1))
         merged = present[present <= low]
@@ -291,7 +303,7 @@ class TableBuilder:
                 a += c[j]
             offset += c
         self.keys = None
-        return _finish_table(order, starts, counts, b, center, rt, chol_cov, dt)
+        return order, starts, counts, b
 
 
 def _aligned_int32(n: int) -> np.ndarray:
@@ -304,8 +316,9 @@ def _aligned_int32(n: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, 4 * n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.int32)
 
 
-def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorTable:
-    """The draw ranges and rates of the groups (sizes ``counts``, largest weights ``b``): :func:`build_table`."""
+def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt, groups: int = MAX_GROUPS) -> FactorTable:
+    """The draw ranges and rates of the groups (sizes ``counts``, largest weights ``b``): :func:`build_table`;
+    padded to ``groups`` groups."""
     G = starts.size
     mass = b * counts
     p = mass / mass.sum()
@@ -318,7 +331,7 @@ def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorT
     rate32 = np.nextafter(rate.astype(dt), np.inf).astype(dt)
     # fixed shapes: N positions (items of weight 0 after the drawn ones, never drawn) and MAX_GROUPS groups
     # (the padding groups: size 1, rate 0 and an empty draw range at the end, so never drawn)
-    pad = MAX_GROUPS - G
+    pad = groups - G
     cum = np.cumsum(k)
     def put(x, t):  # (device_put of a host array: no compiled copy or conversion, as jnp.asarray makes)
         return jax.device_put(np.asarray(x, t))
@@ -368,13 +381,21 @@ def table_shapes(n: int, d: int, dtype) -> FactorTable:
 
 def draw_items(key, table: FactorTable, m: int):
     """``m`` items drawn independently, item ``i`` of group ``g`` with probability ``k_g / (K n_g)``
-    (:func:`build_table`): ``(items, their groups)``. O(log G) per item (a search of the G thresholds). The two
-    integers of a draw come from 64 random bits each, all four words from one hash of the key."""
+    (:func:`build_table`): ``(items, the rate each drawn item gets, divided by phi)``. O(log G) per item (a
+    search of the G thresholds). The two integers of a draw come from 64 random bits each, all four words from
+    one hash of the key. The large-N table (``heavy_idx`` set, :mod:`tallmh.large_table`): group 0 draws an
+    item uniformly among all N (its position is the item), a heavy group one of its heavy items; the rate of an
+    item is group 0's plus, for a heavy item (found by a search of the K sorted heavy items), its group's."""
     w = jax.random.bits(key, (4, m), jnp.uint32)
     r = below(w[0], w[1], table.cum[-1])
     g = jnp.searchsorted(table.cum, r, side="right")
     j = below(w[2], w[3], table.count[g])
-    return table.order[table.start[g] + j], g
+    if table.heavy_idx is None:
+        return table.order[table.start[g] + j], table.rate[g]
+    item = jnp.where(g == 0, j, table.order[jnp.where(g == 0, 0, table.start[g] + j)])
+    k = table.heavy_idx.shape[0]
+    p = jnp.minimum(jnp.searchsorted(table.heavy_idx, item, side="left"), k - 1)
+    return item, jnp.where(table.heavy_idx[p] == item, table.heavy_rate[p], table.rate[0])
 
 
 def _mul32(a, b):
@@ -416,13 +437,13 @@ def laplace_factors(model, unravel, cv):
     return R.T, rinv.T, rinv
 
 
-def prepare(model, data, n, unravel, cv, bound=None):
+def prepare(model, data, n, unravel, cv, bound=None, builder=None):
     """The set-up pass of the exact subsampled test: ``(FactorTable, items read)``.
 
     ``cv`` is the control variates' state at the centre (its Hessian sum gives the whitening); one pass over
     the N items makes the weights (on the host in float64 when the data are NumPy arrays, else in compiled
     code in the working precision, inflated by 1e-3 for its rounding, for rows in memory and in files alike),
-    block by block into a :class:`TableBuilder`.
+    block by block into a :class:`TableBuilder` (or ``builder(n)``'s: :func:`tallmh.large_table.builder`).
     """
     from .model import own_method
 
@@ -435,7 +456,7 @@ def prepare(model, data, n, unravel, cv, bound=None):
     rt, chol_cov, rinv = laplace_factors(model, unravel, cv)
     center64 = np.asarray(cv.center, np.float64)
     leaves = jax.tree_util.tree_leaves(data)
-    tb = TableBuilder(n)  # (the weights go to it block by block: never N of them in memory)
+    tb = (builder or TableBuilder)(n)  # (the weights go to it block by block: never N of them in memory)
     block, reread = 1 << 18, 0
     if all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
