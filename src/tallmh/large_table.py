@@ -40,7 +40,7 @@ __all__ = ["BULK_MIN_N", "HEAVY_MAX", "uses_bulk", "heavy_count", "BulkBuilder",
 # N from which the set-up makes the bulk sampler: there the grouped table's counting sort costs seconds (3-8 s at
 # 10^8) and 6 bytes per item, while the bulk's extra points are read in a small fraction of a step
 BULK_MIN_N = 1 << 25
-HEAVY_MAX = 1 << 22  # heavy items kept at most: 12 bytes each in the chain's table, 16 while the pass keeps them
+HEAVY_MAX = 1 << 20  # heavy items kept at most: 12 bytes each in the chain's table, 16 while the pass keeps them
 _PAD = np.iinfo(np.int32).max  # heavy_idx's padding: above every item
 
 
@@ -78,9 +78,9 @@ def table_shapes(n: int, d: int, dtype):
 class BulkBuilder:
     """The bulk sampler's builder: ``add(start, w)`` for consecutive blocks of weights, then ``table(...)``.
 
-    Keeps the largest weights seen (at most ``2 K`` with their items, compacted to the ``K`` largest when full),
-    the level ``thr`` below which a weight is dropped (the smallest kept after a compaction: every dropped weight
-    is at most ``thr``), and the weights' sum. Memory of order ``K``, never of N; per block a comparison with
+    Keeps the largest weights seen (at most ``2 K`` with their items, compacted to those above the ``K``-th
+    largest when full), the level ``thr`` at or below which a weight is dropped (the ``K``-th largest at the last
+    compaction: every dropped weight is at most ``thr``), and the weights' sum. Memory of order ``K``, never of N; per block a comparison with
     ``thr``."""
 
     def __init__(self, n: int, k: int = None):
@@ -109,11 +109,13 @@ class BulkBuilder:
             self._compact()
 
     def _compact(self) -> None:
+        """Keep the weights above the K-th largest (and their items, still in ascending order), which becomes
+        ``thr``: every weight dropped, now or before, is at most ``thr``."""
         w, i = np.concatenate(self.w), np.concatenate(self.i)
         if w.size > self.k:
-            top = np.argpartition(w, w.size - self.k)[w.size - self.k:]
-            w, i = w[top], i[top]
-            self.thr = max(self.thr, float(w.min()))
+            self.thr = max(self.thr, float(np.partition(w, w.size - self.k)[w.size - self.k]))
+            keep = w > self.thr
+            w, i = w[keep], i[keep]
         self.w, self.i, self.kept = [w], [i], w.size
 
     def table(self, center, rt, chol_cov, dtype=np.float32) -> fbm.FactorTable:
@@ -124,10 +126,8 @@ class BulkBuilder:
         self._compact()
         tau = self.thr
         w, i = self.w[0], self.i[0]
-        heavy = w > tau
+        heavy = w > tau  # (the items, ascending: blocks come in order and every compaction keeps the order)
         w, i = w[heavy], i[heavy]
-        o = np.argsort(i)
-        w, i = w[o], i[o]
         self.tau, self.heavy = tau, i.size
         self.rate_ratio = (self.n * tau + float(np.sum(w - tau))) / self.wsum if self.wsum > 0 else 1.0
         self.w = self.i = None
