@@ -64,3 +64,29 @@ def test_the_constant_target_check_reads_a_prefix():
     with pytest.raises(tm.DataError, match="constant"):
         check_target(np.ones((5, 1)))
     check_target(np.array([np.nan, np.nan]))  # (NaN differs from itself: not constant, as before)
+
+
+def test_rows_gathered_in_runs_are_numpys(tmp_path, monkeypatch):
+    """storage.runs.gather: the same array as ``a[idx]`` for the warm sub-samples' runs of rows (on a memory map,
+    2-D and 1-D), for scattered rows, few rows, and out-of-range rows (NumPy's error); the runs are read by the
+    threads (one copy per run)."""
+    from tallmh import setup_passes
+    from tallmh.storage import runs
+
+    n = 1 << 20
+    X = np.random.default_rng(0).normal(size=(n, 3)).astype(np.float32)
+    np.save(tmp_path / "X.npy", X)
+    mm = np.load(tmp_path / "X.npy", mmap_mode="r")
+    idx = setup_passes.warm_rows(n, 1 << 18)
+    copies = []
+    real = runs.ThreadPoolExecutor
+    monkeypatch.setattr(runs, "ThreadPoolExecutor", lambda *a, **k: copies.append(a) or real(*a, **k))
+    np.testing.assert_array_equal(runs.gather(mm, idx), X[idx])
+    assert copies  # (the runs' path taken)
+    np.testing.assert_array_equal(runs.gather(mm, idx, mm), X[idx])  # (their reads advised first)
+    np.testing.assert_array_equal(runs.gather(X[:, 0], idx), X[idx, 0])
+    scattered = np.random.default_rng(1).integers(0, n, 1 << 17)
+    np.testing.assert_array_equal(runs.gather(mm, scattered), X[scattered])
+    np.testing.assert_array_equal(runs.gather(mm, idx[:100]), X[idx[:100]])
+    with pytest.raises(IndexError):
+        runs.gather(mm, np.arange(n - 10, n + (1 << 16)))
