@@ -3,6 +3,7 @@ rate the table really draws it at (item frequencies against the rates, with a wr
 items, and the chain using it samples the exact posterior (against exact MH, a shrunk bound failing)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats as sps
@@ -171,3 +172,41 @@ def test_chain_with_the_bulk_table_matches_exact_mh(monkeypatch):
     bad = _sample(data, seed=0)
     assert len(made) == 2
     assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+
+
+def _worst(model, data, table, rates, seed=0, pairs=40):
+    """max over items and random pairs in the trust region of |R_i(theta') - R_i(theta)| / (rate_i phi(z, z'))."""
+    bound = model.factor_bound()
+    c = np.asarray(table.center, np.float64)
+    rt, cov_f = np.asarray(table.rt, np.float64), np.asarray(table.chol_cov, np.float64)
+    rng = np.random.default_rng(seed)
+    rem = jax.jit(bound.remainder)
+    worst = 0.0
+    for _ in range(pairs):
+        a, b = (c + cov_f @ rng.normal(size=c.size) * rng.uniform(0.5, 2.5) for _ in range(2))
+        z, zp = jnp.asarray(rt @ (a - c), jnp.float32), jnp.asarray(rt @ (b - c), jnp.float32)
+        if not bool(bound.region(z, zp)):
+            continue
+        dr = np.abs(np.asarray(rem(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), table.center, data),
+                               np.float64))
+        worst = max(worst, float(np.max(dr / (rates * float(bound.phi(z, zp)) + 1e-30))))
+    return worst
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_items_remainder_within_its_bulk_rate(monkeypatch, fused):
+    """The bulk table made in the set-up's last Newton pass (weights in float32, whitened by the Hessian before it)
+    and in a pass of its own (prepare): on heavy rows, every item's |R_i(theta') - R_i(theta)| within its rate
+    times phi at the table's centre and whitening (float32 remainders against the pass's float32 weights)."""
+    from tests.test_fused_table import fused_search, heavy_rows
+
+    _forced(monkeypatch, k=16)
+    data = heavy_rows()
+    n = data["y"].shape[0]
+    model, jd, cv, req = fused_search(monkeypatch, data)
+    table = req.table(model, req.unravel, cv)[0] if fused else \
+        fbm.prepare(model, jd, n, req.unravel, cv, builder=lt.builder)[0]
+    assert table.heavy_idx.shape == (16,) and int(np.sum(np.asarray(table.heavy_idx) < n)) > 0
+    assert _worst(model, jd, table, rates_of(table, n)) <= 1.0
+    # negative control: the bulk rate alone (the heavy items' excess forgotten) does not bound the heavy rows
+    assert _worst(model, jd, table, np.full(n, float(np.asarray(table.rate)[0]))) > 1.0
