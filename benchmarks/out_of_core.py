@@ -23,7 +23,7 @@ For each N, two runs, each in its own process (so that peak memory is measured a
   files (timed apart: ``table_s``, inside ``setup_s``), or, where the set-up's last Newton pass made the table's
   weights, that pass (``fused_pass_s``) and the table's grouping after it (``fused_finish_s``), both inside
   ``setup_s``. ``first_pass_at_s``: seconds from opening the files to the set-up's first full pass;
-  ``bulk_table``: where the large-N sampler made the table (:mod:`tallmh.large_table`), its level ``tau``, heavy
+  ``bulk_table``: where the large-N sampler made the table (``factor_bounds.BulkBuilder``), its level ``tau``, heavy
   items and ``rate_ratio`` (its total rate over the weights' sum: the extra rows a step reads, in proportion).
 
 - ``memory``: the same call on ``np.load`` of the same files (skipped when the data is more than
@@ -229,18 +229,18 @@ def run_one(mode, folder, args):
     setup_passes.full_pass = timed_full_pass
     bulk = {}
     try:  # the large-N sampler (no array of N): its level, heavy items and the rate's ratio to the weights' sum
-        from tallmh import large_table
+        from tallmh.factor_bounds import BulkBuilder
     except ImportError:  # (an earlier version)
-        large_table = None
-    if large_table is not None:
-        bulk_table = large_table.BulkBuilder.table
+        BulkBuilder = None
+    if BulkBuilder is not None:
+        bulk_table = BulkBuilder.table
 
         def spied(self, *a, **k):
             out = bulk_table(self, *a, **k)
             bulk.update(tau=self.tau, heavy=self.heavy, heavy_max=self.k, rate_ratio=self.rate_ratio)
             return out
 
-        large_table.BulkBuilder.table = spied
+        BulkBuilder.table = spied
     how = {} if args.test == "default" else dict(
         test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
         proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())

@@ -100,7 +100,7 @@ def main():
         table["thinning_default"] = lambda: run("thinning_default", mesh22, test=None, init=None, init_jitter=None)
 
         def thinning_bulk():  # the large-N item sampler (no array of N) forced on these rows, K = 64
-            from tallmh import large_table as lt
+            from tallmh import factor_bounds as lt
 
             saved = lt.BULK_MIN_N, lt.HEAVY_MAX
             lt.BULK_MIN_N, lt.HEAVY_MAX = 0, 64

@@ -1,4 +1,4 @@
-"""The exact test's item sampler for large N (tallmh.large_table): every item's rate dominates its weight and is the
+"""The exact test's item sampler for large N (tallmh.factor_bounds.BulkBuilder): every item's rate dominates its weight and is the
 rate the table really draws it at (item frequencies against the rates, with a wrong rate failing), no array of N
 items, and the chain using it samples the exact posterior (against exact MH, a shrunk bound failing)."""
 
@@ -11,7 +11,7 @@ import scipy.stats as sps
 import tallmh as tm
 from tallmh import factor_bounds as fbm
 from tallmh import fused_table
-from tallmh import large_table as lt
+from tallmh import factor_bounds as lt  # (its large-N sampler)
 from tallmh import setup_passes as setup
 from tests.test_fused_table import _sample, _worst_z, rare_feature
 
@@ -46,6 +46,11 @@ def rates_of(t, n):
 def test_rates_dominate_the_weights_and_sum_to_the_total():
     n, k = 50_000, 500
     w = weights(n, 1)
+    pre = lt.BulkBuilder(n, k)
+    pre.add(0, w)
+    tb = lt.TableBuilder(n)
+    tb.add(0, w)
+    assert pre.rate_total() >= tb.rate_total() >= w.sum()  # (the bulk's total rate, the grouped table's, the weights')
     b, t = bulk(w, k)
     r = rates_of(t, n)
     assert np.all(r >= w)
@@ -53,6 +58,7 @@ def test_rates_dominate_the_weights_and_sum_to_the_total():
     # the heavy items are the k largest weights (ties aside), tau the k-th largest
     assert b.heavy <= k and b.tau == np.sort(w)[-k]
     assert set(np.asarray(t.heavy_idx)[:b.heavy]) == set(np.nonzero(w > b.tau)[0])
+    assert 1.0 <= float(np.asarray(t.total)) / (b.rate_ratio * w.sum()) <= 2 ** (1 / 8)  # (the heavy groups' rounding)
     assert b.rate_ratio == pytest.approx((n * b.tau + np.sum(np.maximum(w - b.tau, 0))) / w.sum())
     # no array of N: the table's arrays have K or MAX_GROUPS + 1 entries, whatever N
     sizes = {name: np.size(a) for name, a in t._asdict().items() if name not in ("center", "rt", "chol_cov")}
@@ -205,7 +211,7 @@ def test_every_items_remainder_within_its_bulk_rate(monkeypatch, fused):
     n = data["y"].shape[0]
     model, jd, cv, req = fused_search(monkeypatch, data)
     table = req.table(model, req.unravel, cv)[0] if fused else \
-        fbm.prepare(model, jd, n, req.unravel, cv, builder=lt.builder)[0]
+        fbm.prepare(model, jd, n, req.unravel, cv)[0]
     assert table.heavy_idx.shape == (16,) and int(np.sum(np.asarray(table.heavy_idx) < n)) > 0
     assert _worst(model, jd, table, rates_of(table, n)) <= 1.0
     # negative control: the bulk rate alone (the heavy items' excess forgotten) does not bound the heavy rows

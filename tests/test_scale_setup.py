@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tallmh as tm
-from tallmh import large_table as lt
+from tallmh import factor_bounds as lt  # (its large-N sampler)
 from tallmh.models._target import check_target
 from tallmh.storage import datasource as ds
 from tests.test_datasource import files, small_blocks  # noqa: F401 (fixtures)

@@ -64,14 +64,14 @@ class FusedTable:
     def run(self, full_pass, chunk_vgh, data, n, t0, desc):
         """One exact Newton pass at ``t0`` with the weights fused: ``(value, gradient, Hessian)`` sums, as the
         plain pass's, and ``self.result`` set for this point."""
-        from .large_table import builder
+        from .factor_bounds import builder
 
         self.result = None  # (an earlier pass's table belongs to another point)
         a = _chol(self.neg_h)
         ainv = np.linalg.inv(a)
         dt = np.asarray(t0).dtype
         fn = _fused_fn(chunk_vgh, self.bound)
-        tb = builder(n)  # (the bulk sampler's for large N: tallmh.large_table)
+        tb = builder(n)  # (from factor_bounds.BULK_MIN_N items the large-N sampler's)
         d = int(np.shape(t0)[0])
         v, g, h = 0.0, np.zeros(d), np.zeros((d, d))
         buf, filled, jobs = [], 0, []

@@ -203,9 +203,8 @@ def compile_early(run):
         if not (stats0 is None or isinstance(stats0, dict)):
             return None
         from .. import factor_bounds as fbm
-        from ..large_table import table_shapes
 
-        stats0 = {**(stats0 or {}), fbm.FACTOR_KEY: table_shapes(run.n, run.d, run.dtype)}
+        stats0 = {**(stats0 or {}), fbm.FACTOR_KEY: fbm.table_shapes(run.n, run.d, run.dtype)}
     try:
         d, dt = run.d, run.dtype
         cvo = run.control_variates

@@ -211,9 +211,8 @@ def _fused_bound(run):
 
 def _table(run, cv):
     from .. import factor_bounds as fbm
-    from ..large_table import builder
 
-    return fbm.prepare(run.model, run.data, run.n, run.unravel, cv, builder=builder)
+    return fbm.prepare(run.model, run.data, run.n, run.unravel, cv)
 
 
 def factor_table(run):
