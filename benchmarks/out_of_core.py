@@ -241,6 +241,11 @@ def run_one(mode, folder, args):
             return out
 
         BulkBuilder.table = spied
+    try:  # the one-pass set-up's rule (tallmh.one_pass), forced with --one-pass
+        from tallmh import one_pass
+        one_pass.MODE = args.one_pass
+    except ImportError:  # (an earlier version, measured for comparison)
+        pass
     how = {} if args.test == "default" else dict(
         test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
         proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())
@@ -271,6 +276,7 @@ def run_one(mode, folder, args):
         "max_abs_mean_minus_true_theta": float(np.max(np.abs(post_mean - theta))),
         "trusted": bool(res.trusted), "verdict": res.verdict,
         "warnings": sorted({str(w.message)[:200] for w in caught}),
+        "setup_notes": [m for m in res.notes if "full pass" in m or "Newton pass" in m],
     }
     return out
 
@@ -362,6 +368,8 @@ def main(argv=None):
                    help="drop the data files' own pages from the page cache before each run (posix_fadvise "
                         "DONTNEED on the two files only: the passes then read the disk)")
     p.add_argument("--cold-read", action="store_true", help="measure the disk's O_DIRECT read speed")
+    p.add_argument("--one-pass", default="auto", choices=["auto", "always", "never"],
+                   help="the exact default's one-pass set-up: its rule (auto) or forced (tallmh.one_pass.MODE)")
     p.add_argument("--progress", action="store_true", help="progress bars (set-up passes, sampling)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(C.RESULTS, "out_of_core.json"))
@@ -393,7 +401,8 @@ def main(argv=None):
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
                        str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains),
                        "--batch", str(args.batch), "--proposal", args.proposal, "--test", args.test,
-                       "--gather", args.gather] + (["--audit", str(args.audit)] if args.audit is not None else []) + \
+                       "--gather", args.gather, "--one-pass", args.one_pass] + \
+                    (["--audit", str(args.audit)] if args.audit is not None else []) + \
                     (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else [])
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
                 line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
