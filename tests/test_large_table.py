@@ -216,3 +216,22 @@ def test_every_items_remainder_within_its_bulk_rate(monkeypatch, fused):
     assert _worst(model, jd, table, rates_of(table, n)) <= 1.0
     # negative control: the bulk rate alone (the heavy items' excess forgotten) does not bound the heavy rows
     assert _worst(model, jd, table, np.full(n, float(np.asarray(table.rate)[0]))) > 1.0
+
+
+@pytest.mark.slow
+def test_chain_with_a_one_pass_centre_and_the_bulk_table_matches_exact_mh(monkeypatch):
+    """The one-pass set-up (forced: the centre left at a sub-sample's mode, its region widened) with the bulk
+    sampler forced (K = 32), against exact MH on a rare feature; the weights shrunk 50x fail the same check."""
+    from tests.test_one_pass import small_ladder
+
+    data = rare_feature()
+    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
+    made = _forced(monkeypatch)
+    small_ladder(monkeypatch, "always")
+    got = _sample(data, seed=0)
+    assert any("set-up in one full pass (forced)" in m for m in got.notes), got.notes
+    assert len(made) == 1 and made[0][1] > 0, made
+    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
+    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
+    bad = _sample(data, seed=0)
+    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
