@@ -107,7 +107,7 @@ class FusedTable:
         """One exact Newton pass at ``t0`` with the weights fused: ``(value, gradient, Hessian)`` sums, as the
         plain pass's, and ``self.result`` set for this point. ``neg_h``, ``scale``: the whitening ``A A^T = neg_h``
         (default: the last iterate's) scaled by ``scale`` (a pass that may be the only one, :mod:`tallmh.one_pass`)."""
-        from .factor_bounds import TableBuilder
+        from .factor_bounds import builder
 
         self.result = None  # (an earlier pass's table belongs to another point)
         neg_h = self.neg_h if neg_h is None else neg_h
@@ -115,7 +115,7 @@ class FusedTable:
         ainv = np.linalg.inv(a)
         dt = np.asarray(t0).dtype
         fn = _fused_fn(chunk_vgh, self.bound)
-        tb = TableBuilder(n)
+        tb = builder(n)  # (from factor_bounds.BULK_MIN_N items the large-N sampler's)
         d = int(np.shape(t0)[0])
         v, g, h = 0.0, np.zeros(d), np.zeros((d, d))
         buf, filled, jobs = [], 0, []

@@ -133,9 +133,9 @@ def predict_reads(bound, total: float, at, center, mean, chol, n: int, pairs: in
 
 
 def table_total(tb) -> float:
-    """``Lambda / phi`` of a :class:`~tallmh.factor_bounds.TableBuilder`'s weights (each group's count times its
-    largest weight: the table's rates, to within its grouping)."""
-    return float(np.sum(tb.count[:-1] * tb.maxw[:-1]))
+    """``Lambda / phi`` of the table's weights (a :func:`tallmh.factor_bounds.builder`'s: the grouped table's rates to
+    within its grouping, or the large-N sampler's, bulk and heavy items)."""
+    return tb.rate_total()
 
 
 def read_cost(data, n: int):
