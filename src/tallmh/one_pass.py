@@ -140,8 +140,9 @@ def table_total(tb) -> float:
 
 def read_cost(data, n: int):
     """``(seconds per item the chain reads, rows read to find it)``: the thinning loop's iteration, plus for data in
-    files the median time of reading ``PROBE_ROWS`` random rows there (now: a file the page cache holds costs
-    microseconds a row, one it does not, a disk's random read)."""
+    files the median time of reading ``PROBE_ROWS`` random rows there, with the maps advised as the chain reads
+    them (``MADV_RANDOM``: with the default advice a page fault reads the disk's whole read-ahead window, 8 MB and
+    ~12 ms a row on this machine's disk against ~0.15 ms; a file the page cache holds costs microseconds a row)."""
     from .storage import datasource as ds
 
     if not ds.in_files(data):
@@ -149,14 +150,18 @@ def read_cost(data, n: int):
     read = ds.host_reader(data)
     if read is None:
         return LOOP_READ_S, 0
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     times = []
-    for i in rng.integers(0, n, PROBE_ROWS):
-        t = time.perf_counter()
-        rows = read(int(i), int(i) + 1)
-        for a in _leaves(rows):
-            float(np.asarray(a).ravel()[0])  # (touch it: a memory map reads the page here)
-        times.append(time.perf_counter() - t)
+    ds.advise(data, "random")  # (as the chain reads them: a page fault reads its own page, not the read-ahead)
+    try:
+        for i in rng.integers(0, n, PROBE_ROWS):
+            t = time.perf_counter()
+            rows = read(int(i), int(i) + 1)
+            for a in _leaves(rows):
+                float(np.asarray(a).ravel()[0])  # (touch it: a memory map reads the page here)
+            times.append(time.perf_counter() - t)
+    finally:
+        ds.advise(data, "normal")
     return LOOP_READ_S + float(np.median(times)), len(times)
 
 
