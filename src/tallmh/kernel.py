@@ -256,6 +256,12 @@ def _run_test(test, key, problem, tracks, current_log_lik, dtype):
         nf.astype(jnp.int32), jnp.asarray(ce, dtype), llp
 
 
+def _one_chain_at_a_time(fn):
+    """``fn`` as it is for one chain; under ``vmap``, a loop over the batched arguments (the others shared), one
+    trace of ``fn`` (``jax.jit``'s cache serves the loop's body) instead of its batched form."""
+    return jax.custom_batching.sequential_vmap(jax.jit(fn))
+
+
 def _audit_decision(oracle, key, problem, in_support, audit):
     """The exact oracle's decision with the same key (same u) and the items it read, when ``audit`` is on."""
 
@@ -341,11 +347,22 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         log_base = jnp.where(in_support, lp_p - state.log_prior + log_q, -jnp.inf)
         # the exact test decides from the full sum itself: control variates there only shape the proposal's
         # gradient (above), never the decision
-        problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
-                               state.log_lik if tracks else None, None if exact_test else cv, cv_order or 2,
-                               reader)
+        def decide(k, theta0, theta1, base, log_lik, cv_t, data, stats):
+            pr = make_problem(model, data, n, unravel, stats, theta0, theta1, base, log_lik if tracks else None,
+                              cv_t, cv_order or 2, reader)
+            return pr, _run_test(test, k, pr, tracks, log_lik, dtype)
+
+        cv_t = None if exact_test else cv
+        if getattr(test, "per_chain", False) and (defer_audit or audit is False):
+            # the test's loops traced for one chain: under vmap over chains they run chain after chain
+            # (jax.custom_batching.sequential_vmap) instead of batched
+            problem = None
+            accept, n_data, rounds, nonfinite, clt, llp = _one_chain_at_a_time(lambda *a: decide(*a)[1])(
+                k_test, state.theta, theta_p, log_base, state.log_lik, cv_t, data, stats)
+        else:
+            problem, (accept, n_data, rounds, nonfinite, clt, llp) = decide(
+                k_test, state.theta, theta_p, log_base, state.log_lik, cv_t, data, stats)
         # (n_data and rounds are what the test read: nothing out of the support)
-        accept, n_data, rounds, nonfinite, clt, llp = _run_test(test, k_test, problem, tracks, state.log_lik, dtype)
         # a proposal that read data (a minibatch gradient) and came out non-finite read a non-finite item:
         # counted (at least one), not passed off as a proposal out of the support
         grad_bad = (needs_data & ~jnp.isfinite(theta_p).all()) if needs_data else jnp.bool_(False)

@@ -61,6 +61,9 @@ class PoissonThinning:
     max_rate: Optional[float] = None
 
     name = "exact-subsampled"
+    # the kernel decides chain by chain under vmap over chains (kernel._one_chain_at_a_time): the loops below are
+    # then traced for one chain, not batched (their batching took most of the chain's tracing; same draws)
+    per_chain = True
     tracks_log_lik = False
     needs_factor_table = True  # (tm.sample refuses it until its runner builds the table)
 
