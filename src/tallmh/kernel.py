@@ -329,11 +329,14 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         th = unravel(theta)
         return _initial_log_lik(test, n, lambda idx: model.log_lik(th, reader(data, idx)), theta.dtype)
 
-    def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
+    def init(theta, data=None, cv=None, cov_hint=None, mean=None) -> KernelState:
         lp = jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
         ll = full_log_lik(theta, data) if tracks else jnp.zeros((), theta.dtype)
-        if getattr(proposal, "uses_center", False):  # (the Laplace approximation at the control variates' centre)
-            pstate = proposal.init(theta, n, cov_hint, center=None if cv is None else cv.center)
+        if getattr(proposal, "uses_center", False):
+            # the Laplace approximation's mean: ``mean`` where the set-up gives one (the surrogate's own mode, where
+            # the control variates' centre is a point short of the mode: tallmh.one_pass), else their centre
+            pstate = proposal.init(theta, n, cov_hint, center=mean if mean is not None
+                                   else (None if cv is None else cv.center))
         else:
             pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)

@@ -113,7 +113,7 @@ class PoissonThinning:
         def body(s):
             hi, lo, rejected, bad, k, touched, rounds = s
             k, k1, k3 = jax.random.split(k, 3)
-            idx, g = draw_items(k1, t, m)
+            idx, rate = draw_items(k1, t, m)
             u2 = jax.random.uniform(k3, (2, m), dtype)  # the thinning's uniforms, and the next gaps'
             gaps = -jnp.log1p(-u2[1])
             # lane j's arrival: T + gaps[0] + ... + gaps[j-1] (lane 0 at T, the loop's condition)
@@ -121,7 +121,7 @@ class PoissonThinning:
             live = (hi - lam_go) + (lo + ahead) < 0
             dr = once(f.remainder, idx)
             nonfinite = live & ~jnp.isfinite(dr)
-            p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * t.rate[g]), 0.0)
+            p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * rate), 0.0)
             kept = u2[0] < p
             hi, lo = df_add((hi, lo), (jnp.sum(gaps), jnp.zeros((), dtype)))
             return (hi, lo, rejected | jnp.any(kept), bad + jnp.sum(nonfinite).astype(jnp.int32), k, touched + m,
