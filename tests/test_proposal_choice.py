@@ -160,7 +160,7 @@ def test_a_run_cut_in_its_pilot_resumes_it(tmp_path):
     assert cut.partial and cut.flat_warmup.shape[1] == 400 and cut.proposal.chosen is None
     path = os.fspath(tmp_path / "cut.npz")
     cut.save(path)
-    for warmup in ("auto", 300):
+    for warmup in ("auto", 300, 300 + pc.PILOT_STEPS):  # (the default; as asked before; with the pilot)
         resumed = tm.sample(tm.models.LogisticRegression(), data, resume=tm.load_result(path), num_warmup=warmup, **kw)
         assert resumed.proposal.chosen == "surrogate-mala"
         assert resumed.flat_warmup.shape == full.flat_warmup.shape

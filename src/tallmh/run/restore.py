@@ -40,10 +40,11 @@ def restore(run, resume):
     done = run.done = {"warmup": int(info["warmup_done"]), "sampling": int(info["sampling_done"])}
     run.pilot_from = info.get("pilot_from")
     if run.pilot_from is not None:  # cut in (or after) the proposal choice's MALA pilot, which then goes on
-        if not run.auto_warmup and run.num_warmup != run.pilot_from:
+        total = int(info["num_warmup"])  # (the warmup asked for and the pilot's steps)
+        if not run.auto_warmup and run.num_warmup not in (run.pilot_from, total):
             raise ConfigError(f"resume: the run's MALA pilot started after its {run.pilot_from} warmup steps; resume "
-                              f"with num_warmup={run.pilot_from} (the pilot's steps follow them)")
-        run.num_warmup = int(info["num_warmup"])
+                              f"with num_warmup={run.pilot_from} (as asked before) or {total} (with the pilot)")
+        run.num_warmup = total
     elif run.auto_warmup:  # the warmup the run chose when it started
         run.num_warmup = int(info.get("num_warmup", run.num_warmup))
     if done["warmup"] > run.num_warmup or done["sampling"] > run.num_samples:
