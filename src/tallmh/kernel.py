@@ -321,8 +321,10 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
     oracle = oracle_of(test)
     default_stats = stats
     exact_test = bool(getattr(test, "tracks_log_lik", False))
-    # (not for a view of the model that holds data, a row-sharded one: the loop's body must close over no tracer)
-    per_chain = bool(getattr(test, "per_chain", False)) and not callable(getattr(type(model), "viewed_model", None))
+    # (not for a view of the model that holds data, a row-sharded one, nor a reader of the caller's: the loop's body
+    # must close over no tracer)
+    per_chain = bool(getattr(test, "per_chain", False)) and reader is take \
+        and not callable(getattr(type(model), "viewed_model", None))
     grad_estimate = _grad_estimator(model, unravel, n, cv_order, reader)
 
     def full_log_lik(theta, data):
