@@ -492,13 +492,13 @@ def _strided_host(sub, m, k):
 def _gather_rows(data, idx):
     """The rows ``idx`` of every leaf: by NumPy indexing where every leaf lies in host memory
     (:func:`tallmh.storage.datasource.host_view`; no program to compile), else by a compiled :func:`tallmh.storage.data.take`."""
-    from .storage.datasource import HostArray, InPlaceArray, _memmap_of, host_view
+    from .storage.datasource import HostArray, InPlaceArray, memmap_of, host_view
     from .storage.runs import gather  # (runs of rows read in threads: the same rows as host_view(a)[idx])
 
     special = lambda a: isinstance(a, (HostArray, InPlaceArray))  # noqa: E731 - (pytrees: leaves, not nodes)
     views = [host_view(a) for a in jax.tree_util.tree_leaves(data, is_leaf=special)]
     if views and all(v is not None for v in views):
-        return jax.tree_util.tree_map(lambda a: to_device(gather(host_view(a), idx, _memmap_of(a))), data,
+        return jax.tree_util.tree_map(lambda a: to_device(gather(host_view(a), idx, memmap_of(a))), data,
                                       is_leaf=special)
     return jax.jit(take)(data, jnp.asarray(idx))
 
