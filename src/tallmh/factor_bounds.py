@@ -486,7 +486,8 @@ def prepare(model, data, n, unravel, cv, bound=None):
             tb.add(s, bound.weights_host(center64, rinv, jax.tree_util.tree_map(lambda a: a[s:s + block], data)))
     else:  # (rows read from files in blocks get the same weights as the same rows in memory)
         reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
-        c, ri = jnp.asarray(cv.center), jax.device_put(np.asarray(rinv, cv.center.dtype))
+        c = jax.device_put(np.asarray(cv.center))  # (not jnp.asarray: it compiles a program of its own)
+        ri = jax.device_put(np.asarray(rinv, cv.center.dtype))
         fn = jax.jit(bound.weights)
         pending = None
         for s in range(0, n + block, block):  # (the next block's weights computed while this one is grouped)

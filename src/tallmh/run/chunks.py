@@ -133,6 +133,7 @@ def go(run, init, init_jitter, progress):
             pass
     finally:
         signals.__exit__(None, None, None)
+        programs.wait_stored()  # (the compiled chunk's entry, written beside the first chunks)
         ds.advise(run.data, "normal")  # the files' default read-ahead again, for whatever reads them next
         if run.bar is not None:
             try:
