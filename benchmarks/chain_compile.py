@@ -55,9 +55,10 @@ def _child(a):
     orig = _exec_cache.compile_and_store
 
     def timed(key, lower_fn, **kw):
-        # the chain compiles first (after the set-up); the self-audit's program, where the chain leaves its
-        # audits to one, at the first audited chunk: its times are reported apart (audit_*)
-        pre = "" if "trace_cpu_s" not in times else "audit_"
+        # the kernel's init (a small program, compiled in the set-up: init_*), then the chain (after the set-up);
+        # the self-audit's program, where the chain leaves its audits to one, at the first audited chunk: its
+        # times are reported apart (audit_*)
+        pre = "init_" if not kw.get("unrolled", True) else "" if "trace_cpu_s" not in times else "audit_"
         got = {}
 
         def timed_lower():

@@ -22,7 +22,9 @@ For each N, two runs, each in its own process (so that peak memory is measured a
   seed=0)``: the default, for this model the exact subsampled test, whose item table is one more pass over the
   files (timed apart: ``table_s``, inside ``setup_s``), or, where the set-up's last Newton pass made the table's
   weights, that pass (``fused_pass_s``) and the table's grouping after it (``fused_finish_s``), both inside
-  ``setup_s``.
+  ``setup_s``. ``first_pass_at_s``: seconds from opening the files to the set-up's first full pass;
+  ``bulk_table``: where the large-N sampler made the table (``factor_bounds.BulkBuilder``), its level ``tau``, heavy
+  items and ``rate_ratio`` (its total rate over the weights' sum: the extra rows a step reads, in proportion).
 
 - ``memory``: the same call on ``np.load`` of the same files (skipped when the data is more than
   ``--memory-fraction`` of the available RAM).
@@ -215,6 +217,35 @@ def run_one(mode, folder, args):
 
         fused_table.FusedTable.run = timed(run0, "pass_s")
         fused_table.FusedTable.table = timed(table0, "finish_s")
+    from tallmh import setup_passes
+
+    first_pass, full_pass = {"at_s": None}, setup_passes.full_pass
+
+    def timed_full_pass(*a, **k):  # the time from opening the files to the set-up's first full pass
+        if first_pass["at_s"] is None:
+            first_pass["at_s"] = time.perf_counter() - t0
+        yield from full_pass(*a, **k)
+
+    setup_passes.full_pass = timed_full_pass
+    bulk = {}
+    try:  # the large-N sampler (no array of N): its level, heavy items and the rate's ratio to the weights' sum
+        from tallmh.factor_bounds import BulkBuilder
+    except ImportError:  # (an earlier version)
+        BulkBuilder = None
+    if BulkBuilder is not None:
+        bulk_table = BulkBuilder.table
+
+        def spied(self, *a, **k):
+            out = bulk_table(self, *a, **k)
+            bulk.update(tau=self.tau, heavy=self.heavy, heavy_max=self.k, rate_ratio=self.rate_ratio)
+            return out
+
+        BulkBuilder.table = spied
+    try:  # the one-pass set-up's rule (tallmh.one_pass), forced with --one-pass
+        from tallmh import one_pass
+        one_pass.MODE = args.one_pass
+    except ImportError:  # (an earlier version, measured for comparison)
+        pass
     how = {} if args.test == "default" else dict(
         test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
         proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())
@@ -232,7 +263,8 @@ def run_one(mode, folder, args):
     out = {
         "mode": mode, "N": n, "gather": kinds, "chains": args.chains, "draws": draws, "warmup": args.warmup,
         "method": res.label, "open_s": open_s, "setup_s": res.timings["setup_s"], "table_s": table["s"],
-        "fused_pass_s": fused["pass_s"], "fused_finish_s": fused["finish_s"], "fused_table_used": fused["used"], "compile_s": res.timings["compile_s"],
+        "fused_pass_s": fused["pass_s"], "fused_finish_s": fused["finish_s"], "fused_table_used": fused["used"],
+        "first_pass_at_s": first_pass["at_s"], "bulk_table": bulk or None, "compile_s": res.timings["compile_s"],
         "warmup_s": res.timings["warmup_s"], "sampling_s": res.timings["sampling_s"],
         "call_s": res.timings["total_s"], "wall_s": wall,
         "time_per_step_us": 1e6 * res.timings["sampling_s"] / max(1, draws),
@@ -244,6 +276,7 @@ def run_one(mode, folder, args):
         "max_abs_mean_minus_true_theta": float(np.max(np.abs(post_mean - theta))),
         "trusted": bool(res.trusted), "verdict": res.verdict,
         "warnings": sorted({str(w.message)[:200] for w in caught}),
+        "setup_notes": [m for m in res.notes if "full pass" in m or "Newton pass" in m],
     }
     return out
 
@@ -335,6 +368,8 @@ def main(argv=None):
                    help="drop the data files' own pages from the page cache before each run (posix_fadvise "
                         "DONTNEED on the two files only: the passes then read the disk)")
     p.add_argument("--cold-read", action="store_true", help="measure the disk's O_DIRECT read speed")
+    p.add_argument("--one-pass", default="auto", choices=["auto", "always", "never"],
+                   help="the exact default's one-pass set-up: its rule (auto) or forced (tallmh.one_pass.MODE)")
     p.add_argument("--progress", action="store_true", help="progress bars (set-up passes, sampling)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(C.RESULTS, "out_of_core.json"))
@@ -366,7 +401,8 @@ def main(argv=None):
                 cmd = [sys.executable, os.path.abspath(argv[0]), "--_child", mode, folder, "--samples",
                        str(args.samples), "--warmup", str(args.warmup), "--chains", str(args.chains),
                        "--batch", str(args.batch), "--proposal", args.proposal, "--test", args.test,
-                       "--gather", args.gather] + (["--audit", str(args.audit)] if args.audit is not None else []) + \
+                       "--gather", args.gather, "--one-pass", args.one_pass] + \
+                    (["--audit", str(args.audit)] if args.audit is not None else []) + \
                     (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else [])
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
                 line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -29,7 +29,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--runs", default="single,c2r2,c2r2_seed4,bad_chains",
                     help="comma-separated runs (local mode): single, default, c2r2, r4, c2r2_seed4, bad_chains, "
-                         "exact, cv, langevin, thinning, thinning_full, thinning_default")
+                         "exact, cv, langevin, thinning, thinning_full, thinning_default, thinning_bulk")
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
@@ -98,6 +98,19 @@ def main():
                   init_jitter=None)
         thf = dict(th, test=tm.acceptance.PoissonThinning(max_rate=1e-9))
         table["thinning_default"] = lambda: run("thinning_default", mesh22, test=None, init=None, init_jitter=None)
+
+        def thinning_bulk():  # the large-N item sampler (no array of N) forced on these rows, K = 64
+            from tallmh import factor_bounds as lt
+
+            saved = lt.BULK_MIN_N, lt.HEAVY_MAX
+            lt.BULK_MIN_N, lt.HEAVY_MAX = 0, 64
+            try:
+                run("thinning_bulk_single", False, **th)
+                run("thinning_bulk_c2r2", mesh22, **th)
+            finally:
+                lt.BULK_MIN_N, lt.HEAVY_MAX = saved
+
+        table["thinning_bulk"] = thinning_bulk
         for name, kw in (("exact", ex), ("cv", cv), ("langevin", lg), ("thinning", th), ("thinning_full", thf)):
             table[name] = (lambda name=name, kw=kw: (run(f"{name}_single", False, **kw),
                                                     run(f"{name}_c2r2", mesh22, **kw)))

@@ -39,7 +39,9 @@ def _arviz_values(x, method):
                          for j in range(x.shape[-1])])
 
 
-@pytest.mark.parametrize("chains,n", [(4, 500), (2, 301), (1, 400), (3, 7)])
+# (4, 402): halves of 201 draws, whose FFT length (the smallest fast one from 402) is odd, where the inverse
+# transform's length must be given; (2, 4000): the autocovariances read from the first lags, then all lags
+@pytest.mark.parametrize("chains,n", [(4, 500), (2, 301), (1, 400), (3, 7), (4, 402), (2, 4000)])
 @pytest.mark.parametrize("method", ["bulk", "tail", "mean", "rhat"])
 def test_matches_arviz(chains, n, method):
     x = _draws(chains, n, seed=chains * 1000 + n)
@@ -187,7 +189,8 @@ def test_vectorised_geyer_sequences_equal_the_per_column_loop(n):
     rho = np.stack(cols, axis=1)
     m = 4
     ref_ess, ref_lags = _geyer_loop_reference(rho, m, n)
-    tau, max_t = diagnostics._geyer_tau(rho, n)
+    tau, max_t, done = diagnostics._geyer_tau(rho, n)
+    assert done.all()  # (every lag given)
     ours = m * n / np.maximum(tau, 1.0 / np.log10(m * n))
     np.testing.assert_allclose(ours, ref_ess, rtol=1e-12)
     np.testing.assert_array_equal(max_t + 2, ref_lags)
@@ -221,3 +224,54 @@ def test_bulk_ess_and_rhat_equal_the_separate_functions():
     e2, r2 = diagnostics.bulk_ess_and_rhat(x[:, :, ok], min_ess=float(np.min(ess[ok])))
     np.testing.assert_array_equal(r2, diagnostics.rhat_all(x[:, :, ok]))
     assert diagnostics.bulk_ess_and_rhat(x[:, :, ok], min_ess=float(np.min(ess[ok])) + 1)[1] is None
+
+
+def _ar_columns(c, n, phis, seed):
+    """AR(1) draws, one column per autocorrelation in ``phis`` (c chains, n draws), started at stationarity."""
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal((c, n, len(phis)))
+    phis = np.asarray(phis)
+    x = np.empty_like(e)
+    x[:, 0] = e[:, 0]
+    for t in range(1, n):
+        x[:, t] = phis * x[:, t - 1] + np.sqrt(1 - phis ** 2) * e[:, t]
+    return x
+
+
+def test_ess_from_the_first_lags_equals_all_lags(monkeypatch):
+    """ESS read from the first eighth of the lags, then from all lags for the columns whose Geyer sequence had not ended
+    there (an autocorrelation of 0.9995 over 3,001 draws), equals ESS from all lags; that column does need the
+    second pass (its sequence read on the first lags alone has not ended, and would give another ESS)."""
+    x = _ar_columns(4, 3001, [0.0, 0.5, 0.9, 0.99, 0.9995], seed=3)
+    first = {m: diagnostics.ess_all(x, m) for m in ("bulk", "tail", "mean")}
+    monkeypatch.setattr(diagnostics, "FIRST_LAGS_SHARE", 1)
+    for m in ("bulk", "tail", "mean"):
+        np.testing.assert_allclose(first[m], diagnostics.ess_all(x, m), rtol=1e-10)
+    s = diagnostics._split_chains(x[:, :, -1:])
+    lags = s.shape[1] // 8
+    _, _, _, done = diagnostics._tau(diagnostics._autocov(s, lags), s.shape[1], np.var(s.mean(axis=1), ddof=1))
+    assert not done[0]
+    tau_short = diagnostics._tau(diagnostics._autocov(s, lags), s.shape[1], np.var(s.mean(axis=1), ddof=1))[0][0]
+    tau_all = diagnostics._tau(diagnostics._autocov(s), s.shape[1], np.var(s.mean(axis=1), ddof=1))[0][0]
+    assert abs(tau_short / tau_all - 1) > 1e-3
+
+
+@pytest.mark.parametrize("chains", [1, 4])
+def test_summary_columns_equal_the_separate_functions(monkeypatch, chains):
+    """The summary's one pass (blocks of columns, one rank normalisation for bulk ESS and R-hat) gives ess_all (bulk
+    and tail), rhat_all, the mean and the sd of every column: slow and fast columns, ties, a NaN draw, a constant
+    column, an odd number of draws, blocks of 3 columns."""
+    x = _ar_columns(chains, 1001, [0.0, 0.3, 0.8, 0.95, 0.99, 0.999, 0.2, 0.5, 0.1, 0.7], seed=5)
+    x[:, :, 6] = np.round(x[:, :, 6])
+    x[0, 7, 7] = np.nan
+    x[:, :, 8] = 2.5
+    monkeypatch.setattr(diagnostics, "DIAG_BLOCK_VALUES", 3 * chains * 1001)
+    got = diagnostics.summary_columns(x)
+    want = {"ess_bulk": diagnostics.ess_all(x), "ess_tail": diagnostics.ess_all(x, "tail"),
+            "r_hat": diagnostics.rhat_all(x), "mean": x.mean(axis=(0, 1)), "sd": x.reshape(-1, 10).std(axis=0, ddof=1)}
+    for key, ref in want.items():
+        np.testing.assert_allclose(got[key], ref, rtol=1e-12, equal_nan=True, err_msg=key)
+    assert np.isnan(got["ess_bulk"][7]) and np.isnan(got["r_hat"][7])
+    assert np.isnan(got["r_hat"]).all() == (chains == 1)
+    got32 = diagnostics.summary_columns(x.astype(np.float32))  # (stored draws are float32: means in float64)
+    np.testing.assert_allclose(got32["mean"], x.astype(np.float32).astype(float).mean(axis=(0, 1)), rtol=1e-12)

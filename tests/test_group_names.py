@@ -91,6 +91,11 @@ def test_pymc_levels_named_in_draws_summary_arviz_and_checkpoint(tmp_path):
     assert [f"1|g[{lv}]" for lv in levels] == [n for n in names if n.startswith("1|g[")]
     sm = r.summary()
     assert len(sm.table) == len(names) and "1|g[g003]" in sm.table.index  # every row kept
+    # every column diagnosed (the effects and the offsets both), and the verdict's numbers over all of them
+    x = r.flat_output
+    np.testing.assert_allclose(sm.table["ess_bulk"].to_numpy(), tm.diagnostics.ess_all(x), rtol=1e-12)
+    np.testing.assert_allclose(sm.table["r_hat"].to_numpy(), tm.diagnostics.rhat_all(x), rtol=1e-12)
+    assert sm.overall["ess_min"] == np.nanmin(sm.table["ess_bulk"]) and sm.overall["rhat_max"] == np.nanmax(sm.table["r_hat"])
     text = str(sm)
     assert "1|g[g003]" not in text.split("\n1|g:")[0]  # the levels are not printed one by one ...
     assert f"1|g: {len(levels)} entries" in text  # ... but summarised

@@ -139,3 +139,29 @@ def test_a_resumed_run_keeps_the_choice(tmp_path):
     resumed = tm.sample(tm.models.LogisticRegression(), data, resume=tm.load_result(path), **kw)
     assert resumed.proposal.chosen == "surrogate-mala"
     np.testing.assert_array_equal(resumed.flat_samples, full.flat_samples)
+
+
+def test_a_run_cut_in_its_pilot_resumes_it(tmp_path):
+    """Cut during MALA's pilot (after the Crank-Nicolson warmup), saved and resumed, by the default call and with the
+    warmup given: the pilot goes on from where it was cut (not again from its start), the same choice and the same
+    draws, bit for bit, as one run."""
+    import os
+
+    data = rare_feature()
+    kw = dict(progress=False, seed=1, num_samples=200)
+    full = tm.sample(tm.models.LogisticRegression(), data, **kw)
+    assert full.proposal.chosen == "surrogate-mala" and full.flat_warmup.shape[1] == 300 + pc.PILOT_STEPS
+
+    def stop(info):
+        if info["phase"] == "warmup" and info["done"] >= 300 + 100:
+            raise KeyboardInterrupt
+
+    cut = tm.sample(tm.models.LogisticRegression(), data, callback=stop, chunk_size=50, **kw)
+    assert cut.partial and cut.flat_warmup.shape[1] == 400 and cut.proposal.chosen is None
+    path = os.fspath(tmp_path / "cut.npz")
+    cut.save(path)
+    for warmup in ("auto", 300, 300 + pc.PILOT_STEPS):  # (the default; as asked before; with the pilot)
+        resumed = tm.sample(tm.models.LogisticRegression(), data, resume=tm.load_result(path), num_warmup=warmup, **kw)
+        assert resumed.proposal.chosen == "surrogate-mala"
+        assert resumed.flat_warmup.shape == full.flat_warmup.shape
+        np.testing.assert_array_equal(resumed.flat_samples, full.flat_samples)

@@ -126,7 +126,7 @@ def test_four_devices_more_layouts_tests_and_proposals(tmp_path):
     """Default layout (chains over all 4 devices, no collective), all rows over 4 devices, the exact test,
     control variates (forward-mode derivatives through the psum) and Langevin (reverse mode)."""
     z, meta = _local(tmp_path, ["single", "default", "r4", "exact", "cv", "langevin", "program", "thinning",
-                                "thinning_full", "thinning_default"])
+                                "thinning_full", "thinning_default", "thinning_bulk"])
     assert _same_run(z, "single", "default")
     assert meta["runs"]["default"]["collectives"] == {}
     assert "'chains_axis': 4" in meta["runs"]["default"]["notes"][0]
@@ -145,6 +145,9 @@ def test_four_devices_more_layouts_tests_and_proposals(tmp_path):
         assert np.mean(z[f"{name}_single/accepted"]) > 0.02
     assert np.all(z["thinning_full_single/n_data"] >= 2001)  # (every step took the full pass)
     assert np.mean(z["thinning_single/n_data"]) < 50
+    # the large-N item sampler (forced on these rows): the same draws with rows split, other draws than the table's
+    assert _same_run(z, "thinning_bulk_single", "thinning_bulk_c2r2")
+    assert not np.array_equal(z["thinning_bulk_single"], z["thinning_single"])
     assert "error" not in meta["runs"]["thinning_default"], meta["runs"]["thinning_default"]
     assert any("exact-subsampled" in n for n in meta["runs"]["thinning_default"]["method"])
     # an inference program: its chains over 4 devices (one after another on each), the same draws

@@ -38,6 +38,23 @@ vector ``e_i``; and, from ``|R_i'(t)| <= M t^2 / 2`` along the item's margin,
 ``2^(1/8)`` share a group; a group is drawn by an integer threshold table, an item uniformly within it):
 O(log G) work per draw for G groups, none of it O(N). The rate each item gets from the table is known
 exactly, so the thinning divides by that rate, not by ``w_i``.
+
+**From** :data:`BULK_MIN_N` **items** that table's int32 order of N and counting sort (4 GB and tens of seconds at
+N = 10^9) give way to :class:`BulkBuilder`'s sampler, with no array of N and no sort. Any rates ``r_i >= w_i`` give
+the test's decision the same law, provided the thinning divides each point by the rate its item really gets
+(SMH, Sec. 3.2 and Alg. 2). With a level ``tau``: **group 0, the bulk**, gives every item the same rate ``r_0 >=
+tau`` (a point on it is an item drawn uniformly among all N: its position is the item, nothing stored); **the
+heavy items**, the at most ``K`` with ``w_i > tau``, get in addition the rate of their excess ``w_i - tau`` from the
+grouped table above made over that short list (groups 1, 2, ...). Item ``i``'s rate is ``r_0`` (light: ``w_i <=
+tau <= r_0``) or ``r_0 + r_g(i) >= w_i`` (heavy), known exactly: a drawn item's rate is group 0's, plus its
+group's where it is in the heavy list (a search of the K sorted heavy items, O(log K) per draw). No weight is
+recomputed in the chain: ``tau`` and the heavy list come from the pass's own weights. ``tau`` is the K-th largest
+weight (a streaming top-K over the pass's blocks), the smallest level with at most K heavy items, which minimises
+the total rate ``N tau + sum_{w_i > tau} (w_i - tau)`` (its derivative in ``tau`` is ``N - #{w_i > tau} > 0``). The
+price is the bulk's extra points, each a row read and rejected by the thinning: the total rate over ``sum_i w_i``
+(``rate_ratio``) was 3.4 at N = 10^8 and 5.0 at 10^9 with K = 2^20 (a small fraction of a row per step there).
+The switch (:func:`uses_bulk`) depends on N alone, so that the chain can compile from the table's shapes
+(:func:`table_shapes`) before the set-up makes it; below it the grouped table and its draws are unchanged.
 """
 
 from __future__ import annotations
@@ -54,7 +71,8 @@ from .storage import datasource as ds
 from .storage.memory import available_memory
 
 __all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
-           "TableBuilder", "prepare", "FACTOR_KEY", "SAFETY"]
+           "TableBuilder", "BulkBuilder", "builder", "uses_bulk", "table_shapes", "prepare",
+           "FACTOR_KEY", "SAFETY", "BULK_MIN_N", "HEAVY_MAX"]
 
 FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
 
@@ -78,6 +96,10 @@ class FactorTable(NamedTuple):
     cum: jax.Array  # (G,) int32: upper ends of the groups' integer draw ranges (total cum[-1])
     rate: jax.Array  # (G,) float: per-item rate of group g divided by phi (>= every w_i of the group)
     total: jax.Array  # float: Lambda / phi (the sum of the per-item rates divided by phi)
+    # the large-N table (:class:`BulkBuilder`): group 0 is every item (drawn uniformly over N, no array of
+    # N), the other groups the heavy items' excess; None in the grouped table of every item
+    heavy_idx: Any = None  # (K,) int32: the heavy items, ascending (padded with 2^31 - 1)
+    heavy_rate: Any = None  # (K,) float: each heavy item's whole rate divided by phi (group 0's and its group's)
 
 
 class FactorView(NamedTuple):
@@ -256,16 +278,29 @@ class TableBuilder:
         np.maximum.at(self.maxw, key, w)  # (the zero weights' entry stays 0)
         self.filled += key.size
 
+    def rate_total(self) -> float:
+        """``Lambda / phi`` of the weights added so far, to within the grouping (each key's count times its largest
+        weight)."""
+        return float(np.sum(self.count[:-1] * self.maxw[:-1]))
+
     def table(self, center, rt, chol_cov, dtype=np.float32, block: int = 1 << 20) -> FactorTable:
-        if self.filled != self.n:
-            raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
         dt = np.dtype(dtype)
-        present = np.nonzero(self.count[:-1])[0]  # (keys less _KEY_MIN; the last is the zero weights')
-        if present.size == 0:  # no remainder anywhere: dummy groups, never drawn (total 0)
+        grouped = self.groups(block)
+        if grouped is None:  # no remainder anywhere: dummy groups, never drawn (total 0)
             G0 = MAX_GROUPS
             return FactorTable(*(jnp.asarray(a, dt) for a in (center, rt, chol_cov)),
                                jnp.zeros(self.n, jnp.int32), jnp.zeros(G0, jnp.int32), jnp.ones(G0, jnp.int32),
                                jnp.ones(G0, jnp.int32), jnp.ones(G0, dt), jnp.zeros((), dt))
+        return _finish_table(*grouped, center, rt, chol_cov, dt)
+
+    def groups(self, block: int = 1 << 20):
+        """``(order, starts, counts, largest weights)`` of the groups (None where every weight is 0): the items
+        with ``w_i > 0`` grouped, in ascending index within a group, then those of weight 0."""
+        if self.filled != self.n:
+            raise ValueError(f"TableBuilder.table: {self.filled} of {self.n} items added")
+        present = np.nonzero(self.count[:-1])[0]  # (keys less _KEY_MIN; the last is the zero weights')
+        if present.size == 0:
+            return None
         # keys more than MAX_GROUPS - 1 below the largest share the lowest group
         low = max(int(present[0]), int(present[-1]) - (MAX_GROUPS - 1))
         merged = present[present <= low]
@@ -291,7 +326,7 @@ class TableBuilder:
                 a += c[j]
             offset += c
         self.keys = None
-        return _finish_table(order, starts, counts, b, center, rt, chol_cov, dt)
+        return order, starts, counts, b
 
 
 def _aligned_int32(n: int) -> np.ndarray:
@@ -304,8 +339,9 @@ def _aligned_int32(n: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, 4 * n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), np.int32)
 
 
-def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorTable:
-    """The draw ranges and rates of the groups (sizes ``counts``, largest weights ``b``): :func:`build_table`."""
+def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt, groups: int = MAX_GROUPS) -> FactorTable:
+    """The draw ranges and rates of the groups (sizes ``counts``, largest weights ``b``): :func:`build_table`;
+    padded to ``groups`` groups."""
     G = starts.size
     mass = b * counts
     p = mass / mass.sum()
@@ -318,7 +354,7 @@ def _finish_table(order, starts, counts, b, center, rt, chol_cov, dt) -> FactorT
     rate32 = np.nextafter(rate.astype(dt), np.inf).astype(dt)
     # fixed shapes: N positions (items of weight 0 after the drawn ones, never drawn) and MAX_GROUPS groups
     # (the padding groups: size 1, rate 0 and an empty draw range at the end, so never drawn)
-    pad = MAX_GROUPS - G
+    pad = groups - G
     cum = np.cumsum(k)
     def put(x, t):  # (device_put of a host array: no compiled copy or conversion, as jnp.asarray makes)
         return jax.device_put(np.asarray(x, t))
@@ -358,9 +394,8 @@ def table_fits(n: int, fraction: float = 0.5) -> bool:
     return TABLE_BYTES_PER_ITEM * int(n) <= fraction * available_memory()
 
 
-def table_shapes(n: int, d: int, dtype) -> FactorTable:
-    """The shapes and dtypes of :func:`build_table`'s result for N items and d parameters (its values unknown:
-    the chain compiles from these before the set-up makes the table)."""
+def _grouped_shapes(n: int, d: int, dtype) -> FactorTable:
+    """The shapes and dtypes of :func:`build_table`'s result for N items and d parameters."""
     f, i = (lambda *s: jax.ShapeDtypeStruct(s, np.dtype(dtype))), (lambda *s: jax.ShapeDtypeStruct(s, jnp.int32))
     return FactorTable(f(d), f(d, d), f(d, d), i(n), i(MAX_GROUPS), i(MAX_GROUPS), i(MAX_GROUPS), f(MAX_GROUPS),
                        f())
@@ -368,13 +403,21 @@ def table_shapes(n: int, d: int, dtype) -> FactorTable:
 
 def draw_items(key, table: FactorTable, m: int):
     """``m`` items drawn independently, item ``i`` of group ``g`` with probability ``k_g / (K n_g)``
-    (:func:`build_table`): ``(items, their groups)``. O(log G) per item (a search of the G thresholds). The two
-    integers of a draw come from 64 random bits each, all four words from one hash of the key."""
+    (:func:`build_table`): ``(items, the rate each drawn item gets, divided by phi)``. O(log G) per item (a
+    search of the G thresholds). The two integers of a draw come from 64 random bits each, all four words from
+    one hash of the key. The large-N table (``heavy_idx`` set, :class:`BulkBuilder`): group 0 draws an
+    item uniformly among all N (its position is the item), a heavy group one of its heavy items; the rate of an
+    item is group 0's plus, for a heavy item (found by a search of the K sorted heavy items), its group's."""
     w = jax.random.bits(key, (4, m), jnp.uint32)
     r = below(w[0], w[1], table.cum[-1])
     g = jnp.searchsorted(table.cum, r, side="right")
     j = below(w[2], w[3], table.count[g])
-    return table.order[table.start[g] + j], g
+    if table.heavy_idx is None:
+        return table.order[table.start[g] + j], table.rate[g]
+    item = jnp.where(g == 0, j, table.order[jnp.where(g == 0, 0, table.start[g] + j)])
+    k = table.heavy_idx.shape[0]
+    p = jnp.minimum(jnp.searchsorted(table.heavy_idx, item, side="left"), k - 1)
+    return item, jnp.where(table.heavy_idx[p] == item, table.heavy_rate[p], table.rate[0])
 
 
 def _mul32(a, b):
@@ -422,7 +465,8 @@ def prepare(model, data, n, unravel, cv, bound=None):
     ``cv`` is the control variates' state at the centre (its Hessian sum gives the whitening); one pass over
     the N items makes the weights (on the host in float64 when the data are NumPy arrays, else in compiled
     code in the working precision, inflated by 1e-3 for its rounding, for rows in memory and in files alike),
-    block by block into a :class:`TableBuilder`.
+    block by block into :func:`builder`'s (the grouped table of every item, or from :data:`BULK_MIN_N` items the
+    large-N sampler).
     """
     from .model import own_method
 
@@ -435,14 +479,15 @@ def prepare(model, data, n, unravel, cv, bound=None):
     rt, chol_cov, rinv = laplace_factors(model, unravel, cv)
     center64 = np.asarray(cv.center, np.float64)
     leaves = jax.tree_util.tree_leaves(data)
-    tb = TableBuilder(n)  # (the weights go to it block by block: never N of them in memory)
+    tb = builder(n)  # (the weights go to it block by block: never N of them in memory)
     block, reread = 1 << 18, 0
     if all(isinstance(a, np.ndarray) for a in leaves):
         for s in range(0, n, block):
             tb.add(s, bound.weights_host(center64, rinv, jax.tree_util.tree_map(lambda a: a[s:s + block], data)))
     else:  # (rows read from files in blocks get the same weights as the same rows in memory)
         reader = ds.host_reader(data) if ds.is_out_of_core(data) else None
-        c, ri = jnp.asarray(cv.center), jax.device_put(np.asarray(rinv, cv.center.dtype))
+        c = jax.device_put(np.asarray(cv.center))  # (not jnp.asarray: it compiles a program of its own)
+        ri = jax.device_put(np.asarray(rinv, cv.center.dtype))
         fn = jax.jit(bound.weights)
         pending = None
         for s in range(0, n + block, block):  # (the next block's weights computed while this one is grouped)
@@ -460,6 +505,140 @@ def prepare(model, data, n, unravel, cv, bound=None):
             pending = nxt
     table = tb.table(cv.center, rt, chol_cov, np.dtype(cv.center.dtype))
     return table, n + reread
+
+
+
+# --- the large-N sampler: no array of N, no sort (module docstring) -------------------------------------
+
+# N from which the set-up makes the bulk sampler: there the grouped table's counting sort costs seconds (3-8 s at
+# 10^8) and 6 bytes per item, while the bulk's extra points are read in a small fraction of a step
+BULK_MIN_N = 1 << 25
+HEAVY_MAX = 1 << 20  # heavy items kept at most: 12 bytes each in the chain's table, 16 while the pass keeps them
+_PAD = np.iinfo(np.int32).max  # heavy_idx's padding: above every item
+
+
+def uses_bulk(n: int) -> bool:
+    """Whether the exact test's table for N items is the bulk sampler (:class:`BulkBuilder`) rather than the grouped
+    table of every item."""
+    return int(n) >= BULK_MIN_N
+
+
+def heavy_count(n: int) -> int:
+    """K, the heavy items' slots in the bulk table of N items (fixed by N: part of the table's shapes)."""
+    return max(1, min(int(HEAVY_MAX), int(n)))
+
+
+def builder(n: int):
+    """The table's builder for N items (``add(start, w_block)`` in order, then ``table(...)``): a
+    :class:`BulkBuilder` where :func:`uses_bulk`, else a :class:`TableBuilder`."""
+    return BulkBuilder(n) if uses_bulk(n) else TableBuilder(n)
+
+
+def table_shapes(n: int, d: int, dtype) -> FactorTable:
+    """The shapes and dtypes of the table :func:`builder` makes for N items and d parameters (its values unknown:
+    the chain compiles from these before the set-up makes the table)."""
+    base = _grouped_shapes(n, d, dtype)
+    if not uses_bulk(n):
+        return base
+    k, g = heavy_count(n), MAX_GROUPS + 1
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, np.int32)  # noqa: E731
+    return base._replace(order=i32(k), start=i32(g), count=i32(g), cum=i32(g),
+                         rate=jax.ShapeDtypeStruct((g,), np.dtype(dtype)), heavy_idx=i32(k),
+                         heavy_rate=jax.ShapeDtypeStruct((k,), np.dtype(dtype)))
+
+
+class BulkBuilder:
+    """The bulk sampler's builder: ``add(start, w)`` for consecutive blocks of weights, then ``table(...)``.
+
+    Keeps the largest weights seen (at most ``2 K`` with their items, compacted to those above the ``K``-th
+    largest when full), the level ``thr`` at or below which a weight is dropped (the ``K``-th largest at the last
+    compaction: every dropped weight is at most ``thr``), and the weights' sum. Memory of order ``K``, never of N; per block a comparison with
+    ``thr``."""
+
+    def __init__(self, n: int, k: int = None):
+        self.n = int(n)
+        self.k = heavy_count(n) if k is None else int(k)
+        self.thr = 0.0
+        self.w, self.i = [np.empty(0)], [np.empty(0, np.int64)]
+        self.kept = 0
+        self.filled = 0
+        self.wsum = 0.0
+
+    def add(self, start: int, w) -> None:
+        if start != self.filled:
+            raise ValueError(f"BulkBuilder.add: blocks must come in order (expected row {self.filled}, got {start})")
+        w = np.asarray(w, np.float64).reshape(-1)
+        total = float(np.sum(w))
+        if not np.isfinite(total) or np.any(w < 0):
+            _group_keys(w)  # (raises the grouped table's error, naming how many)
+        sel = np.flatnonzero(w > self.thr)
+        self.w.append(w[sel])
+        self.i.append(sel + start)
+        self.kept += sel.size
+        self.filled += w.size
+        self.wsum += total
+        if self.kept > 2 * self.k:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Keep the weights above the K-th largest (and their items, still in ascending order), which becomes
+        ``thr``: every weight dropped, now or before, is at most ``thr``."""
+        w, i = np.concatenate(self.w), np.concatenate(self.i)
+        if w.size > self.k:
+            self.thr = max(self.thr, float(np.partition(w, w.size - self.k)[w.size - self.k]))
+            keep = w > self.thr
+            w, i = w[keep], i[keep]
+        self.w, self.i, self.kept = [w], [i], w.size
+
+    def rate_total(self) -> float:
+        """``Lambda / phi`` of the bulk table of the weights added so far (its rates before rounding): ``N tau`` plus the
+        heavy items' excess, at the level kept now."""
+        w = np.concatenate(self.w)
+        return self.n * self.thr + float(np.sum(np.maximum(w - self.thr, 0.0)))
+
+    def table(self, center, rt, chol_cov, dtype=np.float32) -> FactorTable:
+        """The bulk table (module docstring): group 0 every item at rate ``>= tau``, groups 1.. the heavy items'
+        excess over ``tau`` (:func:`build_table`'s grouping of that list)."""
+        if self.filled != self.n:
+            raise ValueError(f"BulkBuilder.table: {self.filled} of {self.n} items added")
+        self._compact()
+        tau = self.thr
+        w, i = self.w[0], self.i[0]
+        heavy = w > tau  # (the items, ascending: blocks come in order and every compaction keeps the order)
+        w, i = w[heavy], i[heavy]
+        self.tau, self.heavy = tau, i.size
+        self.rate_ratio = (self.n * tau + float(np.sum(w - tau))) / self.wsum if self.wsum > 0 else 1.0
+        self.w = self.i = None
+        return _bulk_table(self.n, self.k, tau, i, w - tau, center, rt, chol_cov, np.dtype(dtype))
+
+
+def _bulk_table(n, k, tau, idx, excess, center, rt, chol_cov, dt) -> FactorTable:
+    """The bulk table of N items (``idx``: the heavy items, ascending, with their excess weights over ``tau``)."""
+    h = idx.size
+    g0 = MAX_GROUPS + 1
+    if tau <= 0 and h == 0:  # no remainder anywhere: every rate 0, never drawn (total 0)
+        f, i32 = (lambda a: jax.device_put(np.asarray(a, dt))), (lambda a: jax.device_put(np.asarray(a, np.int32)))
+        return FactorTable(f(center), f(rt), f(chol_cov), i32(np.zeros(k)), i32(np.zeros(g0)), i32(np.ones(g0)),
+                               i32(np.ones(g0)), f(np.ones(g0)), f(0.0), i32(np.full(k, _PAD)), f(np.zeros(k)))
+    pos, starts, counts, b = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    if h:
+        tb = TableBuilder(h)
+        tb.add(0, excess)
+        pos, starts, counts, b = tb.groups()  # (positions in idx, grouped; at most MAX_GROUPS groups)
+    starts = np.concatenate([[0], starts]).astype(np.int64)
+    counts = np.concatenate([[n], counts]).astype(np.int64)
+    b = np.concatenate([[tau], b])
+    order = np.full(k, 0, np.int32)
+    order[:h] = idx[pos[:h]]
+    t = _finish_table(order, starts, counts, b, center, rt, chol_cov, dt, groups=g0)
+    rate = np.asarray(t.rate, np.float64)
+    gpos = np.repeat(np.arange(1, starts.size), counts[1:])  # each grouped position's group
+    hrate = np.zeros(k, np.float64)
+    hrate[pos[:h]] = rate[0] + rate[gpos]  # (by position in idx: ascending items)
+    hrate32 = np.nextafter(hrate.astype(dt), np.inf).astype(dt)  # (rounded up, as the groups' rates are)
+    hidx = np.full(k, _PAD, np.int32)
+    hidx[:h] = idx
+    return t._replace(heavy_idx=jax.device_put(hidx), heavy_rate=jax.device_put(hrate32))
 
 
 def view(bound, table: FactorTable, theta, theta_p, remainder: Callable) -> FactorView:

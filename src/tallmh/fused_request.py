@@ -17,6 +17,15 @@ class _NoRequest:
     def ready(self, pending):
         return False
 
+    def one_pass_scale(self, d, n, m):
+        return None
+
+    def mean_for(self, center):
+        return None
+
+    def prescreen(self, *args):
+        pass
+
 
 _NONE = _NoRequest()
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import fused_request
+from .errors import ConfigError
 
 RATIO_MAX = 1.25  # the previous Hessian within this factor of the final one in every direction, or a separate pass
 _INFLATE = 1 + 1e-3  # the working-precision weights' rounding, as factor_bounds.prepare inflates them
@@ -45,11 +46,52 @@ class FusedTable:
     compiled Newton passes make the table's weights in the pass (:func:`tallmh.setup_passes._newton` asks
     :func:`tallmh.fused_request.request_of`). ``result``: ``(centre, A^T, whitening Hessian, TableBuilder)`` of the last fused pass."""
 
-    def __init__(self, data, bound):
+    def __init__(self, data, bound, plan=None):
         self.data, self.bound = data, bound
         self.neg_h = None  # -H of the log posterior at the last iterate (whitens the next pass)
         self.result = None
         self.fused_passes = 0
+        self.plan = plan  # a tallmh.one_pass.OnePassPlan: the first full pass may be the only one
+        self.prediction = None  # the one-pass rule's tallmh.one_pass.Prediction, once asked
+        self.mean = None  # (centre, the surrogate's mode) where the set-up stopped after one pass
+        self.widened = False
+        self.attempt = True  # (the prescreen's verdict: the first pass makes the one-pass table)
+
+    def prescreen(self, model, unravel, rows, m, n, center, h_lik):
+        """Whether the first full pass makes the one-pass table (:func:`tallmh.one_pass.prescreen`)."""
+        from . import one_pass
+
+        if self.plan is not None:
+            self.attempt = one_pass.prescreen(self.plan, self.bound, model, unravel, rows, m, n, center, h_lik)
+
+    def one_pass_scale(self, d, n, m):
+        """The whitening's scale for a first pass, at the mode of a sub-sample of ``m`` rows, that may be the only
+        one (:mod:`tallmh.one_pass`), or None (no plan, or forced off)."""
+        from . import one_pass
+
+        if self.plan is None or one_pass.MODE == "never" or not self.attempt:
+            return None
+        return one_pass.whitening_scale(self.bound, d, one_pass.reach_of(n, d, m))
+
+    def decide(self, n, center, step, neg_h, pass_s) -> bool:
+        """Whether the search stops after the one-pass table's pass (:func:`tallmh.one_pass.keep_one_pass`)."""
+        from . import one_pass
+
+        if self.result is None or not self.widened:
+            return False
+        c, at, _, tb = self.result
+        self.prediction = p = one_pass.keep_one_pass(self.plan, self.bound, tb, at, c, step, neg_h, n, pass_s)
+        if p.one_pass:
+            self.mean = (np.asarray(center), np.asarray(center, np.float64) + np.asarray(step, np.float64))
+        else:
+            self.result = None
+        return p.one_pass
+
+    def mean_for(self, center):
+        """The chains' centre (the surrogate's mode) where the set-up stopped at ``center`` after one pass."""
+        if self.mean is None or not np.array_equal(self.mean[0], np.asarray(center)):
+            return None
+        return self.mean[1]
 
     def saw(self, h) -> None:
         """The log posterior's Hessian at the iterate just passed (or estimated there)."""
@@ -61,17 +103,19 @@ class FusedTable:
         quadratic regime) and the Hessian before it is positive definite."""
         return pending is not None and self.neg_h is not None and _chol(self.neg_h) is not None
 
-    def run(self, full_pass, chunk_vgh, data, n, t0, desc):
+    def run(self, full_pass, chunk_vgh, data, n, t0, desc, neg_h=None, scale=None):
         """One exact Newton pass at ``t0`` with the weights fused: ``(value, gradient, Hessian)`` sums, as the
-        plain pass's, and ``self.result`` set for this point."""
-        from .factor_bounds import TableBuilder
+        plain pass's, and ``self.result`` set for this point. ``neg_h``, ``scale``: the whitening ``A A^T = neg_h``
+        (default: the last iterate's) scaled by ``scale`` (a pass that may be the only one, :mod:`tallmh.one_pass`)."""
+        from .factor_bounds import builder
 
         self.result = None  # (an earlier pass's table belongs to another point)
-        a = _chol(self.neg_h)
+        neg_h = self.neg_h if neg_h is None else neg_h
+        a = _chol(neg_h) * (1.0 if scale is None else scale)
         ainv = np.linalg.inv(a)
         dt = np.asarray(t0).dtype
         fn = _fused_fn(chunk_vgh, self.bound)
-        tb = TableBuilder(n)
+        tb = builder(n)  # (from factor_bounds.BULK_MIN_N items the large-N sampler's)
         d = int(np.shape(t0)[0])
         v, g, h = 0.0, np.zeros(d), np.zeros((d, d))
         buf, filled, jobs = [], 0, []
@@ -86,9 +130,15 @@ class FusedTable:
                     jobs.append(ex.submit(tb.add, filled, w.astype(np.float64) * _INFLATE))
                     filled += w.size
                     buf = []
-            for j in jobs:
-                j.result()  # (a weight that is not finite raises here, as in the separate pass)
-        self.result = (np.asarray(t0), a.T, self.neg_h, tb)
+            try:
+                for j in jobs:
+                    j.result()  # (a weight that is not finite raises here, as in the separate pass)
+            except ConfigError:
+                if scale is None:
+                    raise
+                return v, g, h  # (the widened region's weights overflow: no table from this pass, a second one)
+        self.result = (np.asarray(t0), a.T, neg_h, tb)
+        self.widened = scale is not None  # (whitened for a centre that may stay off the mode: its own check)
         self.fused_passes += 1
         return v, g, h
 
@@ -100,11 +150,12 @@ class FusedTable:
         if self.result is None:
             return None
         c, at, neg_prev, tb = self.result
+        one = self.widened
         center = np.asarray(cv.center)
         if c.shape != center.shape or not np.array_equal(c, center):
             return None
         rt_final, chol_cov, _ = laplace_factors(model, unravel, cv)
-        if not within(neg_prev, rt_final.T, RATIO_MAX):
+        if not one and not within(neg_prev, rt_final.T, RATIO_MAX):  # (a one-pass table: its own, or none)
             return None
         self.result = None
         return tb.table(cv.center, at, chol_cov, np.dtype(np.asarray(cv.center).dtype)), 0
@@ -140,7 +191,7 @@ def _fused_fn(chunk_vgh, bound):
     return fn
 
 
-def requesting(data, bound):
-    """``with requesting(data, bound) as req:`` registers a :class:`FusedTable` for ``data`` while the set-up runs
-    (``bound`` None: nothing registered, ``req`` None)."""
-    return fused_request.registered(data, FusedTable(data, bound) if bound is not None else None)
+def requesting(data, bound, plan=None):
+    """``with requesting(data, bound, plan) as req:`` registers a :class:`FusedTable` for ``data`` while the set-up
+    runs (``bound`` None: nothing registered, ``req`` None); ``plan``: a :class:`tallmh.one_pass.OnePassPlan`."""
+    return fused_request.registered(data, FusedTable(data, bound, plan) if bound is not None else None)

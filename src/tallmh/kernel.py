@@ -256,6 +256,22 @@ def _run_test(test, key, problem, tracks, current_log_lik, dtype):
         nf.astype(jnp.int32), jnp.asarray(ce, dtype), llp
 
 
+def _decision(problem_of, run, per_chain, key, data, stats, *args):
+    """``(problem, run(key, problem, log_lik))`` for ``problem = problem_of(data, stats, *args)`` (``args``: theta,
+    theta', log_base, the recorded log-likelihood, the control variates' state). ``per_chain``: the decision traced
+    for one chain and, under ``vmap`` over chains, taken chain after chain (``jax.custom_batching.sequential_vmap``
+    of its ``jax.jit``: one trace, the batched arguments looped over and the others shared) instead of batched, whose
+    tracing of a test's while loops took most of the chain's; the problem is then not returned (None)."""
+    if not per_chain:
+        problem = problem_of(data, stats, *args)
+        return problem, run(key, problem, args[3])
+
+    def one(key, data, stats, *args):
+        return run(key, problem_of(data, stats, *args), args[3])
+
+    return None, jax.custom_batching.sequential_vmap(jax.jit(one))(key, data, stats, *args)
+
+
 def _audit_decision(oracle, key, problem, in_support, audit):
     """The exact oracle's decision with the same key (same u) and the items it read, when ``audit`` is on."""
 
@@ -305,17 +321,24 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
     oracle = oracle_of(test)
     default_stats = stats
     exact_test = bool(getattr(test, "tracks_log_lik", False))
+    # (not for a view of the model that holds data, a row-sharded one, nor a reader of the caller's: the loop's body
+    # must close over no tracer)
+    per_chain = bool(getattr(test, "per_chain", False)) and reader is take \
+        and not callable(getattr(type(model), "viewed_model", None))
     grad_estimate = _grad_estimator(model, unravel, n, cv_order, reader)
 
     def full_log_lik(theta, data):
         th = unravel(theta)
         return _initial_log_lik(test, n, lambda idx: model.log_lik(th, reader(data, idx)), theta.dtype)
 
-    def init(theta, data=None, cv=None, cov_hint=None) -> KernelState:
+    def init(theta, data=None, cv=None, cov_hint=None, mean=None) -> KernelState:
         lp = jnp.asarray(model.log_prior(unravel(theta)), theta.dtype)
         ll = full_log_lik(theta, data) if tracks else jnp.zeros((), theta.dtype)
-        if getattr(proposal, "uses_center", False):  # (the Laplace approximation at the control variates' centre)
-            pstate = proposal.init(theta, n, cov_hint, center=None if cv is None else cv.center)
+        if getattr(proposal, "uses_center", False):
+            # the Laplace approximation's mean: ``mean`` where the set-up gives one (the surrogate's own mode, where
+            # the control variates' centre is a point short of the mode: tallmh.one_pass), else their centre
+            pstate = proposal.init(theta, n, cov_hint, center=mean if mean is not None
+                                   else (None if cv is None else cv.center))
         else:
             pstate = proposal.init(theta, n, cov_hint) if cov_hint is not None else proposal.init(theta, n)
         return KernelState(theta, lp, ll, pstate, cv)
@@ -341,11 +364,14 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
         log_base = jnp.where(in_support, lp_p - state.log_prior + log_q, -jnp.inf)
         # the exact test decides from the full sum itself: control variates there only shape the proposal's
         # gradient (above), never the decision
-        problem = make_problem(model, data, n, unravel, stats, state.theta, theta_p, log_base,
-                               state.log_lik if tracks else None, None if exact_test else cv, cv_order or 2,
-                               reader)
         # (n_data and rounds are what the test read: nothing out of the support)
-        accept, n_data, rounds, nonfinite, clt, llp = _run_test(test, k_test, problem, tracks, state.log_lik, dtype)
+        problem, (accept, n_data, rounds, nonfinite, clt, llp) = _decision(
+            lambda data, stats, theta, theta_p, log_base, log_lik, cv_t: make_problem(
+                model, data, n, unravel, stats, theta, theta_p, log_base, log_lik if tracks else None, cv_t,
+                cv_order or 2, reader),
+            lambda k, problem, log_lik: _run_test(test, k, problem, tracks, log_lik, dtype),
+            per_chain and (defer_audit or audit is False),
+            k_test, data, stats, state.theta, theta_p, log_base, state.log_lik, None if exact_test else cv)
         # a proposal that read data (a minibatch gradient) and came out non-finite read a non-finite item:
         # counted (at least one), not passed off as a proposal out of the support
         grad_bad = (needs_data & ~jnp.isfinite(theta_p).all()) if needs_data else jnp.bool_(False)

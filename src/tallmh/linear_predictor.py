@@ -263,7 +263,9 @@ def hyper_coordinates(eta_flat: Callable, log_prior_flat: Callable, theta, data)
         return 0
     t = jnp.asarray(theta)
     moved = t + 0.3 * jnp.asarray(np.random.default_rng(2).standard_normal(t.shape), t.dtype)
-    h = np.abs(np.asarray(jax.hessian(log_prior_flat)(moved), np.float64))
+    # (compiled as one program: run op by op, each of the Hessian's primitives was compiled on its own, most of a
+    # NumPyro model's conversion; the prior is traced either way, so a prior that branches on values fails both ways)
+    h = np.abs(np.asarray(jax.jit(jax.hessian(log_prior_flat))(moved), np.float64))
     read = np.setdiff1d(np.arange(h.shape[0]), unread)
     return int(np.sum(np.any(h[np.ix_(unread, read)] != 0, axis=1)))
 

@@ -18,6 +18,7 @@ streamed pass; the mode search hands back its last pass's sums so that the calle
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, Optional
 
 import jax
@@ -128,11 +129,13 @@ FILE_READERS = 3
 def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
     """``(start, fn(args, rows, valid))`` for each block of a pass over data in files, in row order. The
     ``FILE_READERS`` threads take the blocks' rows (at most ``2 FILE_READERS`` in flight: memory of a few blocks,
-    not of N) and make their part of ``tap``'s statistics and finiteness check (if any), which read the
-    blocks' pages, so that the thread that calls ``fn`` does nothing else; on the CPU a memory map's rows go to
-    the compiled call in place, without a copy (where no tap reads them first, the call's own page faults read
-    them, with the read-ahead the pass asks for). Measured per block of 2**20 rows of the logistic model with
-    d = 11: the compiled gradient-and-Hessian pass 18 ms, the model's statistics 18 ms."""
+    not of N), make their part of ``tap``'s statistics and finiteness check (if any), which read the blocks'
+    pages, and run the compiled call on them, so that the blocks are reduced on every core while the disk reads
+    ahead (the results are handed back in row order, so the sums are the same as one thread's); on the CPU a
+    memory map's rows go to the compiled call in place, without a copy (where no tap reads them first, the
+    call's own page faults read them, with the read-ahead the pass asks for). Measured per block of 2**20 rows
+    of the logistic model with d = 11: the compiled gradient-and-Hessian pass 18 ms, the model's statistics
+    18 ms, the exact test's fused pass (gradient, Hessian and the items' weights) ~58 ms."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
@@ -143,7 +146,8 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
         if e - s < rows_per_block:
             pad = rows_per_block - (e - s)
             rows = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), rows)
-        return jax.device_put(rows), part
+        out = fn(args, jax.device_put(rows), np.int32(e - s))
+        return jax.tree_util.tree_map(np.asarray, out), part  # (computed here: blocks reduced on several cores)
 
     with ThreadPoolExecutor(FILE_READERS, thread_name_prefix="tallmh-read") as ex:
         queue = collections.deque()
@@ -158,8 +162,7 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
                 nxt = next(it, None)
                 if nxt is not None:
                     queue.append((nxt, ex.submit(load, nxt)))
-                rows, part = f.result()
-                out = fn(args, rows, np.int32(min(n, s + rows_per_block) - s))  # (dispatched: runs meanwhile)
+                out, part = f.result()
                 if tap is not None:
                     tap.add(s, min(n, s + rows_per_block), part)
                 yield s, out
@@ -304,6 +307,7 @@ class ModeSearch(NamedTuple):
     grad_sum: Optional[jax.Array]
     hess_sum: Optional[jax.Array]
     warm_items: int
+    mean: Optional[np.ndarray] = None  # the last pass's Newton point where the search stopped short of it (one_pass)
 
 
 WARM_ROWS = 2**16  # rows of the sub-sample whose scaled posterior mode starts Newton on the full data
@@ -441,6 +445,8 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
             th_w, p_w, last_w = _newton(model, sub, m, unravel, th, max_iter, tol, scale=n / m, label="warm start",
                                         fixed=fixed)
             warm_items += m * (p_w + 1)  # the gather, and each of its passes
+            probe = _strided_host(sub, m, one_pass_rows(m)) if m * m >= WARM_TARGET**2 * d * n \
+                and HostPasses.of(model, data, n, unravel, th) is None else None  # (rows for the one-pass prescreen)
         except ModelError:
             warm_items += m
             break
@@ -455,27 +461,47 @@ def mode_search(model, data, n, unravel, flat0, max_iter=30, tol=1e-6, warm_star
         if last_w is not None and np.array_equal(np.asarray(last_w[0]), np.asarray(th_w)) \
                 and m * m >= WARM_TARGET**2 * d * n:
             h_hint = np.asarray(last_w[2], np.float64) * (n / m)
-    th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol, fixed=fixed, h_hint=h_hint)
+            if probe is not None:
+                fused_request.request_of(data).prescreen(model, unravel, probe, m, n, th, h_hint)
+    th, passes, last = _newton(model, data, n, unravel, th, max_iter, tol, fixed=fixed, h_hint=h_hint,
+                               one_rows=m if h_hint is not None else None)
     g_sum = h_sum = None
     if last is not None and np.array_equal(np.asarray(last[0]), np.asarray(th)):
         _, g_lik, h_lik = last
         h_lik = 0.5 * (h_lik + h_lik.T)
         g_sum, h_sum = to_device(g_lik, th.dtype), to_device(h_lik, th.dtype)
-    return ModeSearch(th, passes, g_sum, h_sum, int(warm_items))
+    mean = fused_request.request_of(data).mean_for(th) if g_sum is not None else None
+    return ModeSearch(th, passes, g_sum, h_sum, int(warm_items), mean)
 
 
 
+
+
+def one_pass_rows(m):
+    """Rows of a warm sub-sample of ``m`` kept for the one-pass prescreen (:func:`tallmh.one_pass.prescreen`)."""
+    return min(m, 1 << 16)
+
+
+def _strided_host(sub, m, k):
+    """``k`` evenly strided rows of every leaf of ``sub`` as NumPy arrays, or None where a leaf is not an array."""
+    step = max(1, m // max(1, k))
+    try:
+        return jax.tree_util.tree_map(lambda a: np.array(np.asarray(a)[::step][:k]), sub)
+    except Exception:  # noqa: BLE001 - (rows the prescreen cannot read: it is skipped)
+        return None
 
 
 def _gather_rows(data, idx):
     """The rows ``idx`` of every leaf: by NumPy indexing where every leaf lies in host memory
     (:func:`tallmh.storage.datasource.host_view`; no program to compile), else by a compiled :func:`tallmh.storage.data.take`."""
-    from .storage.datasource import HostArray, InPlaceArray, host_view
+    from .storage.datasource import HostArray, InPlaceArray, memmap_of, host_view
+    from .storage.runs import gather  # (runs of rows read in threads: the same rows as host_view(a)[idx])
 
     special = lambda a: isinstance(a, (HostArray, InPlaceArray))  # noqa: E731 - (pytrees: leaves, not nodes)
     views = [host_view(a) for a in jax.tree_util.tree_leaves(data, is_leaf=special)]
     if views and all(v is not None for v in views):
-        return jax.tree_util.tree_map(lambda a: to_device(host_view(a)[idx]), data, is_leaf=special)
+        return jax.tree_util.tree_map(lambda a: to_device(gather(host_view(a), idx, memmap_of(a))), data,
+                                      is_leaf=special)
     return jax.jit(take)(data, jnp.asarray(idx))
 
 
@@ -719,7 +745,33 @@ def _dense_derivs(chunk_vgh, data, n, t0, what):
     return v, g, h
 
 
-def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None, h_hint=None, arrow=None):
+def _vg_pass(fn, data, n, t0, what):
+    """``(value, gradient)`` sums of the log-likelihood over all ``n`` rows by the per-chunk ``fn``."""
+    v, g = 0.0, 0.0
+    for cv, cg in full_pass(fn, data, n, (t0,), what):
+        v += float(cv)
+        g = g + np.asarray(cg, np.float64)
+    return v, g
+
+
+def _full_diff_fn(prior_diff, host, chunk_dv, data, n, scale, what):
+    """``full_diff(t0, cand)``: the log posterior's difference by a full pass (:func:`_newton`'s line search)."""
+    desc = what.replace("pass", "line search")
+
+    def full_diff(t0, cand):
+        dv = prior_diff(t0, cand)
+        if host is not None:
+            return dv + scale * host.diff(t0, cand, desc)
+        lik = 0.0
+        for hi, lo in full_pass(chunk_dv, data, n, (t0, cand), desc):
+            lik += float(hi) + float(lo)
+        return dv + scale * lik
+
+    return full_diff
+
+
+def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, fixed=None, h_hint=None, arrow=None,
+            one_rows=None):
     """The damped Newton loop of :func:`mode_search` on ``log p0 + scale * sum_i ell_i``; returns
     ``(theta, passes, (theta_d, g_lik, h_lik) of the last derivative pass or None)``, the likelihood's
     unscaled gradient and Hessian sums at ``theta_d``. Coordinates where the mask ``fixed`` is true do not
@@ -733,7 +785,12 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
 
     ``arrow``: an :class:`~tallmh.arrow_hessian.ArrowSpec` of a group-level model's parameter; where the passes
     are compiled, its Hessian is assembled from ``p + K + 1`` Hessian-vector products a row instead of ``d``
-    (:class:`~tallmh.arrow_hessian.ArrowDerivs`), and the dense Hessian is computed where its check fails."""
+    (:class:`~tallmh.arrow_hessian.ArrowDerivs`), and the dense Hessian is computed where its check fails.
+
+    ``one_rows``: with ``h_hint`` (from a sub-sample of this many rows), where the data's fused-table request has
+    a one-pass plan (:mod:`tallmh.one_pass`), the first pass is an exact one with the table's weights whitened by
+    the hint's Hessian (its region widened to the offset expected from the sub-sample), and the search stops after it where the plan's rule says that a
+    second pass costs more than the extra reads it saves."""
     keep = None if fixed is None else ~np.asarray(fixed, bool).reshape(-1)
     d = th.shape[0]
     what = f"tallmh: Newton {label} pass" if label else "tallmh: Newton pass"
@@ -748,29 +805,19 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
     def lik_derivs(t0):
         if host is not None:
             return host.sums(t0, what)
+        if one is not None and passes == 0:  # (the first pass may be the only one: the table's weights in it)
+            neg = -(one[1] + prior_parts(t0)[2])
+            return fuse.run(full_pass, chunk_vgh, data, n, t0, what, neg_h=0.5 * (neg + neg.T), scale=one[0])
         got = arrow_d(data, n, t0, what) if arrow_d is not None and arrow_d.ok and hint is None else None
         if got is not None:
             return got
         if hint is None and fuse.ready(pending):
             return fuse.run(full_pass, chunk_vgh, data, n, t0, what)
         if hint is not None:
-            v, g = 0.0, np.zeros(d, np.float64)
-            for cv, cg in full_pass(_newton_vg_fn(model, unravel, th), data, n, (t0,), what):
-                v += float(cv)
-                g = g + np.asarray(cg, np.float64)
-            return v, g, hint
+            return _vg_pass(_newton_vg_fn(model, unravel, th), data, n, t0, what) + (hint,)
         return _dense_derivs(chunk_vgh, data, n, t0, what)
 
-    def full_diff(t0, cand):
-        dv = prior_diff(t0, cand)
-        desc = what.replace("pass", "line search")
-        if host is not None:
-            return dv + scale * host.diff(t0, cand, desc)
-        lik = 0.0
-        for hi, lo in full_pass(chunk_dv, data, n, (t0, cand), desc):
-            lik += float(hi) + float(lo)
-        return dv + scale * lik
-
+    full_diff = _full_diff_fn(prior_diff, host, None if host is not None else chunk_dv, data, n, scale, what)
     passes = 0
     last = None
     hint = None if (h_hint is None or host is not None) else np.asarray(h_hint, np.float64)
@@ -778,8 +825,13 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
     # the next pass's log posterior must not be lower; "decrement": the gain predicted (decrement / 2) is below
     # the value's rounding, so the next pass's Newton decrement must be smaller instead (the step converged)
     pending = None
+    one = fuse.one_pass_scale(d, n, one_rows) if hint is not None and one_rows is not None else None
+    if one is not None:
+        one, hint = (one, hint), None  # (an exact first pass, its weights whitened by the warm start's Hessian)
     for _ in range(max_iter):
+        t_pass = time.perf_counter()
         lv, lg, lh = lik_derivs(th)
+        pass_s = time.perf_counter() - t_pass
         passes += 1
         last = (th, lg, lh) if hint is None else None  # (an estimated Hessian: not the sums at th)
         hint = None
@@ -807,6 +859,8 @@ def _newton(model, data, n, unravel, th, max_iter, tol, scale=1.0, label=None, f
             break  # derivatives overflow here (e.g. far down a funnel): no step can be computed
         if decrement < tol:
             break
+        if one is not None and passes == 1 and concave and fuse.decide(n, th, step, -h, pass_s):
+            break  # (one pass: the centre here, the chains at th + step; tallmh.one_pass)
         by_value = 16.0 * _value_margin(v) <= decrement
         small = decrement <= max(_UNCHECKED_MAX, 1e-3 * n * scale)
         if concave and small and (by_value or decrement >= _DECREMENT_FLOOR):

@@ -61,6 +61,9 @@ class PoissonThinning:
     max_rate: Optional[float] = None
 
     name = "exact-subsampled"
+    # the kernel decides chain by chain under vmap over chains (kernel._one_chain_at_a_time): the loops below are
+    # then traced for one chain, not batched (their batching took most of the chain's tracing; same draws)
+    per_chain = True
     tracks_log_lik = False
     needs_factor_table = True  # (tm.sample refuses it until its runner builds the table)
 
@@ -96,7 +99,7 @@ class PoissonThinning:
         def once(fn, idx):
             # fn(idx) computed in a branch of its own, so that its result is stored once and read by each use (XLA
             # otherwise re-emits the remainder's series into every consumer: 2 to 4 copies to compile per loop)
-            return jax.lax.cond(valid, fn, lambda i: jnp.full(i.shape, jnp.nan, dtype), idx)
+            return jax.lax.cond(valid, jax.jit(fn), lambda i: jnp.full(i.shape, jnp.nan, dtype), idx)
 
         # the superposed process on [0, Lambda) by its unit-rate arrival times T_1 < T_2 < ... (exponential
         # gaps): the points are those with T_j < Lambda, K ~ Poisson(Lambda) of them, met one by one and never
@@ -110,7 +113,7 @@ class PoissonThinning:
         def body(s):
             hi, lo, rejected, bad, k, touched, rounds = s
             k, k1, k3 = jax.random.split(k, 3)
-            idx, g = draw_items(k1, t, m)
+            idx, rate = draw_items(k1, t, m)
             u2 = jax.random.uniform(k3, (2, m), dtype)  # the thinning's uniforms, and the next gaps'
             gaps = -jnp.log1p(-u2[1])
             # lane j's arrival: T + gaps[0] + ... + gaps[j-1] (lane 0 at T, the loop's condition)
@@ -118,7 +121,7 @@ class PoissonThinning:
             live = (hi - lam_go) + (lo + ahead) < 0
             dr = once(f.remainder, idx)
             nonfinite = live & ~jnp.isfinite(dr)
-            p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * t.rate[g]), 0.0)
+            p = jnp.where(live & ~nonfinite, jnp.maximum(-dr, 0.0) / (f.phi * rate), 0.0)
             kept = u2[0] < p
             hi, lo = df_add((hi, lo), (jnp.sum(gaps), jnp.zeros((), dtype)))
             return (hi, lo, rejected | jnp.any(kept), bad + jnp.sum(nonfinite).astype(jnp.int32), k, touched + m,

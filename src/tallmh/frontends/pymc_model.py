@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._memory import release
 from ..errors import ConfigError, ModelError
 from ..model import Model, count_conversion
 from ..arrow_hessian import ArrowDerivs, ArrowSpec, group_diagonal
@@ -257,6 +258,7 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
                  lambda ins, outs: _quiet(_jaxify(ins, outs, "linear predictor")))
     if centre_groups:
         model = recentre(model, data_arrays)
+    release()  # (the conversion's and the pilot fit's temporaries: see tallmh._memory)
     return model, data_arrays
 
 
@@ -596,8 +598,10 @@ def from_bambi(bmb_model, data=None, *, check: bool = True, check_full_max: int 
         raise ConfigError(f"from_bambi needs a bambi.Model; got {type(bmb_model).__name__}")
     if getattr(bmb_model, "backend", None) is None or getattr(bmb_model.backend, "model", None) is None:
         bmb_model.build()
-    return from_pymc(bmb_model.backend.model, check=check, check_full_max=check_full_max,
-                     centre_groups=centre_groups)
+    pm_model = bmb_model.backend.model
+    del bmb_model  # (a model built here from the formula: its design and terms freed before the conversion)
+    release()
+    return from_pymc(pm_model, check=check, check_full_max=check_full_max, centre_groups=centre_groups)
 
 
 # ---------------------------------------------------------------------------------------------------

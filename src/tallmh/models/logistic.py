@@ -87,7 +87,8 @@ def _q_polys(kmax):
 
 _SERIES_MAX = 0.5  # |delta| below which the remainder is summed as its Taylor series
 _SERIES_K = 13  # terms up to delta^_SERIES_K: truncation below (0.5/pi)^11 of the cubic term
-_COEFS = [(k, [float(c) / math.factorial(k) for c in _q_polys(_SERIES_K)[k].coeffs]) for k in range(3, _SERIES_K + 1)]
+_Q = _q_polys(_SERIES_K)  # (once: in the list below it was made again for every k, at each import)
+_COEFS = [(k, [float(c) / math.factorial(k) for c in _Q[k].coeffs]) for k in range(3, _SERIES_K + 1)]
 
 
 def _horner(coefs, a):

@@ -357,15 +357,17 @@ class Result:
 
     @property
     def flat_output(self) -> np.ndarray:
-        """Draws ``(chain, draw, D)`` as reported: ``flat_samples`` unless a ``constrain`` map is set."""
+        """Draws ``(chain, draw, D)`` as reported: ``flat_samples`` unless a ``constrain`` map is set (then in the sites'
+        common floating type: float32 as the chains store them, float64 in 64-bit mode)."""
         if self.constrain is None and self.stored_output is None:
             return self.flat_samples
         if "flat_output" not in self._cache:
             c, k, _ = self.flat_samples.shape
             leaves = jax.tree_util.tree_leaves(self.samples)
-            # (filled site by site: no float64 copy of every site beside the joined array)
+            # (filled site by site: no float64 copy of every site beside the joined array; the sites' own type,
+            # float32 draws stay float32: the summary's means and sds are taken in float64 column block by block)
             widths = [int(np.prod(np.shape(a)[2:], dtype=np.int64)) for a in leaves]
-            out = np.empty((c, k, sum(widths)), float)
+            out = np.empty((c, k, sum(widths)), np.result_type(np.float32, *(np.dtype(getattr(a, "dtype", float)) for a in leaves)))
             j = 0
             for a, w in zip(leaves, widths):
                 out[:, :, j:j + w] = np.reshape(a, (c, k, w))
@@ -410,20 +412,10 @@ class Result:
         return self._cache["summary"]
 
     def _summary(self) -> Summary:
-        x = self.flat_output
-        names = self.output_names
-        rows = []
-        bulk, tail, rh = diagnostics.ess_all(x), diagnostics.ess_all(x, "tail"), diagnostics.rhat_all(x)
-        for j, name in enumerate(names):
-            xj = x[:, :, j]
-            rows.append({
-                "param": name,
-                "mean": float(np.mean(xj)) if xj.size else float("nan"),
-                "sd": float(np.std(xj, ddof=1)) if xj.size > 1 else float("nan"),
-                "ess_bulk": float(bulk[j]),
-                "ess_tail": float(tail[j]),
-                "r_hat": float(rh[j]),
-            })
+        cols = diagnostics.summary_columns(self.flat_output)
+        bulk, rh = cols["ess_bulk"], cols["r_hat"]
+        keys = ("mean", "sd", "ess_bulk", "ess_tail", "r_hat")
+        rows = [{"param": name, **{key: float(cols[key][j]) for key in keys}} for j, name in enumerate(self.output_names)]
         ess_min = float(np.nanmin(bulk)) if len(rows) and np.any(np.isfinite(bulk)) else float("nan")
         secs = self.timings.get("sampling_s", float("nan"))
         overall = {

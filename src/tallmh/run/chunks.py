@@ -20,6 +20,7 @@ import numpy as np
 from .. import control_variates as cvm
 from ..storage import datasource as ds
 from .. import distributed
+from .._memory import release
 from ..errors import DataChanged, Stopped
 from . import configure, data_notes, finish, programs, proposal_choice, rng, runstate, selfaudit, start, threads
 
@@ -100,7 +101,9 @@ def go(run, init, init_jitter, progress):
         start.resolve_stats(run)
         start.factor_table(run)  # (the exact subsampled test's: also for a resumed run)
         selfaudit.audit_rates(run)
+        release()  # (the set-up's freed temporaries, before the compile's own: see tallmh._memory)
         programs.compile_chunk(run, early)
+        release()
         data_notes.name_degenerate(run)  # (its check ran beside the set-up and the compile)
         if progress is None:
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
@@ -130,6 +133,7 @@ def go(run, init, init_jitter, progress):
             pass
     finally:
         signals.__exit__(None, None, None)
+        programs.wait_stored()  # (the compiled chunk's entry, written beside the first chunks)
         ds.advise(run.data, "normal")  # the files' default read-ahead again, for whatever reads them next
         if run.bar is not None:
             try:

@@ -110,8 +110,9 @@ def recommended(model, data, n, init, cv_given=None):
     error-targeted austerity test (per-step error 0.05, batch chosen automatically) with second-order control
     variates (and, through them, the preconditioned Langevin proposal), audited as it runs. A model without
     gradients gets exact MH. Control variates the exact test cannot use (``cv_given``: turned off, first order,
-    stratified) and data read from files whose item table (6 bytes per item while it is made, 4 in the chain:
-    :func:`tallmh.factor_bounds.table_fits`) would take more than half the memory available keep austerity.
+    stratified) and data read from files below :data:`tallmh.factor_bounds.BULK_MIN_N` rows whose item table (6 bytes
+    per item while it is made, 4 in the chain: :func:`tallmh.factor_bounds.table_fits`) would take more than half
+    the memory available keep austerity (from that N on the table's memory does not grow with N).
     With rows sharded over devices the exact test reads each drawn row on the device that holds it.
     """
     from .. import factor_bounds as fbm
@@ -122,7 +123,7 @@ def recommended(model, data, n, init, cv_given=None):
     cv_usable = cv_given is None or (cv_given is not False and getattr(cv_given, "order", 2) == 2
                                      and not cv_given.exact_row_cap(n))
     if differentiable(model, data, n, init):
-        fits = not ds.in_files(data) or fbm.table_fits(n)
+        fits = not ds.in_files(data) or fbm.uses_bulk(n) or fbm.table_fits(n)
         if own_method(model, "factor_bound") is not None and fits and n < 2**31 and cv_usable:
             return PoissonThinning(), ControlVariates(order=2), \
                 "the model bounds its Taylor remainders: exact subsampled MH"

@@ -116,7 +116,7 @@ def make_result(run):
                 num_warmup=run.num_warmup, num_samples=run.num_samples,
                 control_variates=run.control_variates, start_info=run.start_info,
                 fingerprint=run.fingerprint, program=run.program is not None, chosen=run.chosen,
-                audit_design=selfaudit.audit_design_as_run(run))
+                audit_design=selfaudit.audit_design_as_run(run), pilot_from=getattr(run, "pilot_from", None))
     result = assemble({p: runstate.parts(run, p) for p in ("warmup", "sampling")}, run.num_chains, run.d, run.dtype,
                       run.unravel, run.n, run.test, run.proposal, run.timings, run.setup_items,
                       run.partial, host_states, run.notes, info, run.t0, run.control_variates,

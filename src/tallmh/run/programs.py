@@ -249,7 +249,8 @@ def compile_early(run):
             compiled = _exec_cache.load(dkey)
             if compiled is None:
                 compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=run.program is None,
-                                                         elemental=elemental(run), quick=elemental(run))
+                                                         elemental=elemental(run), quick=elemental(run),
+                                                         background=True)
             box["compiled"] = compiled
         except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
             box["error"] = e
@@ -262,6 +263,11 @@ def compile_early(run):
     box["thread"] = threading.Thread(target=threads.as_caller(work), daemon=True, name="tallmh-compile")
     box["thread"].start()
     return box
+
+
+def wait_stored():
+    """Wait for the compiled chunk's entry in tallmh's executable cache, written in the background."""
+    _exec_cache.wait_stored()
 
 
 def compile_chunk(run, early=None):
@@ -302,7 +308,7 @@ def compile_chunk(run, early=None):
         if entry["compiled"] is None:
             entry["compiled"] = threads.in_thread(lambda: _exec_cache.compile_and_store(
                 dkey, lambda: entry["fn"].lower(*args0), unrolled=run.program is None,
-                elemental=elemental(run), quick=elemental(run)))
+                elemental=elemental(run), quick=elemental(run), background=True))
         run.timings["compile_s"] += time.perf_counter() - tc
     run.compiled = entry["compiled"]
 

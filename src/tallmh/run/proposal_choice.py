@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from .. import distributed
@@ -125,7 +125,10 @@ def _segment(run, lo, hi):
 
 def _set_mode(run, mode):
     ps = run.states.proposal
-    run.states = run.states._replace(proposal=ps._replace(mode=jnp.full_like(ps.mode, mode)))
+    # (a host array put on the device: jnp.full_like here compiled two small programs, ~0.1-0.4 s between the
+    # warmup and the draws of a fresh process)
+    run.states = run.states._replace(proposal=ps._replace(
+        mode=jax.device_put(np.full(np.shape(ps.mode), mode, np.dtype(ps.mode.dtype)))))
     if run.plan is not None:
         run.states = distributed.place_inputs(run.plan, run.states, run.chain_keys, run.k_audit, None, None)[0]
 
@@ -136,7 +139,10 @@ def choose(run, run_phase):
     if not selects(run) or getattr(run, "choice", None) is not None or run.done["sampling"] > 0 \
             or run.proposal.chosen is not None:  # (a resumed run keeps its choice)
         return
-    w = run.done["warmup"]
+    # a run cut in its MALA pilot and resumed: the Crank-Nicolson warmup ended where the pilot started (its steps
+    # after are MALA's); the pilot goes on from where it was cut, not again from its start
+    pilot_from = getattr(run, "pilot_from", None)
+    w = run.done["warmup"] if pilot_from is None else int(pilot_from)
     if w < 20:  # (a warmup too short to measure anything: the independence sampler stays)
         _set_mode(run, 0)
         run.choice = {"proposal": "crank-nicolson", "why": "warmup too short to compare"}
@@ -156,7 +162,7 @@ def choose(run, run_phase):
          "cn_longest_visit": longest, "cn_hold_p": p_hold,
          "cn_accept": float(acc.mean()), "cn_s_per_step": cn_s, "cn_items": cn_items}
     name_cn = "independence (Crank-Nicolson rho 0)" if rho < 1e-3 else f"Crank-Nicolson (rho {rho:.2f})"
-    if tau_cn <= FINE_TAU:
+    if tau_cn <= FINE_TAU and pilot_from is None:
         c.update(proposal="crank-nicolson", pilot_steps=0)
         _set_mode(run, 0)  # (as it started; also after a pilot cut short by an interruption and resumed)
         run.choice = c
@@ -169,9 +175,10 @@ def choose(run, run_phase):
     _set_mode(run, 1)
     t_host = time.perf_counter() - t0
     tw = run.timings["warmup_s"]
-    run.num_warmup = w + PILOT_STEPS
+    run.pilot_from = w  # (saved with a result cut during the pilot: restore.restore, above)
     if run.bar is not None and run.bar.bar.total is not None:
-        run.bar.bar.total += PILOT_STEPS
+        run.bar.bar.total += w + PILOT_STEPS - run.num_warmup
+    run.num_warmup = w + PILOT_STEPS
     run_phase(run, "warmup", run.num_warmup, 0)
     t1 = time.perf_counter()
     pilot_s = run.timings["warmup_s"] - tw
@@ -209,4 +216,6 @@ def choose(run, run_phase):
         f"{cn_items:.2g} rows per step); MALA's {steps}-step "
         f"pilot {tau_m:.1f} steps (acceptance {c['mala_accept']:.2f}, {m_items:.2g} rows per step); "
         f"{1e3 * per_step:.3f} ms per step: ESS per second {rate_cn:.3g} against {rate_m:.3g}; the pilot took "
-        f"{pilot_s:.2f} s of warmup")
+        f"{pilot_s:.2f} s of warmup" + ("" if run.auto_warmup else
+                                         f" (its {steps} steps came after the {w} warmup steps asked for: "
+                                         f"{run.num_warmup} warmup steps in all)"))

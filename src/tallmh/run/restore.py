@@ -38,7 +38,14 @@ def restore(run, resume):
     info = resume.resume_info
     run.states = jax.tree_util.tree_map(jnp.asarray, resume.final_state)
     done = run.done = {"warmup": int(info["warmup_done"]), "sampling": int(info["sampling_done"])}
-    if run.auto_warmup:  # the warmup the run chose when it started
+    run.pilot_from = info.get("pilot_from")
+    if run.pilot_from is not None:  # cut in (or after) the proposal choice's MALA pilot, which then goes on
+        total = int(info["num_warmup"])  # (the warmup asked for and the pilot's steps)
+        if not run.auto_warmup and run.num_warmup not in (run.pilot_from, total):
+            raise ConfigError(f"resume: the run's MALA pilot started after its {run.pilot_from} warmup steps; resume "
+                              f"with num_warmup={run.pilot_from} (as asked before) or {total} (with the pilot)")
+        run.num_warmup = total
+    elif run.auto_warmup:  # the warmup the run chose when it started
         run.num_warmup = int(info.get("num_warmup", run.num_warmup))
     if done["warmup"] > run.num_warmup or done["sampling"] > run.num_samples:
         raise ConfigError(f"resume: the run already has {done['warmup']} warmup steps and {done['sampling']} "

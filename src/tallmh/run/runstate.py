@@ -24,6 +24,7 @@ class Run:
         self.partial = False
         self.states = None
         self.start_info: dict = {}
+        self.pilot_from = None  # the warmup steps before the proposal choice's MALA pilot, once one started
         self.chosen: dict = {}  # whether sample() chose the test and the proposal itself (configure.options)
         self.store = None
         self.plan = None

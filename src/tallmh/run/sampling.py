@@ -101,7 +101,8 @@ def sample(
     num_warmup : warmup steps per chain (adaptation happens in warmup only), or ``"auto"`` (the default):
         ``AUTO_WARMUP_LAPLACE`` (300) when preconditioned adaptive Langevin starts from the Laplace
         approximation at the mode (only its step size is tuned), else ``AUTO_WARMUP`` (1,000); said in
-        ``result.notes``
+        ``result.notes``. With the exact default's proposal choice, a MALA pilot of ``PILOT_STEPS`` (300) warmup steps
+        may follow these (:mod:`tallmh.run.proposal_choice`), also after a ``num_warmup`` given: the notes say so
     num_chains : chains run side by side (``jax.vmap``)
     seed : integer seed; chain c at step k of phase p uses ``fold_in(fold_in(split(PRNGKey(seed))[c], p),
         k)``, so the same seed gives the same draws, however the run is cut into chunks or resumed

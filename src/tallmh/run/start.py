@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import control_variates as cvm
-from .. import fused_table
+from .. import fused_table, one_pass
 from .. import setup_passes as setup
 from .. import strata
 from ..storage import datasource as ds
@@ -46,7 +46,7 @@ def fixed_mask(model, unravel, flat0):
 def start_points(model, data, n, unravel, flat0, control_variates, num_chains, init_given, init_jitter,
                  key, dtype, notes):
     """Mode, Laplace covariance, control-variate state and chain starts; returns a dict (passes counted)."""
-    out = {"center": None, "cov": None, "cv": None, "passes": 0, "extra_items": 0, "starts": None}
+    out = {"center": None, "cov": None, "cv": None, "passes": 0, "extra_items": 0, "starts": None, "mean": None}
     want_mode = init_given is None
     center = None
     sums = None
@@ -57,6 +57,7 @@ def start_points(model, data, n, unravel, flat0, control_variates, num_chains, i
                                       control_variates.max_newton if control_variates is not None else 30,
                                       tol=setup.centre_tol(flat0.shape[0]), fixed=fixed)
             center = found.center
+            out["mean"] = found.mean  # (the surrogate's mode where the search stopped a Newton step short of it)
             out["passes"] += found.passes
             out["extra_items"] += found.warm_items
             sums = cvm.state_at_mode(found)  # the search's last pass made them at the mode, unless it ended on a step
@@ -101,6 +102,11 @@ def start_points(model, data, n, unravel, flat0, control_variates, num_chains, i
         out["cv"] = cv0
         if init_given is None and center is None:
             center = cv0.center
+        elif center is not None and out.get("mean") is None and not np.array_equal(np.asarray(cv0.center),
+                                                                                   np.asarray(center)):
+            out["mean"] = center  # (control variates centred elsewhere: the Laplace proposals at the mode found)
+    if out.get("mean") is not None:
+        center = out["mean"]
     base = center if (init_given is None and center is not None) else flat0
     # on the host: each eager device operation here compiled a program of its own (~0.5 s on a cold cache)
     base_h = np.asarray(base)
@@ -129,7 +135,7 @@ def set_up(run, init_jitter, early=None):
         return run.init_states(jax.random.split(run.k_jit, run.num_chains))
     model, data, n, test, proposal = run.model, run.data, run.n, run.test, run.proposal
     try:
-        with ds.tapping(data, run.stats_tap), fused_table.requesting(data, _fused_bound(run)) as fused:
+        with ds.tapping(data, run.stats_tap), fused_table.requesting(data, _fused_bound(run), _plan(run)) as fused:
             # (the model's statistics from the first full pass's blocks; the exact test's weights from the last)
             st = threads.in_thread(lambda: start_points(model, data, n, run.unravel, run.flat0,
                                                   run.control_variates, run.num_chains, run.init_given,
@@ -145,16 +151,23 @@ def set_up(run, init_jitter, early=None):
         else None
     run.start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                        "newton_passes": int(st["passes"])}
+    pred = getattr(fused, "prediction", None)
+    if pred is not None:  # (the one-pass rule was asked: tallmh.one_pass)
+        run.start_info["one_pass"] = bool(pred.one_pass)
+        run.setup_items += pred.probed  # (the rows timed to price a read)
+        run.notes.append(one_pass.note(pred))
+    mean = st["mean"] if st.get("mean") is not None and cv0 is not None else None
     if cv0 is not None and getattr(test, "needs_factor_table", False):
         # the exact subsampled test's table from the same centre, made beside the kernel's init (its compile)
         # (as the chains' states hold it: the init's compiled program takes its arrays in JAX's dtypes)
         cv_h = jax.tree_util.tree_map(lambda a: np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)), cv0)
         run.table_job = threads.started(lambda: (fused is not None and fused.table(model, run.unravel, cv_h))
-                                        or _table(run, cv_h))
+                                        or _table(run, cv_h, mean))
     if early is not None and "traced" in early:
         while not early["traced"].wait(0.05) and early["thread"].is_alive():
             pass  # (short waits: Ctrl-C stays responsive)
-    states = threads.wait(init_program(run, (st["starts"], data, cv0, hint))(st["starts"], data, cv0, hint))
+    args = (st["starts"], data, cv0, hint) + ((to_device(np.asarray(mean), run.dtype),) if mean is not None else ())
+    states = threads.wait(init_program(run, args)(*args))
     if tracks_log_lik(test, model):
         run.setup_items += n * run.num_chains  # the exact test's initial full pass, one per chain
     if callable(getattr(test, "setup_items_of", None)):  # a test's own kernel's set-up passes
@@ -169,7 +182,7 @@ def init_program(run, args):
     from . import _exec_cache
     from .programs import elemental
 
-    init_v = jax.jit(jax.vmap(run.kernel.init, in_axes=(0, None, None, None)))
+    init_v = jax.jit(jax.vmap(run.kernel.init, in_axes=(0,) + (None,) * (len(args) - 1)))
     if run.plan is not None or run.program is not None or not elemental(run):
         return init_v
     return _exec_cache.compile_and_store(None, lambda: init_v.lower(*args), unrolled=False, elemental=True, quick=True)
@@ -209,10 +222,33 @@ def _fused_bound(run):
     return bound if getattr(bound, "any_whitening", False) else None  # (a bound that says it holds for any A)
 
 
-def _table(run, cv):
+def _plan(run):
+    """The one-pass rule's plan (:mod:`tallmh.one_pass`) where the chains' proposal is centred by the set-up."""
+    if not getattr(run.proposal, "uses_center", False) or run.control_variates is None \
+            or run.control_variates.center is not None:
+        return None
+    samples = configure.AUTO_PLANNED_SAMPLES if run.auto_draws else run.num_samples
+    return one_pass.OnePassPlan(int(run.num_chains * (run.num_warmup + samples)), run.data)
+
+
+def _table(run, cv, mean=None):
+    """The table in a pass of its own; where the chains' Laplace proposals are centred at ``mean`` away from the
+    control variates' centre, its bound's region widened to reach them (:func:`tallmh.one_pass.widened`)."""
     from .. import factor_bounds as fbm
 
+    if mean is not None:
+        try:
+            return fbm.prepare(run.model, run.data, run.n, run.unravel, one_pass.widened(run.model, run.unravel, cv, mean))
+        except ConfigError:  # (the widened region's weights overflow: the centre's own region, its exits exact too)
+            pass
     return fbm.prepare(run.model, run.data, run.n, run.unravel, cv)
+
+
+def _proposal_mean(states):
+    """The Laplace proposals' centre in the chains' states (the first chain's), or None."""
+    p = getattr(states, "proposal", None)
+    c = getattr(getattr(p, "lap", p), "center", None)
+    return None if c is None else np.asarray(c)[0]
 
 
 def factor_table(run):
@@ -235,7 +271,8 @@ def factor_table(run):
         table, items = job.result()
     else:
         cv = jax.tree_util.tree_map(lambda a: np.asarray(a)[0], run.states.cv)  # (every chain's centre is the same)
-        table, items = _table(run, cv)
+        mean = _proposal_mean(run.states)
+        table, items = _table(run, cv, None if mean is None or np.array_equal(mean, np.asarray(cv.center)) else mean)
     run.stats = {**(run.stats or {}), fbm.FACTOR_KEY: table}
     run.setup_items += items
     note = (f"{run.test.name} test: its table of the items' remainder bounds made in one pass of N = {run.n:,} items "

@@ -265,7 +265,7 @@ def _digest(obj) -> str:
 def _leaf_file(leaf) -> Optional[dict]:
     from . import datasource as ds
 
-    mm = ds._memmap_of(leaf) if ds.is_host_leaf(leaf) else None
+    mm = ds.memmap_of(leaf) if ds.is_host_leaf(leaf) else None
     name = getattr(mm, "filename", None) if mm is not None else None
     if not name:
         return None

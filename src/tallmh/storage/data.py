@@ -96,7 +96,7 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False, defer
                     ds.check_finite_streamed(leaf, name)
                 leaf = ds.host_leaf(leaf, "auto", name, checked=check_finite and not defer_files)
             elif check_finite and not defer_files and not ds.finite_checked(leaf):
-                ds.check_finite_streamed(ds._memmap_of(leaf), name)
+                ds.check_finite_streamed(ds.memmap_of(leaf), name)
                 ds.mark_checked(leaf)
             if len(leaf.shape) == 0:
                 raise DataError(f"data leaf {name} is a scalar; every leaf needs a leading axis of length N")

@@ -355,7 +355,7 @@ def in_place_take(a: InPlaceArray, idx):
     return rows.reshape(tuple(idx.shape) + a.shape[1:])
 
 
-def _memmap_of(leaf):
+def memmap_of(leaf):
     """The memory map behind an out-of-core leaf, or None for an in-memory leaf."""
     if isinstance(leaf, HostArray):
         try:
@@ -387,7 +387,7 @@ def advise(data, pattern: str):
     done = 0
     seen = set()
     for leaf in leaves_of(data):
-        mm = _memmap_of(leaf)
+        mm = memmap_of(leaf)
         base = getattr(mm, "_mmap", None) if mm is not None else None
         if base is None or id(base) in seen:
             continue
@@ -416,7 +416,7 @@ def host_view(leaf) -> Optional[np.ndarray]:
 
 
 def is_host_leaf(leaf) -> bool:
-    return isinstance(leaf, (HostArray, InPlaceArray)) or _memmap_of(leaf) is not None
+    return isinstance(leaf, (HostArray, InPlaceArray)) or memmap_of(leaf) is not None
 
 
 def _is_leaf(x):
@@ -566,7 +566,7 @@ def from_npy(paths, gather: str = "auto", check_finite="auto"):
 def _rows_of(leaf, a: int, b: int):
     if isinstance(leaf, HostArray):
         return np.asarray(leaf.array[a:b], leaf.dtype)
-    mm = _memmap_of(leaf)
+    mm = memmap_of(leaf)
     if mm is not None:
         return np.asarray(mm[a:b], _canonical(mm.dtype))
     view = host_view(leaf) if isinstance(leaf, jax.Array) else None
@@ -581,7 +581,7 @@ def in_files(data) -> bool:
     for leaf in leaves_of(data):
         if isinstance(leaf, HostArray):
             return True
-        mm = _memmap_of(leaf) if is_host_leaf(leaf) else None
+        mm = memmap_of(leaf) if is_host_leaf(leaf) else None
         if isinstance(mm, np.memmap) or isinstance(getattr(mm, "base", None), np.memmap):
             return True
     return False
@@ -594,7 +594,7 @@ def host_reader(data):
     leaves, tree = jax.tree_util.tree_flatten(data, is_leaf=_is_leaf)
     srcs = []
     for leaf in leaves:
-        mm = _memmap_of(leaf) if is_host_leaf(leaf) else None
+        mm = memmap_of(leaf) if is_host_leaf(leaf) else None
         if isinstance(leaf, HostArray) and mm is not None:
             srcs.append((mm, np.dtype(leaf.dtype)))
             continue
@@ -792,7 +792,7 @@ def unchecked_leaves(data) -> list:
 def check_leaves(data, leaves) -> None:
     """The streamed finiteness check of ``leaves`` (of ``data``), each then marked checked."""
     for _, name, leaf in _positions(data, leaves):
-        check_finite_streamed(_memmap_of(leaf), name)
+        check_finite_streamed(memmap_of(leaf), name)
         mark_checked(leaf)
 
 
@@ -854,6 +854,6 @@ def describe(data) -> Any:
             return "callback"
         if isinstance(x, InPlaceArray):
             return "in_place"
-        return "zero_copy" if _memmap_of(x) is not None else "memory"
+        return "zero_copy" if memmap_of(x) is not None else "memory"
 
     return jax.tree_util.tree_map(kind, data, is_leaf=_is_leaf)
