@@ -27,9 +27,11 @@ The group term: Bambi's model writes it ``1|g = 1|g_offset * 1|g_sigma`` with ``
 the same joint distribution as ``1|g ~ Normal(0, 1|g_sigma)``. Here NUTS samples the group-level intercepts
 ``c_j = Intercept + 1|g[j] ~ Normal(Intercept, sigma)`` (a linear change of variables with unit Jacobian, so the
 posterior of ``Intercept, slopes, sigma, 1|g`` is the same), since with thousands of rows per group the
-non-centred form is a narrow ridge for NUTS and the centred one is close to Gaussian. The start is the posterior
-mode (Newton's method, the data's Hessian computed exactly in one pass) and the initial inverse mass matrix the
-diagonal of the Laplace covariance there.
+non-centred form is a narrow ridge for NUTS and the centred one is close to Gaussian. The start is the mode of
+the effects at a fixed sigma (Newton's method, the data's Hessian computed exactly in one pass), sigma updated from
+the effects, three rounds (the joint mode with the scale is degenerate, sigma -> 0); the initial inverse mass matrix
+is the diagonal of the Laplace covariance there, each chain starting at the mode plus twice those sds times normal
+noise.
 
 Chains run one after the other, in chunks, alternating (so a run stopped by ``--deadline`` has as many draws in
 each chain); the summary is rewritten after every chunk, with ``complete: false`` until the asked draws are in.
@@ -39,8 +41,8 @@ each chain); the summary is rewritten after every chunk, with ``complete: false`
 Usage::
 
     python benchmarks/nuts_reference.py flights --table flights-3m.parquet
-    python benchmarks/nuts_reference.py simulated --rows 10000000 --groups 1000 --warmup 200 --draws 500 \\
-        --shared-adaptation --deadline 08:35
+    python benchmarks/nuts_reference.py simulated --rows 10000000 --groups 1000 --warmup 100 --fixed-mass \\
+        --max-tree-depth 8 --draws 1000 --chunk 10 --shared-adaptation --burn-in 30 --deadline 08:36
     python benchmarks/nuts_reference.py compare REFERENCE.json RUN.json   # a saved hierarchical_scale.py run
 
 ``hierarchical_scale.py --nuts-reference REFERENCE.json`` and ``bambi_flights3m.py --nuts-reference REFERENCE.json``
