@@ -129,13 +129,11 @@ FILE_READERS = 3
 def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
     """``(start, fn(args, rows, valid))`` for each block of a pass over data in files, in row order. The
     ``FILE_READERS`` threads take the blocks' rows (at most ``2 FILE_READERS`` in flight: memory of a few blocks,
-    not of N), make their part of ``tap``'s statistics and finiteness check (if any), which read the blocks'
-    pages, and run the compiled call on them, so that the blocks are reduced on every core while the disk reads
-    ahead (the results are handed back in row order, so the sums are the same as one thread's); on the CPU a
-    memory map's rows go to the compiled call in place, without a copy (where no tap reads them first, the
-    call's own page faults read them, with the read-ahead the pass asks for). Measured per block of 2**20 rows
-    of the logistic model with d = 11: the compiled gradient-and-Hessian pass 18 ms, the model's statistics
-    18 ms, the exact test's fused pass (gradient, Hessian and the items' weights) ~58 ms."""
+    not of N) and make their part of ``tap``'s statistics and finiteness check (if any), which read the
+    blocks' pages, so that the thread that calls ``fn`` does nothing else; on the CPU a memory map's rows go to
+    the compiled call in place, without a copy (where no tap reads them first, the call's own page faults read
+    them, with the read-ahead the pass asks for). Measured per block of 2**20 rows of the logistic model with
+    d = 11: the compiled gradient-and-Hessian pass 18 ms, the model's statistics 18 ms."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
@@ -146,8 +144,7 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
         if e - s < rows_per_block:
             pad = rows_per_block - (e - s)
             rows = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), rows)
-        out = fn(args, jax.device_put(rows), np.int32(e - s))
-        return jax.tree_util.tree_map(np.asarray, out), part  # (computed here: blocks reduced on several cores)
+        return jax.device_put(rows), part
 
     with ThreadPoolExecutor(FILE_READERS, thread_name_prefix="tallmh-read") as ex:
         queue = collections.deque()
@@ -162,7 +159,8 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
                 nxt = next(it, None)
                 if nxt is not None:
                     queue.append((nxt, ex.submit(load, nxt)))
-                out, part = f.result()
+                rows, part = f.result()
+                out = fn(args, rows, np.int32(min(n, s + rows_per_block) - s))  # (dispatched: runs meanwhile)
                 if tap is not None:
                     tap.add(s, min(n, s + rows_per_block), part)
                 yield s, out
