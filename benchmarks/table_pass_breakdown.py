@@ -59,7 +59,7 @@ def main(argv):
         fused_table = None
     if fused_table is not None:
         run0 = fused_table.FusedTable.run
-        fused_table.FusedTable.run = lambda self, _fp, *a: run0(self, timed_pass, *a)
+        fused_table.FusedTable.run = lambda self, _fp, *a, **k: run0(self, timed_pass, *a, **k)
         fused_table.FusedTable.table = timed(fused_table.FusedTable.table, "fused table's grouping")
     folder = f"{args.data_dir}/N{int(args.n)}"
     with open("/proc/loadavg") as f:
