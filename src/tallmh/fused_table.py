@@ -56,13 +56,15 @@ class FusedTable:
         self.mean = None  # (centre, the surrogate's mode) where the set-up stopped after one pass
         self.widened = False
         self.attempt = True  # (the prescreen's verdict: the first pass makes the one-pass table)
+        self.probed: list = []  # rows the prescreen read to price a read (counted in the set-up's items)
 
     def prescreen(self, model, unravel, rows, m, n, center, h_lik):
         """Whether the first full pass makes the one-pass table (:func:`tallmh.one_pass.prescreen`)."""
         from . import one_pass
 
         if self.plan is not None:
-            self.attempt = one_pass.prescreen(self.plan, self.bound, model, unravel, rows, m, n, center, h_lik)
+            self.attempt = one_pass.prescreen(self.plan, self.bound, model, unravel, rows, m, n, center, h_lik,
+                                              self.probed)
 
     def one_pass_scale(self, d, n, m):
         """The whitening's scale for a first pass, at the mode of a sub-sample of ``m`` rows, that may be the only

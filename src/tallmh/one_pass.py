@@ -241,12 +241,13 @@ PRESCREEN_ROWS = 1 << 16  # rows of the warm sub-sample whose weights estimate t
 PASS_ROW_S_MAX = 1e-6  # a generous bound on a full pass's seconds per row (measured 0.07-0.21 us: 10^8 and 10^9)
 
 
-def prescreen(plan: OnePassPlan, bound, model, unravel, rows, m: int, n: int, center, h_lik) -> bool:
+def prescreen(plan: OnePassPlan, bound, model, unravel, rows, m: int, n: int, center, h_lik, probed=None) -> bool:
     """Whether the first full pass should make the one-pass table at all: False only where, predicted before it
     from ``rows`` of the last warm sub-sample (``m`` rows; their weights at ``center`` scaled by ``N / len(rows)``)
     and an offset of the expected ``sqrt(d N / m)`` in a random direction, the one-pass centre's cost
     (:func:`extra_cost`) exceeds what even a slow pass (``PASS_ROW_S_MAX`` a row) would cost; the first pass then
-    computes the value and gradient only, as without the rule. True where the bound has no host weights."""
+    computes the value and gradient only, as without the rule. True where the bound has no host weights.
+    ``probed``: a list to which the rows read to price a read are appended (the set-up counts them)."""
     from .setup_passes import prior_hessian
 
     if MODE != "auto" or not hasattr(bound, "weights_host"):
@@ -267,5 +268,7 @@ def prescreen(plan: OnePassPlan, bound, model, unravel, rows, m: int, n: int, ce
     mean = c + chol @ (u / np.linalg.norm(u) * math.sqrt(d * n / max(1, m)))
     reads_one = predict_reads(bound, total, a.T, c, mean, chol, n, PAIRS // 4)
     reads_two = predict_reads(bound, total, a.T, c, c, chol, n, PAIRS // 4)
-    read_s, _ = read_cost(plan.data, n) if reads_one > reads_two else (LOOP_READ_S, 0)
+    read_s, rows_read = read_cost(plan.data, n) if reads_one > reads_two else (LOOP_READ_S, 0)
+    if probed is not None:
+        probed.append(rows_read)
     return extra_cost(reads_one, reads_two, plan.steps, read_s) <= n * PASS_ROW_S_MAX

@@ -151,6 +151,7 @@ def set_up(run, init_jitter, early=None):
         else None
     run.start_info = {"mode_found": st["center"] is not None, "laplace": st["cov"] is not None,
                        "newton_passes": int(st["passes"])}
+    run.setup_items += sum(getattr(fused, "probed", ()))  # (the prescreen's rows timed to price a read)
     pred = getattr(fused, "prediction", None)
     if pred is not None:  # (the one-pass rule was asked: tallmh.one_pass)
         run.start_info["one_pass"] = bool(pred.one_pass)
