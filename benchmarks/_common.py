@@ -182,6 +182,15 @@ def write_json(out_dir, filename, obj, *, default=_default):
     return path
 
 
+def print_json_line(obj, path=None):
+    """Print ``obj`` as one JSON line and, where ``path`` is given, append the line to that file (JSON lines)."""
+    line = json.dumps(obj)
+    print(line, flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 def _column_header(title, spec):
     m = re.match(r"([<>^=]?)[+\- ]?(\d*)", spec)
     align = m.group(1).replace("=", ">") or ("<" if spec.endswith("s") else ">")

@@ -8,7 +8,6 @@ appends it to ``--out``.
 
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import time
@@ -57,10 +56,7 @@ def main(argv):
     ru = resource.getrusage(resource.RUSAGE_SELF)
     out = {"label": args.label, "N": int(args.n), "first_pass_at_s": round(at.get("s", float("nan")), 2),
            "cpu_s": round(ru.ru_utime + ru.ru_stime, 1), "load": load, "commit": C.git_commit()}
-    print(json.dumps(out))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(out) + "\n")
+    C.print_json_line(out, args.out)
 
 
 if __name__ == "__main__":

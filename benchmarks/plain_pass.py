@@ -62,10 +62,7 @@ def main(argv):
         chain = run["warmup_s"] + run["sampling_s"]
         out.update(call_s=round(run["call_s"], 2), chain_s=round(chain, 2),
                    ratio=round(run["call_s"] / (pass_s + chain), 3), call_setup_passes=run.get("setup_passes"))
-    print(json.dumps(out))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(out) + "\n")
+    C.print_json_line(out, args.out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ less. Prints one JSON line and appends it to ``--out``.
 
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import time
@@ -76,10 +75,7 @@ def main(argv):
            "call_s": round(res.timings["total_s"], 1), "setup_s": round(res.timings["setup_s"], 1),
            "wall_s": round(wall, 1), "setup_passes": res.setup_items / res.n, "steps": log,
            "commit": C.git_commit(), "trusted": bool(res.trusted)}
-    print(json.dumps(out))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(out) + "\n")
+    C.print_json_line(out, args.out)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ the largest of ``warm_sizes``). Prints one JSON line per read and appends it to 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -55,10 +54,7 @@ def main(argv):
             s = time.perf_counter() - t
             out = {"how": how, "rep": rep, "N": n, "rows": int(idx.size), "s": round(s, 2),
                    "gb": round(sum(g.nbytes for g in got) / 1e9, 3), "load": load, "commit": C.git_commit()}
-            print(json.dumps(out), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(out) + "\n")
+            C.print_json_line(out, args.out)
 
 
 if __name__ == "__main__":
