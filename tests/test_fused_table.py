@@ -61,13 +61,13 @@ def item_rates(table, n):
     return out
 
 
-def worst_ratio(model, data, table, rt, n, seed=0, pairs=40):
+def worst_ratio(model, data, table, rt, n, seed=0, pairs=40, rates=None):
     """max over items and random pairs (theta, theta') in the trust region of |R_i(theta') - R_i(theta)| /
-    (rate_i phi(z, z')), with z = rt (theta - c)."""
+    (rate_i phi(z, z')), with z = rt (theta - c); ``rates``: each item's rate (default: the grouped table's)."""
     bound = model.factor_bound()
     c = np.asarray(table.center, np.float64)
     cov_f = np.asarray(table.chol_cov, np.float64)
-    rates = item_rates(table, n)
+    rates = item_rates(table, n) if rates is None else rates
     rng = np.random.default_rng(seed)
     rem = jax.jit(bound.remainder)
     worst = 0.0
@@ -131,6 +131,21 @@ def _sample(data, **kw):
         return tm.sample(tm.models.LogisticRegression(), data, **args)
 
 
+def exact_and_shrunk(monkeypatch, data, note):
+    """The default on ``data`` against exact MH (every mean within 4 combined MCSE, every sd within 4 of its MCSE),
+    its notes holding ``note``; then the negative control, the same run with the fused weights shrunk 50x (too
+    small a bound), failing that check. Returns both runs."""
+    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
+    got = _sample(data, seed=0)
+    assert any(note in m for m in got.notes), got.notes
+    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
+    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
+    bad = _sample(data, seed=0)
+    assert any(note in m for m in bad.notes), bad.notes
+    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+    return got, bad
+
+
 def _worst_z(a, b):
     zs = []
     for j in range(a.shape[-1]):
@@ -162,16 +177,8 @@ def test_chain_with_the_fused_table_matches_exact_mh(monkeypatch):
     """The default (exact subsampled, its table from the last Newton pass) against exact MH on a rare feature: every
     mean within 4 combined MCSE, every sd within 4 of its MCSE; negative control: the fused weights shrunk 50x
     (too small a bound) fail the same check."""
-    data = rare_feature()
     monkeypatch.setattr(setup, "HOST_MAX_ROWS", 0)
-    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
-    got = _sample(data, seed=0)
-    assert any("made in the set-up's last Newton pass" in m for m in got.notes), got.notes
-    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
-    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
-    bad = _sample(data, seed=0)
-    assert any("made in the set-up's last Newton pass" in m for m in bad.notes)
-    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+    exact_and_shrunk(monkeypatch, rare_feature(), "made in the set-up's last Newton pass")
 
 
 class _NoClaim:

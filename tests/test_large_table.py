@@ -3,17 +3,15 @@ rate the table really draws it at (item frequencies against the rates, with a wr
 items, and the chain using it samples the exact posterior (against exact MH, a shrunk bound failing)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats as sps
 
 import tallmh as tm
 from tallmh import factor_bounds as fbm
-from tallmh import fused_table
 from tallmh import factor_bounds as lt  # (its large-N sampler)
 from tallmh import setup_passes as setup
-from tests.test_fused_table import _sample, _worst_z, rare_feature
+from tests.test_fused_table import exact_and_shrunk, rare_feature, worst_ratio
 
 D = 3
 ARGS = (np.zeros(D), np.eye(D), np.eye(D))
@@ -167,36 +165,14 @@ def _forced(monkeypatch, k=32):
 def test_chain_with_the_bulk_table_matches_exact_mh(monkeypatch):
     """The default with the bulk sampler forced on 4,000 rows (32 heavy items) against exact MH on a rare feature:
     every mean within 4 combined MCSE and sd within 4 of its MCSE; negative control: the weights shrunk 50x fail."""
-    data = rare_feature()
-    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
     made = _forced(monkeypatch)
-    got = _sample(data, seed=0)
-    assert any("made in the set-up's last Newton pass" in m for m in got.notes), got.notes
-    assert len(made) == 1 and made[0][0] > 0 and 0 < made[0][1] <= 32, made  # (a bulk level and heavy items)
-    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
-    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
-    bad = _sample(data, seed=0)
-    assert len(made) == 2
-    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+    exact_and_shrunk(monkeypatch, rare_feature(), "made in the set-up's last Newton pass")
+    assert len(made) == 2 and made[0][0] > 0 and 0 < made[0][1] <= 32, made  # (a bulk level and heavy items)
 
 
-def _worst(model, data, table, rates, seed=0, pairs=40):
+def _worst(model, data, table, rates):
     """max over items and random pairs in the trust region of |R_i(theta') - R_i(theta)| / (rate_i phi(z, z'))."""
-    bound = model.factor_bound()
-    c = np.asarray(table.center, np.float64)
-    rt, cov_f = np.asarray(table.rt, np.float64), np.asarray(table.chol_cov, np.float64)
-    rng = np.random.default_rng(seed)
-    rem = jax.jit(bound.remainder)
-    worst = 0.0
-    for _ in range(pairs):
-        a, b = (c + cov_f @ rng.normal(size=c.size) * rng.uniform(0.5, 2.5) for _ in range(2))
-        z, zp = jnp.asarray(rt @ (a - c), jnp.float32), jnp.asarray(rt @ (b - c), jnp.float32)
-        if not bool(bound.region(z, zp)):
-            continue
-        dr = np.abs(np.asarray(rem(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), table.center, data),
-                               np.float64))
-        worst = max(worst, float(np.max(dr / (rates * float(bound.phi(z, zp)) + 1e-30))))
-    return worst
+    return worst_ratio(model, data, table, np.asarray(table.rt, np.float64), len(rates), rates=rates)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -224,14 +200,7 @@ def test_chain_with_a_one_pass_centre_and_the_bulk_table_matches_exact_mh(monkey
     sampler forced (K = 32), against exact MH on a rare feature; the weights shrunk 50x fail the same check."""
     from tests.test_one_pass import small_ladder
 
-    data = rare_feature()
-    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
     made = _forced(monkeypatch)
     small_ladder(monkeypatch, "always")
-    got = _sample(data, seed=0)
-    assert any("set-up in one full pass (forced)" in m for m in got.notes), got.notes
-    assert len(made) == 1 and made[0][1] > 0, made
-    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
-    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
-    bad = _sample(data, seed=0)
-    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+    exact_and_shrunk(monkeypatch, rare_feature(), "set-up in one full pass (forced)")
+    assert len(made) == 2 and made[0][1] > 0, made

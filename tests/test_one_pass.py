@@ -19,7 +19,7 @@ from tallmh import fused_table, one_pass
 from tallmh import setup_passes as setup
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_fused_table import _worst_z, rare_feature  # noqa: E402
+from test_fused_table import exact_and_shrunk, rare_feature  # noqa: E402
 
 
 def small_ladder(monkeypatch, mode):
@@ -62,12 +62,6 @@ def test_forced_one_pass_stops_at_the_first_pass_with_the_chains_at_its_newton_p
     assert dist(found.mean) < 0.5 * dist(np.asarray(found.center))
 
 
-def _sample(data, **kw):
-    args = dict(num_samples=4000, num_warmup=500, num_chains=4, progress=False)
-    args.update(kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", tm.TrustWarning)
-        return tm.sample(tm.models.LogisticRegression(), data, **args)
 
 
 @pytest.mark.slow
@@ -75,16 +69,8 @@ def test_chain_with_a_one_pass_centre_matches_exact_mh(monkeypatch):
     """The default with its centre left at a sub-sample's mode (forced; 8.8 posterior sd from the mode here) against
     exact MH on a rare feature: every mean within 4 combined MCSE and sd within 4 of its MCSE; negative control:
     the same run with the fused weights shrunk 50x (too small a bound) fails the check."""
-    data = rare_feature()
     small_ladder(monkeypatch, "always")
-    ref = _sample(data, test=tm.acceptance.Exact(), seed=1)
-    got = _sample(data, seed=0)
-    assert any("set-up in one full pass (forced)" in m for m in got.notes), got.notes
-    assert _worst_z(got.flat_samples, ref.flat_samples) < 4.0
-    monkeypatch.setattr(fused_table, "_INFLATE", 0.02)
-    bad = _sample(data, seed=0)
-    assert any("set-up in one full pass (forced)" in m for m in bad.notes)
-    assert _worst_z(bad.flat_samples, ref.flat_samples) > 4.0
+    exact_and_shrunk(monkeypatch, rare_feature(), "set-up in one full pass (forced)")
 
 
 def _table(n=20000, d=4, seed=0):
