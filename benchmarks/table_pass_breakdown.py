@@ -27,6 +27,9 @@ def main(argv):
     ap.add_argument("--n", type=float, default=1e8)
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
+    ap.add_argument("--compiled-weights", action="store_true",
+                    help="the table's weights in the compiled pass, fused with the derivatives (the form before "
+                         "they were made in NumPy beside it)")
     args = ap.parse_args(argv[1:])
     import tallmh as tm
     from tallmh import factor_bounds as fbm
@@ -35,11 +38,11 @@ def main(argv):
     log, t00 = [], [0.0]
     full_pass = sp.full_pass
 
-    def timed_pass(chunk_fn, data, n, pargs, desc="set-up pass"):
-        t = time.perf_counter()
-        yield from full_pass(chunk_fn, data, n, pargs, desc)
+    def timed_pass(chunk_fn, data, n, pargs, desc="set-up pass", **kw):
+        t, c = time.perf_counter(), time.process_time()
+        yield from full_pass(chunk_fn, data, n, pargs, desc, **kw)
         log.append({"what": f"pass ({getattr(chunk_fn, '__name__', '?')})", "s": round(time.perf_counter() - t, 2),
-                    "at_s": round(time.perf_counter() - t00[0], 2)})
+                    "cpu_s": round(time.process_time() - c, 2), "at_s": round(time.perf_counter() - t00[0], 2)})
 
     def timed(fn, what):
         def wrapper(*a, **k):
@@ -56,6 +59,8 @@ def main(argv):
         from tallmh import fused_table
     except ImportError:  # (an earlier version)
         fused_table = None
+    if fused_table is not None and args.compiled_weights:
+        fused_table.HOST_WEIGHTS = False
     if fused_table is not None:
         run0 = fused_table.FusedTable.run
         fused_table.FusedTable.run = lambda self, _fp, *a, **k: run0(self, timed_pass, *a, **k)
@@ -74,7 +79,8 @@ def main(argv):
     out = {"label": args.label, "N": res.n, "load_at_start": load0, "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
            "call_s": round(res.timings["total_s"], 1), "setup_s": round(res.timings["setup_s"], 1),
            "wall_s": round(wall, 1), "setup_passes": res.setup_items / res.n, "steps": log,
-           "commit": C.git_commit(), "trusted": bool(res.trusted)}
+           "commit": C.git_commit(), "trusted": bool(res.trusted),
+           "weights": "compiled" if args.compiled_weights else "numpy", "load_at_end": C.load_average()}
     C.print_json_line(out, args.out)
 
 

@@ -40,6 +40,10 @@ _BLOCK = 1 << 20  # rows per TableBuilder.add (full_pass yields chunks; a block'
 
 _FUSED_FNS: dict = {}
 
+# the weights made in NumPy beside the compiled pass (:func:`_host_weights`) where the bound and the data allow it;
+# False: in the compiled call, fused with the derivatives (the form before; kept for comparisons and other bounds)
+HOST_WEIGHTS = True
+
 
 class FusedTable:
     """A request, registered for the data while the set-up runs (:func:`requesting`), that the mode search's
@@ -116,22 +120,32 @@ class FusedTable:
         a = _chol(neg_h) * (1.0 if scale is None else scale)
         ainv = np.linalg.inv(a)
         dt = np.asarray(t0).dtype
-        fn = _fused_fn(chunk_vgh, self.bound)
         tb = builder(n)  # (from factor_bounds.BULK_MIN_N items the large-N sampler's)
         d = int(np.shape(t0)[0])
         v, g, h = 0.0, np.zeros(d), np.zeros((d, d))
         buf, filled, jobs = [], 0, []
         with ThreadPoolExecutor(1, thread_name_prefix="tallmh-table") as ex:  # (keys in order, beside the pass)
-            for cv, cg, ch, cw in full_pass(fn, data, n, (t0, jnp.asarray(ainv, dt)), desc):
-                v += float(cv)
-                g = g + np.asarray(cg, np.float64)
-                h = h + np.asarray(ch, np.float64)
-                buf.append(cw)
-                if sum(b.size for b in buf) >= _BLOCK or filled + sum(b.size for b in buf) >= n:
-                    w = np.concatenate(buf)[:n - filled]
-                    jobs.append(ex.submit(tb.add, filled, w.astype(np.float64) * _INFLATE))
-                    filled += w.size
-                    buf = []
+            part = _host_weights(self.bound, data, t0, ainv)
+            if part is not None:  # the weights in NumPy on the other core, the derivatives compiled
+                def sink(a, b, w):
+                    jobs.append(ex.submit(tb.add, a, w))
+
+                for cv, cg, ch in full_pass(chunk_vgh, data, n, (t0,), desc, host=(part, sink)):
+                    v += float(cv)
+                    g = g + np.asarray(cg, np.float64)
+                    h = h + np.asarray(ch, np.float64)
+            else:
+                fn = _fused_fn(chunk_vgh, self.bound)
+                for cv, cg, ch, cw in full_pass(fn, data, n, (t0, jnp.asarray(ainv, dt)), desc):
+                    v += float(cv)
+                    g = g + np.asarray(cg, np.float64)
+                    h = h + np.asarray(ch, np.float64)
+                    buf.append(cw)
+                    if sum(b.size for b in buf) >= _BLOCK or filled + sum(b.size for b in buf) >= n:
+                        w = np.concatenate(buf)[:n - filled]
+                        jobs.append(ex.submit(tb.add, filled, w.astype(np.float64) * _INFLATE))
+                        filled += w.size
+                        buf = []
             try:
                 for j in jobs:
                     j.result()  # (a weight that is not finite raises here, as in the separate pass)
@@ -175,6 +189,31 @@ def _chol(neg_h) -> Optional[np.ndarray]:
         return np.linalg.cholesky(neg_h)
     except np.linalg.LinAlgError:
         return None
+
+
+def _host_weights(bound, data, t0, ainv):
+    """``part(rows, a, b)``: the weights of a block of host rows, in NumPy in the working precision of ``t0``
+    (float64, inflated by ``_INFLATE`` for that precision's rounding, as the compiled ones), made beside the
+    compiled pass (:func:`tallmh.setup_passes.full_pass`'s ``host``); or None where the bound has no NumPy form
+    (``weights_block``), the data is not read on the host, or the backend is not the CPU (an accelerator makes
+    them in its own compiled call)."""
+    import jax
+
+    from ._blas import one_thread
+    from .storage import datasource as ds
+
+    wb = getattr(bound, "weights_block", None)
+    if not HOST_WEIGHTS or wb is None or jax.default_backend() != "cpu" or ds.host_reader(data) is None:
+        return None
+    dt = np.asarray(t0).dtype
+    c, ainv = np.asarray(t0, dt), np.asarray(ainv, dt)
+
+    def part(rows, a, b):
+        with one_thread():  # (the same bits in any thread, on any number of cores: tallmh._blas)
+            w = wb(c, ainv, rows)
+        return np.asarray(w, np.float64) * _INFLATE
+
+    return part
 
 
 def _fused_fn(chunk_vgh, bound):

@@ -58,7 +58,7 @@ _BLOCK_CHUNKS = 128  # chunks per compiled block: 2**20 rows read per call
 
 
 
-def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
+def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     """Apply ``chunk_fn(*args, batch, mask)`` to every chunk of ``_CHUNK`` rows; yields its per-chunk
     results (NumPy, in row order) so that the caller accumulates them in float64 on the host.
 
@@ -73,6 +73,12 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
     way each block holds the same rows (the last padded with copies of row N - 1, masked), so the chunk
     boundaries and the order of accumulation do not depend on where the data lives. A pass over on-disk data
     of at least ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar.
+
+    ``host``: ``(part, sink)``, for data that :func:`tallmh.storage.datasource.host_reader` reads: ``part(rows, a,
+    b)`` of each block's rows ``[a, b)`` (NumPy, unpadded) is made beside the compiled calls, in the reader
+    threads for data in files and in a thread of its own for data in memory (NumPy's arithmetic on the other
+    core while the compiled call runs on one), and ``sink(a, b, part)`` takes them in row order, each before its
+    block's chunks are yielded.
     """
     from .storage import datasource as ds
 
@@ -105,9 +111,9 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
     tap = ds.tap_of(data) if read is not None else None
     try:
         if read is None:
-            blocks = ((s, fn(args, data, jnp.int32(s))) for s in starts)
+            blocks = _memory_blocks(fn, args, data, n, k * size, starts, host)
         else:
-            blocks = _file_blocks(fn, args, read, n, k * size, starts, tap)
+            blocks = _file_blocks(fn, args, read, n, k * size, starts, tap, host)
         for start, out in blocks:
             res = jax.tree_util.tree_map(np.asarray, out)
             rows = min(k * size, n - start)
@@ -126,7 +132,39 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass"):
 FILE_READERS = 3
 
 
-def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
+def _memory_blocks(fn, args, data, n, rows_per_block, starts, host):
+    """``(start, fn(args, data, start))`` for each block of a pass over data in memory, with ``host``'s parts (see
+    :func:`full_pass`) made one block ahead in a thread of their own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .storage import datasource as ds
+
+    if host is None:
+        yield from ((s, fn(args, data, jnp.int32(s))) for s in starts)
+        return
+    part, sink = host
+    read = ds.host_reader(data)
+
+    def make(s):
+        e = min(n, s + rows_per_block)
+        return part(read(s, e), s, e)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="tallmh-host") as ex:
+        ahead = None
+        for i, s in enumerate(starts):
+            got = ahead if ahead is not None else ex.submit(make, s)
+            out = fn(args, data, jnp.int32(s))  # (dispatched: runs while the thread makes the parts)
+            ahead = ex.submit(make, starts[i + 1]) if i + 1 < len(starts) else None
+            try:
+                sink(s, min(n, s + rows_per_block), got.result())
+            except BaseException:
+                if ahead is not None:
+                    ahead.cancel()
+                raise
+            yield s, out
+
+
+def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
     """``(start, fn(args, rows, valid))`` for each block of a pass over data in files, in row order. The
     ``FILE_READERS`` threads take the blocks' rows (at most ``2 FILE_READERS`` in flight: memory of a few blocks,
     not of N) and make their part of ``tap``'s statistics and finiteness check (if any), which read the
@@ -141,6 +179,8 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
         e = min(n, s + rows_per_block)
         rows = read(s, e)
         part = tap.part(rows, s, e) if tap is not None else None
+        if host is not None:
+            part = (part, host[0](rows, s, e))
         if e - s < rows_per_block:
             pad = rows_per_block - (e - s)
             rows = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), rows)
@@ -161,6 +201,9 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap):
                     queue.append((nxt, ex.submit(load, nxt)))
                 rows, part = f.result()
                 out = fn(args, rows, np.int32(min(n, s + rows_per_block) - s))  # (dispatched: runs meanwhile)
+                if host is not None:
+                    part, hp = part
+                    host[1](s, min(n, s + rows_per_block), hp)
                 if tap is not None:
                     tap.add(s, min(n, s + rows_per_block), part)
                 yield s, out

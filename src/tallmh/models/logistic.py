@@ -157,6 +157,12 @@ class LogisticCubicBound:
         rho2 = np.einsum("ij,ij->i", v, v)
         return rho2 * np.sqrt(rho2)
 
+    def weights_block(self, center, rinv, batch):
+        """:meth:`weights` of a block of host rows in NumPy, in the rows' precision (:mod:`._logistic_block`)."""
+        from ._logistic_block import weights_block
+
+        return weights_block(batch["X"], center, rinv)
+
     def phi(self, z, zp):
         return (self.m3 / 6.0 * SAFETY) * cubic_sup(z, zp)
 
@@ -230,6 +236,13 @@ class LogisticLocalBound(LogisticCubicBound):
         if self.offset is not None:
             m = m + np.asarray(batch[self.offset], np.float64)
         return rho**3 * m3_local(m, rho * self.radius_for(np.shape(center)[0]), np) * (1 + 1e-9)
+
+    def weights_block(self, center, rinv, batch):
+        """:meth:`weights` of a block of host rows in NumPy, in the rows' precision (:mod:`._logistic_block`)."""
+        from ._logistic_block import weights_block
+
+        off = None if self.offset is None else batch[self.offset]
+        return weights_block(batch["X"], center, rinv, self.radius_for(np.shape(center)[0]), off)
 
     def phi(self, z, zp):
         return (SAFETY / 6.0) * cubic_sup(z, zp)  # (the K_i are in the weights)
