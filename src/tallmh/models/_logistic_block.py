@@ -14,8 +14,12 @@ temporaries of 50 MB each cost more in page faults than in arithmetic).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+M3_LOGISTIC = math.sqrt(3.0) / 18.0  # sup |(d/du)^3 log sigmoid(u)|
+U_PEAK = math.log(2.0 + math.sqrt(3.0))  # |f'''(u)| = p q tanh(|u|/2) (f = log sigmoid) is largest at |u| = U_PEAK
 SLICE = 8192  # rows per slice: the temporaries (d + 1 columns) stay in the cache
 
 
@@ -24,8 +28,6 @@ def weights_block(X, center, rinv, radius=None, offset=None):
     (``radius`` None: the global bound's weights, its constant in ``phi``) for the rows of ``X`` (NumPy, float32
     or float64: the arithmetic's precision), ``rinv = A^-1``, ``center`` the centre ``c`` and ``offset`` (or
     None) added to the margins ``x_i . c``."""
-    from .logistic import M3_LOGISTIC, U_PEAK
-
     X = np.asarray(X)
     dt = np.result_type(X.dtype, np.float32)
     X = np.asarray(X, dt)

@@ -13,6 +13,7 @@ from ..factor_bounds import SAFETY, cubic_sup
 from ._target import check_target
 from ..model import Model
 from ._rounding import rounding_headroom
+from ._logistic_block import M3_LOGISTIC, U_PEAK, weights_block
 
 __all__ = ["LogisticRegression", "softplus_diff", "LogisticCubicBound", "LogisticLocalBound", "logistic_remainder_diff"]
 
@@ -73,7 +74,6 @@ def softplus_diff(z, d):
 
 # --- the remainder bound of the exact subsampled test (tallmh.factor_bounds) ------------------------------
 
-M3_LOGISTIC = math.sqrt(3.0) / 18.0  # sup |(d/du)^3 log sigmoid(u)|
 
 def _q_polys(kmax):
     """``Q_k(a)`` with ``f^(k)(u) = -p q Q_k(a)`` for ``f = log sigmoid``, ``p = sigmoid(u)``, ``q = 1 - p``,
@@ -159,8 +159,6 @@ class LogisticCubicBound:
 
     def weights_block(self, center, rinv, batch):
         """:meth:`weights` of a block of host rows in NumPy, in the rows' precision (:mod:`._logistic_block`)."""
-        from ._logistic_block import weights_block
-
         return weights_block(batch["X"], center, rinv)
 
     def phi(self, z, zp):
@@ -177,7 +175,6 @@ class LogisticCubicBound:
 
 
 
-U_PEAK = math.log(2.0 + math.sqrt(3.0))  # |f'''(u)| = p q tanh(|u|/2) (f = log sigmoid) is largest at |u| = U_PEAK
 
 
 def m3_local(m, half, xp):
@@ -239,8 +236,6 @@ class LogisticLocalBound(LogisticCubicBound):
 
     def weights_block(self, center, rinv, batch):
         """:meth:`weights` of a block of host rows in NumPy, in the rows' precision (:mod:`._logistic_block`)."""
-        from ._logistic_block import weights_block
-
         off = None if self.offset is None else batch[self.offset]
         return weights_block(batch["X"], center, rinv, self.radius_for(np.shape(center)[0]), off)
 
