@@ -246,6 +246,9 @@ def run_one(mode, folder, args):
         one_pass.MODE = args.one_pass
     except ImportError:  # (an earlier version, measured for comparison)
         pass
+    if args.compiled_weights:  # the exact table's weights in the compiled pass (the form before the NumPy ones)
+        from tallmh import fused_table
+        fused_table.HOST_WEIGHTS = False
     how = {} if args.test == "default" else dict(
         test=tm.acceptance.Austerity(error=0.05, batch_size=args.batch), control_variates=tm.ControlVariates(order=2),
         proposal=tm.proposals.Langevin() if args.proposal == "langevin" else tm.proposals.AdaptiveMetropolis())
@@ -371,6 +374,9 @@ def main(argv=None):
     p.add_argument("--one-pass", default="auto", choices=["auto", "always", "never"],
                    help="the exact default's one-pass set-up: its rule (auto) or forced (tallmh.one_pass.MODE)")
     p.add_argument("--progress", action="store_true", help="progress bars (set-up passes, sampling)")
+    p.add_argument("--compiled-weights", action="store_true",
+                   help="the exact table's weights in the set-up's compiled pass, fused with the derivatives, "
+                        "instead of in NumPy beside it (tallmh.fused_table.HOST_WEIGHTS = False)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(C.RESULTS, "out_of_core.json"))
     p.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
@@ -403,7 +409,8 @@ def main(argv=None):
                        "--batch", str(args.batch), "--proposal", args.proposal, "--test", args.test,
                        "--gather", args.gather, "--one-pass", args.one_pass] + \
                     (["--audit", str(args.audit)] if args.audit is not None else []) + \
-                    (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else [])
+                    (["--no-check"] if args.no_check else []) + (["--progress"] if args.progress else []) + \
+                    (["--compiled-weights"] if args.compiled_weights else [])
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
                 line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
                 if proc.returncode != 0 or not line:
@@ -432,7 +439,8 @@ def main(argv=None):
         print(f"estimate for N = 1e9 from N = {est['from_N']:.0e}: {json.dumps(est)}", flush=True)
     out = {"meta": meta, "config": {"samples": args.samples, "warmup": args.warmup, "chains": args.chains,
                               "proposal": args.proposal, "batch": args.batch,
-                                           "audit": args.audit, "gather": args.gather, "evict": args.evict, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
+                                           "audit": args.audit, "gather": args.gather, "evict": args.evict,
+                                           "compiled_weights": args.compiled_weights, "test": "default" if args.test == "default" else f"Austerity(0.05, {args.batch})",
                                            "control_variates": "ControlVariates(order=2)", "d": D_FEATURES + 1},
            "writes": [{k: v for k, v in w.items() if k != "folder"} for w in writes], "runs": rows,
            "disk_cold_read": cold, "estimate_1e9": est}

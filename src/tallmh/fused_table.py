@@ -21,6 +21,13 @@ the chains' control variates carry) and ``-H_prev`` is within a factor ``RATIO_M
 every direction (generalised eigenvalues); otherwise the set-up makes the table in a pass of its own, as before
 (:func:`tallmh.factor_bounds.prepare`). Either way the test is exact; the check keeps the fused table as sharp
 as the separate one's to within ``RATIO_MAX^(3/2)`` per item, and the trust region's exits as rare.
+
+On the CPU, where the bound has a NumPy form of its weights (``weights_block``: the logistic bounds) and the data
+is read on the host, the weights are made in NumPy beside the compiled pass (in the pass's reader threads for data
+in files, :func:`tallmh.setup_passes.full_pass`'s ``host``), which then computes the derivatives alone: the CPU
+backend runs one compiled call at a time, on one core, and NumPy's arithmetic releases the GIL, so the two halves
+run on two cores. The weights are the same numbers to the last bits of the working precision (both inflated by
+``_INFLATE`` for its rounding); the derivatives, hence the centre, are bit for bit those of the compiled form.
 """
 
 from __future__ import annotations
@@ -210,8 +217,9 @@ def _host_weights(bound, data, t0, ainv):
 
     def part(rows, a, b):
         with one_thread():  # (the same bits in any thread, on any number of cores: tallmh._blas)
-            w = wb(c, ainv, rows)
-        return np.asarray(w, np.float64) * _INFLATE
+            w = np.array(wb(c, ainv, rows), np.float64)
+        w *= _INFLATE  # (in place: the same numbers as w.astype(np.float64) * _INFLATE)
+        return w
 
     return part
 
