@@ -105,3 +105,31 @@ def test_the_fused_pass_with_numpy_weights_keeps_the_sums_and_the_tables_rates(m
     for a, b in zip(out[True][:3], out[False][:3]):
         assert np.array_equal(a, b)
     assert abs(out[True][3] / out[False][3] - 1) < 1e-4
+
+
+class _OverflowingBlock(LogisticCubicBound):
+    """The global bound's weights made to overflow float32 on the host (rows scaled by 1e16: rho^3 ~ 1e45)."""
+
+    def weights_block(self, center, rinv, batch):
+        return super().weights_block(center, rinv, {"X": np.asarray(batch["X"]) * np.float32(1e16)})
+
+
+def test_numpy_weights_that_overflow_are_reported_as_the_compiled_ones(monkeypatch):
+    """Weights that are not finite: the widened one-pass table is dropped (the sums still given), an unwidened one
+    raises the builder's error, as for the compiled weights (tests/test_one_pass.py), and NumPy warns of nothing."""
+    from tallmh import one_pass
+    from jax.flatten_util import ravel_pytree
+
+    model = tm.models.LogisticRegression()
+    data, _ = tm.models.LogisticRegression.simulate(3000, d=2, seed=0)
+    jd = jax.tree_util.tree_map(jnp.asarray, data)
+    flat0, unravel = ravel_pytree(model.init(jd))
+    chunk_vgh, _ = setup._newton_chunk_fns(model, unravel, flat0)
+    req = fused_table.FusedTable(jd, _OverflowingBlock(), one_pass.OnePassPlan(100, jd))
+    d = flat0.shape[0]
+    assert fused_table._host_weights(req.bound, jd, flat0, np.eye(d)) is not None  # (the NumPy path is taken)
+    with np.errstate(all="raise"):
+        v, g, h = req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0, scale=0.5)
+        assert np.isfinite(v) and np.all(np.isfinite(g)) and req.result is None
+        with pytest.raises(tm.errors.ConfigError):
+            req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0)

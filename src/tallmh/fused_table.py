@@ -216,7 +216,9 @@ def _host_weights(bound, data, t0, ainv):
     c, ainv = np.asarray(t0, dt), np.asarray(ainv, dt)
 
     def part(rows, a, b):
-        with one_thread():  # (the same bits in any thread, on any number of cores: tallmh._blas)
+        # (one BLAS thread: the same bits in any thread, on any number of cores, tallmh._blas; a weight that
+        # overflows is not finite, which the table's builder reports as the compiled pass's would be)
+        with one_thread(), np.errstate(over="ignore", invalid="ignore"):
             w = np.array(wb(c, ainv, rows), np.float64)
         w *= _INFLATE  # (in place: the same numbers as w.astype(np.float64) * _INFLATE)
         return w
