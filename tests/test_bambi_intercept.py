@@ -86,6 +86,32 @@ def test_a_distributional_component_intercept():
         out["sigma_Intercept_centred"] - df["z"].mean() * out["sigma_z"], rel=1e-4, abs=1e-5)
 
 
+def test_a_response_with_levels_and_draws_of_another_sampler():
+    """A categorical response: an intercept and coefficients per response level, shifted level by level as Bambi's
+    clean-up does; and the same map applied on the host to another sampler's draws (``shift_draws``)."""
+    import arviz as az
+
+    from tallmh.frontends.bambi_intercept import intercept_shifts, shift_draws
+
+    df = _frame().assign(r=lambda d: pd.Categorical(np.random.default_rng(3).choice(list("PQR"), len(d))))
+    bm = bmb.Model("r ~ x + C(g)", df, family="categorical")
+    # (the output map only: this family's per-row log-likelihood does not yet take a batch, so no checks)
+    model, _ = tm.from_bambi(bm, centre_groups=False, check=False)
+    pts = _points(model, k=4)
+    outs = [{k: np.asarray(v, float) for k, v in model.constrain(th).items()} for th in pts]
+    dims = bm.backend.model.named_vars_to_dims
+    raw = {k: np.stack([o[k if k != "Intercept" else "Intercept_centred"] for o in outs])[None] for k in
+           ("Intercept", "x", "C(g)")}
+    coords = {d: list(bm.backend.model.coords[d]) for k in raw for d in dims[k]}
+    idata = az.from_dict(posterior=dict(raw), coords=coords, dims={k: list(dims[k]) for k in raw})
+    idata = bm.backend._clean_results(idata, omit_offsets=False, include_response_params=False)
+    ours = np.stack([o["Intercept"] for o in outs])[None]
+    assert ours.shape == (1, 4, 2)
+    assert np.allclose(ours, idata.posterior["Intercept"].values, atol=1e-5)
+    host = shift_draws(raw, intercept_shifts(bm))
+    assert np.allclose(host["Intercept"], ours, atol=1e-5) and np.array_equal(host["Intercept_centred"], raw["Intercept"])
+
+
 def test_summary_and_arviz_carry_both_intercepts():
     df = _frame()
     model, data = tm.from_bambi(bmb.Model("yb ~ x + C(g)", df, family="bernoulli"))
