@@ -112,7 +112,7 @@ def test_a_response_with_levels_and_draws_of_another_sampler():
     assert np.allclose(host["Intercept"], ours, atol=1e-5) and np.array_equal(host["Intercept_centred"], raw["Intercept"])
 
 
-def test_summary_and_arviz_carry_both_intercepts():
+def test_summary_and_arviz_carry_both_intercepts(tmp_path):
     df = _frame()
     model, data = tm.from_bambi(bmb.Model("yb ~ x + C(g)", df, family="bernoulli"))
     r = tm.sample(model, data, num_samples=50, num_warmup=50, num_chains=1, seed=0, progress=False)
@@ -126,6 +126,10 @@ def test_summary_and_arviz_carry_both_intercepts():
     assert mean == pytest.approx(float(np.mean(s["Intercept"])), rel=1e-3)
     idata = r.to_arviz()
     assert np.allclose(idata.posterior["Intercept"].values, s["Intercept"])
+    assert np.allclose(idata.posterior["Intercept_centred"].values, s["Intercept_centred"])
+    loaded = tm.load_result(r.save(str(tmp_path / "run")))  # a saved run keeps the reported draws
+    assert np.allclose(loaded.samples["Intercept"], s["Intercept"])
+    assert list(loaded.summary().table.index) == rows
 
 
 def _agree(a, b, p=0.01):
