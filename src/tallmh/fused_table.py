@@ -23,8 +23,8 @@ every direction (generalised eigenvalues); otherwise the set-up makes the table 
 as the separate one's to within ``RATIO_MAX^(3/2)`` per item, and the trust region's exits as rare.
 
 On the CPU, where the bound has a NumPy form of its weights (``weights_block``: the logistic bounds) and the data
-is read on the host, the weights are made in NumPy beside the compiled pass (in the pass's reader threads for data
-in files, :func:`tallmh.setup_passes.full_pass`'s ``host``), which then computes the derivatives alone: the CPU
+is read on the host, the weights are made in NumPy beside the compiled pass (in a thread of its own,
+:func:`tallmh.setup_passes.full_pass`'s ``host``), which then computes the derivatives alone: the CPU
 backend runs one compiled call at a time, on one core, and NumPy's arithmetic releases the GIL, so the two halves
 run on two cores. The weights are the same numbers to the last bits of the working precision (both inflated by
 ``_INFLATE`` for its rounding); the derivatives, hence the centre, are bit for bit those of the compiled form.

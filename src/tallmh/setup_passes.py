@@ -75,10 +75,10 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     of at least ``datasource.PROGRESS_MIN_ROWS`` rows shows a progress bar.
 
     ``host``: ``(part, sink)``, for data that :func:`tallmh.storage.datasource.host_reader` reads: ``part(rows, a,
-    b)`` of each block's rows ``[a, b)`` (NumPy, unpadded) is made beside the compiled calls, in the reader
-    threads for data in files and in a thread of its own for data in memory (NumPy's arithmetic on the other
-    core while the compiled call runs on one), and ``sink(a, b, part)`` takes them in row order, each before its
-    block's chunks are yielded.
+    b)`` of each block's rows ``[a, b)`` (NumPy, unpadded) is made in a thread of its own while the compiled call
+    of the same block runs (NumPy's arithmetic releases the GIL: it runs on the other core; for data in files,
+    from the rows the reader threads have read, so that they stay on the disk's reads), and ``sink(a, b, part)``
+    takes them in row order, each before its block's chunks are yielded.
     """
     from .storage import datasource as ds
 
@@ -170,8 +170,9 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
     not of N) and make their part of ``tap``'s statistics and finiteness check (if any), which read the
     blocks' pages, so that the thread that calls ``fn`` does nothing else; on the CPU a memory map's rows go to
     the compiled call in place, without a copy (where no tap reads them first, the call's own page faults read
-    them, with the read-ahead the pass asks for). Measured per block of 2**20 rows of the logistic model with
-    d = 11: the compiled gradient-and-Hessian pass 18 ms, the model's statistics 18 ms."""
+    them, with the read-ahead the pass asks for). ``host``'s parts (:func:`full_pass`) are made in one more thread
+    while the block's compiled call runs. Measured per block of 2**20 rows of the logistic model with d = 11: the
+    compiled gradient-and-Hessian pass 18 ms, the model's statistics 18 ms."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
@@ -180,13 +181,14 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
         rows = read(s, e)
         part = tap.part(rows, s, e) if tap is not None else None
         if host is not None:
-            part = (part, host[0](rows, s, e))
+            part = (part, rows)  # (the host part is made in a thread of its own, from rows the tap has read)
         if e - s < rows_per_block:
             pad = rows_per_block - (e - s)
             rows = jax.tree_util.tree_map(lambda a: np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]), rows)
         return jax.device_put(rows), part
 
-    with ThreadPoolExecutor(FILE_READERS, thread_name_prefix="tallmh-read") as ex:
+    with ThreadPoolExecutor(FILE_READERS, thread_name_prefix="tallmh-read") as ex, \
+            ThreadPoolExecutor(1, thread_name_prefix="tallmh-host") as hx:
         queue = collections.deque()
         it = iter(starts)
         try:
@@ -200,12 +202,16 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
                 if nxt is not None:
                     queue.append((nxt, ex.submit(load, nxt)))
                 rows, part = f.result()
-                out = fn(args, rows, np.int32(min(n, s + rows_per_block) - s))  # (dispatched: runs meanwhile)
+                e = min(n, s + rows_per_block)
+                hp = None
                 if host is not None:
                     part, hp = part
-                    host[1](s, min(n, s + rows_per_block), hp)
+                    hp = hx.submit(host[0], hp, s, e)  # (beside the compiled call: NumPy on the other core)
+                out = fn(args, rows, np.int32(e - s))  # (dispatched: runs meanwhile)
+                if host is not None:
+                    host[1](s, e, hp.result())
                 if tap is not None:
-                    tap.add(s, min(n, s + rows_per_block), part)
+                    tap.add(s, e, part)
                 yield s, out
         finally:
             for _, f in queue:
