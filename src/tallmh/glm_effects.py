@@ -149,15 +149,15 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     for s in range(0, rows, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), rows - 1).astype(np.int32))
         kind, xf, gi, ci, b, y, k, ok = chunk(data, idx, e0)
-        if form == "logistic":
-            read = lambda at: (lambda o: o[1:5] + (o[7],))(chunk(data, idx, at))  # noqa: E731
-            xf, gi, ci, b, ok = _reread_flat(read, (xf, gi, ci, b, ok), jnp.zeros_like(e0))
         kinds.add(int(kind))
-        if not bool(ok) or len(kinds) > 1:
+        if not bool(jnp.all(ok)) or len(kinds) > 1:
             return None
         m = min(size, rows - s)
         parts.append(tuple(np.asarray(t)[:m] for t in (xf, gi, ci, b, y, k)))
     cat = [np.concatenate([p[i] for p in parts]) for i in range(6)]
+    if form == "logistic":
+        zero = jnp.zeros_like(e0)
+        _reread_flat(lambda idx: (lambda o: o[1:5] + (o[7],))(chunk(data, idx, zero)), cat, size)
     family = ("logistic", "poisson", "gaussian")[kinds.pop()]
     view = GLMView(cat[0].astype(np.float32), cat[1].astype(np.int32), cat[2].astype(np.float32),
                    cat[3].astype(np.float32), fixed, group, family, cat[4].astype(np.float32), cat[5].astype(np.float32))
@@ -168,20 +168,21 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     return view
 
 
-def _reread_flat(read, got, at):
-    """The logistic rows ``got = (x, g, c, b, ok)`` read at the start, with those that read as constants (every
-    derivative zero) read again at the point ``at`` (``read(at)``): a link saturated at the start (Bambi clips the
-    probability to ``1 - eps`` where it rounds to 1, a flat function there) hides the row's design, which the start's
-    constant would replace by a wrong, flat likelihood away from it. A row constant at both points stays constant
-    (a zero design row: its remainder is zero); the caller's checks at two points still decide on every row."""
-    xf, gi, ci, b, ok = got
-    flat = ok & (ci == 0) & jnp.all(xf == 0, axis=1)
-    if not bool(jnp.any(flat)):
-        return xf, gi, ci, b, jnp.all(ok)
-    x1, g1, c1, b1, ok1 = read(at)
-    new = flat & ok1 & ~((c1 == 0) & jnp.all(x1 == 0, axis=1))
-    pick = lambda a, a1: jnp.where(new.reshape((-1,) + (1,) * (a.ndim - 1)), a1, a)  # noqa: E731
-    return pick(xf, x1), pick(gi, g1), pick(ci, c1), pick(b, b1), jnp.all(ok)
+def _reread_flat(read, cat, size):
+    """The logistic rows' design ``cat = [x, g, c, b, ...]`` (host arrays, read at the start; changed in place), with
+    the rows that read as constants there (every derivative zero) read again at another point (``read(idx) -> (x, g,
+    c, b, ok)`` of rows ``idx``, ``size`` of them): a link saturated at the start (Bambi replaces a probability that
+    rounds to 1 by ``1 - eps``, a flat function there) hides the row's design, and the start's constant would be a
+    wrong, flat likelihood away from it. A row constant at both points stays constant (a zero design row: its
+    remainder is zero); the caller's checks at two points still decide on every row. Reads only the flat rows."""
+    flat = np.nonzero((cat[2] == 0) & np.all(cat[0] == 0, axis=1))[0].astype(np.int32)
+    for s in range(0, flat.size, size):
+        sel = flat[s:s + size]
+        idx = np.concatenate([sel, np.full(size - sel.size, sel[-1], np.int32)])  # (one shape: one program)
+        x1, g1, c1, b1, ok1 = (np.asarray(t)[:sel.size] for t in read(jnp.asarray(idx)))
+        new = ok1 & ~((c1 == 0) & np.all(x1 == 0, axis=1))
+        for a, v in zip(cat[:4], (x1, g1, c1, b1)):
+            a[sel[new]] = v[new]
 
 
 def _matches(bm, data, n, view, e, size) -> bool:
