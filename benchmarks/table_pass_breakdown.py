@@ -9,6 +9,11 @@ process's CPU seconds (user + system): on a shared machine the wall times follow
 less. Prints one JSON line and appends it to ``--out``.
 
     python benchmarks/table_pass_breakdown.py --data-dir DIR --n 1e8 --label after
+    python benchmarks/table_pass_breakdown.py --data-dir DIR --n 1e8 --evict [--compiled-weights]
+
+``--compiled-weights``: the exact table's weights in the compiled pass, fused with the derivatives, as before they
+were made in NumPy beside it (``tallmh.fused_table.HOST_WEIGHTS = False``); ``--evict``: the files' pages dropped
+from the page cache first.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ def main(argv):
     ap.add_argument("--n", type=float, default=1e8)
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
+    ap.add_argument("--evict", action="store_true", help="drop the files' pages from the page cache first "
+                    "(out_of_core.evict): the pass reads the disk")
     ap.add_argument("--compiled-weights", action="store_true",
                     help="the table's weights in the compiled pass, fused with the derivatives (the form before "
                          "they were made in NumPy beside it)")
@@ -66,6 +73,10 @@ def main(argv):
         fused_table.FusedTable.run = lambda self, _fp, *a, **k: run0(self, timed_pass, *a, **k)
         fused_table.FusedTable.table = timed(fused_table.FusedTable.table, "fused table's grouping")
     folder = f"{args.data_dir}/N{int(args.n)}"
+    if args.evict:
+        from out_of_core import evict
+
+        evict(folder)
     with open("/proc/loadavg") as f:
         load0 = f.read().split()[:3]
     t00[0] = time.perf_counter()
@@ -80,7 +91,7 @@ def main(argv):
            "call_s": round(res.timings["total_s"], 1), "setup_s": round(res.timings["setup_s"], 1),
            "wall_s": round(wall, 1), "setup_passes": res.setup_items / res.n, "steps": log,
            "commit": C.git_commit(), "trusted": bool(res.trusted),
-           "weights": "compiled" if args.compiled_weights else "numpy", "load_at_end": C.load_average()}
+           "weights": "compiled" if args.compiled_weights else "numpy", "evicted": args.evict, "load_at_end": C.load_average()}
     C.print_json_line(out, args.out)
 
 
