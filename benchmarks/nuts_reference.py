@@ -5,14 +5,18 @@ Two cases, each with the priors of the model tallmh samples:
 
 - ``flights``: ``late ~ log_dist + C(dep_time) + (1|origin)``, Bernoulli, on the 3,000,000 flights of
   ``bambi_flights3m.py`` (the same table and columns), with the common terms' columns centred as Bambi's PyMC model
-  centres them (``center_predictors``), so ``Intercept`` is the model's parameter, the one tallmh reports (Bambi's
-  own ``fit`` reports ``Intercept - mean(X) @ beta`` instead). Bambi's priors for that formula: ``Intercept ~ Normal(0, 1.5)``,
+  centres them (``center_predictors``), so the reference's ``Intercept`` is the model's parameter, the intercept of
+  the centred predictors: tallmh samples it and reports it as ``Intercept_centred``, beside ``Intercept`` on the
+  data's scale (``Intercept_centred - mean(X) @ beta``, what Bambi's own ``fit`` reports), and :func:`compare`
+  compares the reference's with ``Intercept_centred``. Bambi's priors for that formula: ``Intercept ~ Normal(0, 1.5)``,
   ``log_dist ~ Normal(0, 1)``, ``C(dep_time) ~ Normal(0, 1)`` (4 levels beside 06-09), ``1|origin_sigma ~
   HalfNormal(2.5353)`` (Bambi's auto-scaled value, read from the model it builds), the 229 airports in formulae's
   (sorted) order.
 - ``simulated``: ``y ~ x1 + x2 + (1|g)`` on ``hierarchical_scale.py``'s simulated rows (same ``simulate(rows,
   groups, seed)``), with the priors of its PyMC model: ``Normal(0, 1.5)`` intercept, ``Normal(0, 1)`` slopes,
-  ``HalfNormal(2.5)`` group sd.
+  ``HalfNormal(2.5)`` group sd. Its design is not centred: the reference's ``Intercept`` is on the data's scale, as
+  tallmh's ``Intercept`` is on every route (a Bambi model's prior is on the centred intercept instead; the simulated
+  slopes' columns have means within ``4 / sqrt(N)`` of 0, so the two priors differ by a shift of that order).
 
 The likelihood is exact on every row. The flights are held as binomial counts per distinct row of the design
 (log distance, departure band, airport: 13,378 patterns), which is the Bernoulli likelihood of the 3,000,000 rows
@@ -67,6 +71,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 
+# the key of a reference's info that says its Intercept is that of the centred predictors (and gives the column means)
+CENTRED_INFO = "column means (centred, as Bambi does; Intercept is the centred one)"
+BAMBI_FRONTENDS = ("bambi", "bambi-formula")
+
+
+def intercept_pairs(ref, means):
+    """``{reference key: (run key, what is compared)}`` for the intercept, like with like: a reference whose
+    ``Intercept`` is that of the centred predictors (the flights reference, ``CENTRED_INFO``; or a Bambi run's result
+    saved before tallmh reported Bambi's data-scale ``Intercept``, which has no ``Intercept_centred``) is compared with
+    the run's ``Intercept_centred`` where the run has it; otherwise ``Intercept`` with ``Intercept`` (the data's scale
+    in both, or, for a run that has no centred one, both as the model samples it)."""
+    centred = CENTRED_INFO in (ref.get("info") or {}) or (
+        ref.get("frontend") in BAMBI_FRONTENDS and "Intercept_centred" not in ref.get("means", {}))
+    if "Intercept" not in ref.get("means", {}):
+        return {}
+    if centred and "Intercept_centred" in means:
+        return {"Intercept": ("Intercept_centred", "the intercept of the centred predictors in both (the run's "
+                                                   "Intercept_centred; its Intercept is on the data's scale)")}
+    if centred:
+        return {"Intercept": ("Intercept", "the reference's Intercept is that of the centred predictors; the run has "
+                                           "no Intercept_centred: compared as the model samples it")}
+    if "Intercept_centred" in means:
+        return {"Intercept": ("Intercept", "on the data's scale in both (as Bambi's fit reports it)")}
+    return {"Intercept": ("Intercept", "as the model samples it in both (no centred predictors)")}
+
+
 def flights_data(path):
     """(X, names, g, levels, k, n, sigma prior scale): binomial counts per distinct design row of the flights."""
     sys.path.insert(0, HERE)
@@ -100,7 +130,7 @@ def flights_data(path):
     s_scale = float(term.prior.args["sigma"].args["sigma"])
     assert list(bm.components["p"].common_terms["C(dep_time)"].levels) == bands[1:]
     info = {"rows": int(len(df)), "patterns": int(len(uniq)), "levels": levels, "late share": float(y.mean()),
-            "column means (centred, as Bambi does; Intercept is the centred one)": dict(zip(names, x_mean.tolist())),
+            CENTRED_INFO: dict(zip(names, x_mean.tolist())),
             "priors": {"Intercept": "Normal(0, 1.5)", "log_dist": "Normal(0, 1)", "C(dep_time)": "Normal(0, 1)",
                        "1|origin_sigma": f"HalfNormal({s_scale:.4f})"}}
     return X, names, uniq[:, 2].astype(np.int32), k, n, s_scale, "1|origin", info
@@ -268,14 +298,18 @@ def compare(ref_path, means, sds, group_means, group_sds, label="tallmh"):
         print(f"WARNING: the reference {ref_path} has min bulk ESS {ess:.0f} and max R-hat {rh:.4f} over the fixed "
               f"effects and sigma (draws per chain {ref.get('draws per chain')}): it is no converged reference")
     rows = {}
+    pairs = intercept_pairs(ref, means)
     print(f"\n{label} against the reference {os.path.basename(ref_path)} (z = |mean - ref mean| / ref sd)")
+    for k, (run_k, what) in pairs.items():
+        print(f"{k}: the reference's {k} against the run's {run_k}: {what}")
     print(f"{'site':<22}{'mean':>11}{'ref mean':>11}{'ref sd':>11}{'z':>8}{'sd ratio':>10}{'ref ESS':>9}{'ref R-hat':>10}")
     for k in ref["means"]:
-        if k not in means:
-            raise KeyError(f"{k} is in the reference but not in the run ({sorted(means)})")
-        z = abs(means[k] - ref["means"][k]) / ref["sds"][k]
-        rows[k] = {"z": z, "sd ratio": sds[k] / ref["sds"][k]}
-        print(f"{k:<22}{means[k]:>11.4f}{ref['means'][k]:>11.4f}{ref['sds'][k]:>11.4f}{z:>8.3f}"
+        run_k = pairs.get(k, (k,))[0]
+        if run_k not in means:
+            raise KeyError(f"{run_k} is in the reference (as {k}) but not in the run ({sorted(means)})")
+        z = abs(means[run_k] - ref["means"][k]) / ref["sds"][k]
+        rows[k] = {"z": z, "sd ratio": sds[run_k] / ref["sds"][k], "run's site": run_k}
+        print(f"{k if run_k == k else run_k:<22}{means[run_k]:>11.4f}{ref['means'][k]:>11.4f}{ref['sds'][k]:>11.4f}{z:>8.3f}"
               f"{rows[k]['sd ratio']:>10.3f}{ref.get('bulk ESS', {}).get(k, np.nan):>9.0f}"
               f"{ref.get('R-hat', {}).get(k, np.nan):>10.4f}")
     gm, gs = np.asarray(ref["group means"]), np.asarray(ref["group sds"])
@@ -288,6 +322,7 @@ def compare(ref_path, means, sds, group_means, group_sds, label="tallmh"):
            "groups: share z <= 0.2": float(np.mean(zg <= 0.2)), "groups: median z": float(np.median(zg)),
            "groups: sd ratio range": [float(ratio.min()), float(ratio.max())],
            "groups: median sd ratio": float(np.median(ratio)), "reference": os.path.basename(ref_path),
+           "intercept compared": {k: f"reference {k} against run {v[0]}: {v[1]}" for k, v in pairs.items()},
            "reference min bulk ESS": ess, "reference max R-hat": rh,
            "reference draws per chain": ref.get("draws per chain")}
     print(f"group effects ({len(zg)}): max z {zg.max():.3f} (level {int(zg.argmax())}), median {np.median(zg):.3f}, "

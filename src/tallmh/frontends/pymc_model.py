@@ -207,6 +207,15 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
                            control_variates=tm.ControlVariates(), seed=0)
         print(result.summary())    # rows a, b[0], b[1]: by PyMC name
     """
+    model, data_arrays = _convert(pm_model, check, check_full_max)
+    if centre_groups:
+        model = recentre(model, data_arrays)
+    release()  # (the conversion's and the pilot fit's temporaries: see tallmh._memory)
+    return model, data_arrays
+
+
+def _convert(pm_model, check, check_full_max):
+    """``(PyMCModel, data)``: :func:`from_pymc` without the recentring of group-level terms."""
     x64 = bool(jax.config.jax_enable_x64)
     pm = _pymc()
     from pymc.logprob.utils import replace_rvs_by_values
@@ -256,9 +265,6 @@ def from_pymc(pm_model, *, check: bool = True, check_full_max: int = 20_000, cen
 
     attach_bound(model, observed, obs_graphs, repl, value_vars, ph_list, data_arrays,
                  lambda ins, outs: _quiet(_jaxify(ins, outs, "linear predictor")))
-    if centre_groups:
-        model = recentre(model, data_arrays)
-    release()  # (the conversion's and the pilot fit's temporaries: see tallmh._memory)
     return model, data_arrays
 
 
@@ -567,7 +573,10 @@ def from_bambi(bmb_model, data=None, *, check: bool = True, check_full_max: int 
 
     Builds the model (``bmb_model.build()``) and converts its PyMC model; common and group-level effects,
     and the family's auxiliary parameters, are all globals, named as Bambi names them. Group-level terms
-    are moved partially centred unless ``centre_groups=False`` (see :func:`from_pymc`, :func:`recentre`).
+    are moved partially centred unless ``centre_groups=False`` (see :func:`from_pymc`, :func:`recentre`). Where
+    Bambi centres the common predictors (``center_predictors=True``, its default) the draws' ``Intercept`` is the one
+    Bambi's ``fit`` reports, on the data's scale, and ``Intercept_centred`` the sampled intercept of the centred
+    predictors (:mod:`tallmh.frontends.bambi_intercept`).
 
     ``tm.from_bambi(formula, df, family=..., priors=..., ...)`` (the formula and the data frame, and
     ``bambi.Model``'s other arguments as keywords) builds the same model without the rows x levels indicator
@@ -599,9 +608,26 @@ def from_bambi(bmb_model, data=None, *, check: bool = True, check_full_max: int 
     if getattr(bmb_model, "backend", None) is None or getattr(bmb_model.backend, "model", None) is None:
         bmb_model.build()
     pm_model = bmb_model.backend.model
+    from .bambi_intercept import intercept_shifts, with_data_scale_intercepts
+
+    shifts = intercept_shifts(bmb_model)  # (the common terms' column means: Bambi's fit reports the intercept with them)
+    n_design = len(shifts) * _bambi_rows(bmb_model) if shifts else 0
     del bmb_model  # (a model built here from the formula: its design and terms freed before the conversion)
     release()
-    return from_pymc(pm_model, check=check, check_full_max=check_full_max, centre_groups=centre_groups)
+    model, data = _convert(pm_model, check, check_full_max)
+    notes = with_data_scale_intercepts(model, shifts).notes if shifts else []
+    count_conversion(model, n_design)  # (the column means: one pass over each centred design)
+    if centre_groups:
+        model = recentre(model, data)
+        kept = list(getattr(model, "notes", None) or [])
+        model.notes = kept + [m for m in notes if m not in kept]
+    release()  # (the conversion's and the pilot fit's temporaries: see tallmh._memory)
+    return model, data
+
+
+def _bambi_rows(bmb_model):
+    """The number of rows of a built Bambi model's response."""
+    return int(np.shape(bmb_model.response_component.term.data)[0])
 
 
 # ---------------------------------------------------------------------------------------------------
