@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from .base import CompSum, Decision, Problem, StreamReader, df_add, draw_u
+from .base import CompSum, Decision, Problem, StreamReader, df_add, u_of
 from .exact import exact_accept
 from ..factor_bounds import items_of_bits
 
@@ -92,14 +92,16 @@ class PoissonThinning:
         def hashed(fn, other, key):
             # fn(key) (random draws: integer hashes, and the floats made from them) computed in a branch of its own,
             # so that its results are stored once: XLA otherwise re-emits a hash into every fusion that reads one of
-            # its values (the loop's key split went into five fusions, its item and uniform draws into two each)
+            # its values (a key split went into each of the draws made from its keys, the loop's into five fusions)
             return jax.lax.cond(valid, fn, other, key)
 
-        def first(key):
-            u, k_first, k_points = draw_u(key)
-            return u, jax.random.exponential(k_first, (), dtype), k_points
+        def split3(k):
+            return jax.random.split(k, 3)
 
-        u, t1, k_points = hashed(first, lambda k: (jnp.ones((), jnp.result_type(float)), jnp.zeros((), dtype), k), key)
+        # draw_u(key), and the first arrival from its second key
+        k_u, k_first, k_points = hashed(split3, lambda k: jnp.stack([k, k, k]), key)
+        u, t1 = hashed(lambda ks: (u_of(ks[0]), jax.random.exponential(ks[1], (), dtype)),
+                       lambda ks: (jnp.ones((), jnp.result_type(float)), jnp.zeros((), dtype)), jnp.stack([k_u, k_first]))
         lam = f.phi * t.total
         fallback = ~f.region | ~(lam <= self.rate_limit(n))  # (a NaN rate falls back too)
         surrogate_ok = jnp.log(u) < problem.log_base
@@ -117,9 +119,8 @@ class PoissonThinning:
         # one and never counted in advance; the arrival time is summed as a double-float pair (no drift over many
         # points)
 
-        def draws(k):  # the next key, each lane's four words for its item, its thinning uniform and next gap's
-            k, k1, k3 = jax.random.split(k, 3)
-            return k, jax.random.bits(k1, (4, m), jnp.uint32), jax.random.uniform(k3, (2, m), dtype)
+        def draws(ks):  # each lane's four words for its item, its thinning uniform and next gap's
+            return jax.random.bits(ks[0], (4, m), jnp.uint32), jax.random.uniform(ks[1], (2, m), dtype)
 
         def cond(s):
             hi, lo, rejected, bad, _, _, _ = s
@@ -127,7 +128,8 @@ class PoissonThinning:
 
         def body(s):
             hi, lo, rejected, bad, k, touched, rounds = s
-            k, w, u2 = hashed(draws, lambda k: (k, jnp.zeros((4, m), jnp.uint32), jnp.zeros((2, m), dtype)), k)
+            k, k1, k3 = hashed(split3, lambda k: jnp.stack([k, k, k]), k)
+            w, u2 = hashed(draws, lambda ks: (jnp.zeros((4, m), jnp.uint32), jnp.zeros((2, m), dtype)), jnp.stack([k1, k3]))
             idx, rate = items_of_bits(w, t)  # (draw_items(k1, t, m), from the same words)
             gaps = -jnp.log1p(-u2[1])
             # lane j's arrival: T + gaps[0] + ... + gaps[j-1] (lane 0 at T, the loop's condition)
