@@ -135,26 +135,29 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     tang = tangents(fixed, group, d, e0.dtype)
 
     @jax.jit
-    def chunk(data, idx):  # (the data an argument: closed over, they would be copied into the program as constants)
+    def chunk(data, idx, at):  # (the data an argument: closed over, they would be copied into the program as constants)
         flat = take(data, idx)
         lik = lambda e: bm.model.log_lik(bm.theta({"hyper": h0, "effects": e}), flat)  # noqa: E731
         # forward derivatives along p + 3 directions (tallmh.glm_rows): O(p) a row whatever the number of groups
         if form != "logistic":
-            return second_order_rows(lik, e0, tang, w, int(fixed.size), fj, gj)
-        xf, gi, ci, b, ok = logistic_rows(lik, e0, tang, int(fixed.size), fj, gj)
+            return second_order_rows(lik, at, tang, w, int(fixed.size), fj, gj)
+        xf, gi, ci, b, ok = logistic_rows(lik, at, tang, int(fixed.size), fj, gj)
         z = jnp.zeros_like(b)
         return jnp.int32(0), xf, gi, ci, b, z, z, ok
 
     parts, kinds = [], set()
     for s in range(0, rows, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), rows - 1).astype(np.int32))
-        kind, xf, gi, ci, b, y, k, ok = chunk(data, idx)
+        kind, xf, gi, ci, b, y, k, ok = chunk(data, idx, e0)
         kinds.add(int(kind))
-        if not bool(ok) or len(kinds) > 1:
+        if not bool(jnp.all(ok)) or len(kinds) > 1:
             return None
         m = min(size, rows - s)
         parts.append(tuple(np.asarray(t)[:m] for t in (xf, gi, ci, b, y, k)))
     cat = [np.concatenate([p[i] for p in parts]) for i in range(6)]
+    if form == "logistic":
+        zero = jnp.zeros_like(e0)
+        _reread_flat(lambda idx: (lambda o: o[1:5] + (o[7],))(chunk(data, idx, zero)), cat, size)
     family = ("logistic", "poisson", "gaussian")[kinds.pop()]
     view = GLMView(cat[0].astype(np.float32), cat[1].astype(np.int32), cat[2].astype(np.float32),
                    cat[3].astype(np.float32), fixed, group, family, cat[4].astype(np.float32), cat[5].astype(np.float32))
@@ -163,6 +166,23 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
         if not _matches(bm, data, rows, view, e, size):
             return None
     return view
+
+
+def _reread_flat(read, cat, size):
+    """The logistic rows' design ``cat = [x, g, c, b, ...]`` (host arrays, read at the start; changed in place), with
+    the rows that read as constants there (every derivative zero) read again at another point (``read(idx) -> (x, g,
+    c, b, ok)`` of rows ``idx``, ``size`` of them): a link saturated at the start (Bambi replaces a probability that
+    rounds to 1 by ``1 - eps``, a flat function there) hides the row's design, and the start's constant would be a
+    wrong, flat likelihood away from it. A row constant at both points stays constant (a zero design row: its
+    remainder is zero); the caller's checks at two points still decide on every row. Reads only the flat rows."""
+    flat = np.nonzero((cat[2] == 0) & np.all(cat[0] == 0, axis=1))[0].astype(np.int32)
+    for s in range(0, flat.size, size):
+        sel = flat[s:s + size]
+        idx = np.concatenate([sel, np.full(size - sel.size, sel[-1], np.int32)])  # (one shape: one program)
+        x1, g1, c1, b1, ok1 = (np.asarray(t)[:sel.size] for t in read(jnp.asarray(idx)))
+        new = ok1 & ~((c1 == 0) & np.all(x1 == 0, axis=1))
+        for a, v in zip(cat[:4], (x1, g1, c1, b1)):
+            a[sel[new]] = v[new]
 
 
 def _matches(bm, data, n, view, e, size) -> bool:
@@ -344,13 +364,22 @@ def glm_setup(bm, view, e0):
     w = item_rates(view.family, mc, kappa)
     if view.family == "gaussian":
         w = kappa**3  # (tables for the record: a Gaussian's remainder is zero and its steps draw no point)
+    # a zero weight only where kappa_i = 0 (x_i = 0 and c_i = 0: delta_i = 0 at every point, the remainder is zero);
+    # a positive bound that underflows keeps the smallest weight, so that the row can still be drawn
+    if not np.all(np.isfinite(kappa)):
+        raise ValueError("glm_effects: a row's bound is not finite")
+    w = np.where(kappa > 0, np.maximum(w, np.finfo(np.float64).tiny), 0.0)
     gl = np.zeros_like(c)
     gl[F], gl[Gp] = gf, gg
     return _tables(c, gl, P, L.T, v, s, lam, w, view.g, Gp.size)
 
 
 def _tables(c, gl, P, lstf, v, s, lam, w, g, G):
-    """The per-group bucket tables for weights ``w`` (see :class:`GLMSetup`)."""
+    """The per-group bucket tables for weights ``w`` (see :class:`GLMSetup`), and the order: the rows of positive
+    weight by group and bucket, then those of zero weight (rows whose remainder is zero: no bucket points at them, so
+    the thinning never draws them; they are there so that the order, stored beside the data, has N rows)."""
+    if not np.all(w >= 0):
+        raise ValueError("glm_effects: a row's bound weight is negative or not a number")
     items = np.nonzero(w > 0)[0]
     wk = w[items]
     key = np.floor(8.0 * np.log2(wk)).astype(np.int64)
@@ -376,7 +405,7 @@ def _tables(c, gl, P, lstf, v, s, lam, w, g, G):
                      v.astype(f32), s.astype(f32), float(lam), np.nextafter(T.astype(f32), np.inf), brk.astype(np.int32),
                      bcount.astype(np.int32), cumk.astype(np.int32), gfirst.astype(np.int32),
                      np.maximum(K, 1).astype(np.int32), steps)
-    return setup, items[o].astype(np.int32)
+    return setup, np.concatenate([items[o], np.nonzero(w == 0)[0]]).astype(np.int32)
 
 
 # --- the block -----------------------------------------------------------------------------------------------

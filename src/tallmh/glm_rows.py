@@ -42,8 +42,10 @@ def tangents(fixed, group, d, dtype):
 
 
 def logistic_rows(lik, e0, tang, p, fj, gj):
-    """``(x (b, p), g (b,), c (b,), b (b,), ok)`` of the rows whose log-likelihoods are ``lik(e) -> (b,)`` at the
-    effects ``e0`` (traced; see the module): ``ok`` is False where a row is not of the form or a value is not finite."""
+    """``(x (b, p), g (b,), c (b,), b (b,), ok (b,))`` of the rows whose log-likelihoods are ``lik(e) -> (b,)`` at the
+    effects ``e0`` (traced; see the module): ``ok`` is False for a row not of the form or with a value not finite. A row
+    whose derivatives all vanish at ``e0`` reads as a constant (``x = 0``, ``c = 0``): a saturated link (a probability
+    clipped to ``1 - eps``, as Bambi's is) reads so too, so the caller reads such rows again at another point."""
     G = gj.shape[0]
     val, lin = jax.linearize(lik, e0)
     a = jax.vmap(lin)(tang) / (-jnp.expm1(val))[None, :]  # (p + 3, b): d eta_i along each direction
@@ -60,7 +62,7 @@ def logistic_rows(lik, e0, tang, p, fj, gj):
     gi = jnp.where(touched, gr, 0).astype(jnp.int32)
     b = v - xf @ e0[fj] - s1 * e0[gj][gi]
     ok = (~touched | one_group) & jnp.all(jnp.isfinite(a), axis=0) & jnp.isfinite(b)
-    return xf, gi, s1, b, jnp.all(ok)
+    return xf, gi, s1, b, ok
 
 
 def _derivatives(lik, e0, v, w):

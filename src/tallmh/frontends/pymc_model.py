@@ -485,10 +485,10 @@ def _load_pytensor_jax():
 
 def _jaxify(inputs, outputs, what):
     """PyTensor graph -> JAX function, or a ModelError naming ``what`` cannot be compiled."""
-    from pymc.sampling.jax import get_jaxified_graph
+    from .pytensor_jax import jaxified_graph
 
     try:
-        return get_jaxified_graph(inputs=inputs, outputs=outputs)
+        return jaxified_graph(inputs, outputs)
     except NotImplementedError as e:
         raise ModelError(f"the {what} uses an operation PyTensor's JAX backend cannot compile: {e}") from e
     except Exception as e:  # noqa: BLE001
@@ -502,7 +502,7 @@ def _take(data, idx):
 
 def _checks(model: PyMCModel, data, n, check_full_max):
     """Finite at the initial point; additive over rows; equal to PyMC's log density on the full data."""
-    from pymc.sampling.jax import get_jaxified_graph
+    from .pytensor_jax import jaxified_graph
 
     theta0 = model.init()
     rng = np.random.default_rng(0)
@@ -540,7 +540,7 @@ def _checks(model: PyMCModel, data, n, check_full_max):
     if n <= check_full_max:
         count_conversion(model, 2 * n)  # (the full data's log density, at two points)
         m = model.pm_model
-        full = jax.jit(_quiet(get_jaxified_graph(inputs=m.value_vars, outputs=[m.logp()])))
+        full = jax.jit(_quiet(jaxified_graph(m.value_vars, [m.logp()])))
         for th in (theta0, theta1):
             ref = float(full(*[th[v.name] for v in m.value_vars])[0])
             ours = float(model.log_prior(th) + jnp.sum(model.log_lik(th, _take(data, np.arange(n)))))
