@@ -241,16 +241,16 @@ def compile_early(run):
                                                          elemental=elemental(run), quick=elemental(run),
                                                          background=True)
             else:
-                box["traced"].set()
+                box["loaded"] = (entry, states)
             box["compiled"] = compiled
-            if defer_audit(run):  # (the chain loaded from the disk: the audit's too)
-                audit_program(entry, states)
         except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
             box["error"] = e
         finally:
             box["keyed"].set()
             box["traced"].set()
             box["ready"].set()
+        if defer_audit(run) and "loaded" in box:  # (the chain loaded from the disk: the audit's too, once it is ready)
+            audit_program(*box["loaded"])
 
     box["thread"] = threading.Thread(target=threads.as_caller(work), daemon=True, name="tallmh-compile")
     box["thread"].start()
