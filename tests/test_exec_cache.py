@@ -237,6 +237,36 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
     assert seen and not any(k.startswith("xla_cpu") or k == "xla_backend_optimization_level" for o in seen for k in o)
 
 
+def test_the_chain_compiles_in_as_many_llvm_modules_as_cores_and_draws_the_same(monkeypatch):
+    """Where the process may use fewer cores than XLA's default count of LLVM modules (32), the chain compiles in
+    one module per core (less repeated work per module); the draws are those of the default count."""
+    import jax.stages
+
+    monkeypatch.setattr(_exec_cache.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert _exec_cache._cpu_split() == {_exec_cache._SPLIT: 2}
+    monkeypatch.setattr(_exec_cache.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert _exec_cache._cpu_split() == {}
+    seen = []
+    real = jax.stages.Lowered.compile
+
+    def spy(self, compiler_options=None, **kw):
+        seen.append(dict(compiler_options or {}))
+        return real(self, compiler_options=compiler_options, **kw)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    monkeypatch.setattr(_exec_cache, "load", lambda key: None)
+    monkeypatch.setattr(_exec_cache, "_REFUSED", {})
+    runs = {}
+    for cores in (1, 64):  # (one module; XLA's own count)
+        monkeypatch.setattr(_exec_cache.os, "sched_getaffinity", lambda pid, c=cores: set(range(c)), raising=False)
+        programs.RUNNERS.clear()
+        seen.clear()
+        runs[cores] = _run()
+        split = [o.get(_exec_cache._SPLIT) for o in seen if "xla_backend_optimization_level" in o]
+        assert split and all(v == (1 if cores == 1 else None) for v in split)
+    np.testing.assert_array_equal(runs[1].flat_samples, runs[64].flat_samples)
+
+
 def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):
     """With the chain compiling beside the set-up, the set-up traces the kernel's init only once the chain's
     trace is done (one interpreter: two traces at once slowed the chain's, the longer wait)."""

@@ -69,7 +69,7 @@ def test_the_constant_target_check_reads_a_prefix():
 def test_rows_gathered_in_runs_are_numpys(tmp_path, monkeypatch):
     """storage.runs.gather: the same array as ``a[idx]`` for the warm sub-samples' runs of rows (on a memory map,
     2-D and 1-D), for scattered rows, few rows, and out-of-range rows (NumPy's error); the runs are read by the
-    threads (one copy per run)."""
+    threads (one copy per run) on a memory map, not for a sub-sample of rows in memory."""
     from tallmh import setup_passes
     from tallmh.storage import runs
 
@@ -90,3 +90,6 @@ def test_rows_gathered_in_runs_are_numpys(tmp_path, monkeypatch):
     np.testing.assert_array_equal(runs.gather(mm, idx[:100]), X[idx[:100]])
     with pytest.raises(IndexError):
         runs.gather(mm, np.arange(n - 10, n + (1 << 16)))
+    copies.clear()  # rows in memory (no page faults to wait on): a[idx] itself below runs._MIN_ROWS_MEMORY rows
+    np.testing.assert_array_equal(runs.gather(X, idx), X[idx])
+    assert not copies

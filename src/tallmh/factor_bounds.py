@@ -71,7 +71,7 @@ from .storage import datasource as ds
 from .storage.memory import available_memory
 
 __all__ = ["FactorTable", "FactorView", "ZeroRemainder", "PoissonTrustBound", "cubic_sup", "build_table", "draw_items",
-           "TableBuilder", "BulkBuilder", "builder", "uses_bulk", "table_shapes", "prepare",
+           "items_of_bits", "TableBuilder", "BulkBuilder", "builder", "uses_bulk", "table_shapes", "prepare",
            "FACTOR_KEY", "SAFETY", "BULK_MIN_N", "HEAVY_MAX"]
 
 FACTOR_KEY = "factor_table"  # where the table lies in the step's statistics (``stats``)
@@ -408,7 +408,12 @@ def draw_items(key, table: FactorTable, m: int):
     one hash of the key. The large-N table (``heavy_idx`` set, :class:`BulkBuilder`): group 0 draws an
     item uniformly among all N (its position is the item), a heavy group one of its heavy items; the rate of an
     item is group 0's plus, for a heavy item (found by a search of the K sorted heavy items), its group's."""
-    w = jax.random.bits(key, (4, m), jnp.uint32)
+    return items_of_bits(jax.random.bits(key, (4, m), jnp.uint32), table)
+
+
+def items_of_bits(w, table: FactorTable):
+    """:func:`draw_items` from its four words per item ``w`` (``(4, m)`` uint32, one hash of the key): the caller
+    may hash them where it likes (the exact test hashes them once per loop iteration, beside its uniforms)."""
     r = below(w[0], w[1], table.cum[-1])
     g = jnp.searchsorted(table.cum, r, side="right")
     j = below(w[2], w[3], table.count[g])

@@ -70,8 +70,12 @@ class Decision(NamedTuple):
 
 def draw_u(key):
     k_u, k_perm, k_extra = jax.random.split(key, 3)
-    u = jax.random.uniform(k_u, (), minval=jnp.finfo(jnp.result_type(float)).tiny, maxval=1.0)
-    return u, k_perm, k_extra
+    return u_of(k_u), k_perm, k_extra
+
+
+def u_of(k_u):
+    """The decision's uniform on ``(0, 1]`` from its key (the first of :func:`draw_u`'s three)."""
+    return jax.random.uniform(k_u, (), minval=jnp.finfo(jnp.result_type(float)).tiny, maxval=1.0)
 
 
 class Moments(NamedTuple):

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from .base import CompSum, Decision, Problem, StreamReader, df_add, draw_u
+from .base import CompSum, Decision, Problem, StreamReader, df_add, u_of
 from .exact import exact_accept
-from ..factor_bounds import draw_items
+from ..factor_bounds import items_of_bits
 
 __all__ = ["PoissonThinning"]
 
@@ -84,17 +84,30 @@ class PoissonThinning:
         if f is None:
             raise ConfigError("the exact subsampled test needs Taylor control variates and a model with a remainder "
                               "bound (factor_bound), with its table in the statistics (tallmh.factor_bounds.prepare)")
-        u, k_first, k_points = draw_u(key)
         n = problem.n
         t = f.table
         dtype = problem.log_base.dtype
+        valid = t.total >= 0  # (true for every table: a predicate the compiler cannot fold, shared by the chains)
+
+        def hashed(fn, other, key):
+            # fn(key) (random draws: integer hashes, and the floats made from them) computed in a branch of its own,
+            # so that its results are stored once: XLA otherwise re-emits a hash into every fusion that reads one of
+            # its values (a key split went into each of the draws made from its keys, the loop's into five fusions)
+            return jax.lax.cond(valid, fn, other, key)
+
+        def split3(k):
+            return jax.random.split(k, 3)
+
+        # draw_u(key), and the first arrival from its second key
+        k_u, k_first, k_points = hashed(split3, lambda k: jnp.stack([k, k, k]), key)
+        u, t1 = hashed(lambda ks: (u_of(ks[0]), jax.random.exponential(ks[1], (), dtype)),
+                       lambda ks: (jnp.ones((), jnp.result_type(float)), jnp.zeros((), dtype)), jnp.stack([k_u, k_first]))
         lam = f.phi * t.total
         fallback = ~f.region | ~(lam <= self.rate_limit(n))  # (a NaN rate falls back too)
         surrogate_ok = jnp.log(u) < problem.log_base
         go = surrogate_ok & ~fallback
         lam_go = jnp.where(go, lam, jnp.zeros((), dtype))  # (no point unless the thinning decides)
         m = int(self.chunk)
-        valid = t.total >= 0  # (true for every table: a predicate the compiler cannot fold, shared by the chains)
 
         def once(fn, idx):
             # fn(idx) computed in a branch of its own, so that its result is stored once and read by each use (XLA
@@ -102,9 +115,12 @@ class PoissonThinning:
             return jax.lax.cond(valid, jax.jit(fn), lambda i: jnp.full(i.shape, jnp.nan, dtype), idx)
 
         # the superposed process on [0, Lambda) by its unit-rate arrival times T_1 < T_2 < ... (exponential
-        # gaps): the points are those with T_j < Lambda, K ~ Poisson(Lambda) of them, met one by one and never
-        # counted in advance; the arrival time is summed as a double-float pair (no drift over many points)
-        t1 = jax.random.exponential(k_first, (), dtype)
+        # gaps; T_1 drawn above): the points are those with T_j < Lambda, K ~ Poisson(Lambda) of them, met one by
+        # one and never counted in advance; the arrival time is summed as a double-float pair (no drift over many
+        # points)
+
+        def draws(ks):  # each lane's four words for its item, its thinning uniform and next gap's
+            return jax.random.bits(ks[0], (4, m), jnp.uint32), jax.random.uniform(ks[1], (2, m), dtype)
 
         def cond(s):
             hi, lo, rejected, bad, _, _, _ = s
@@ -112,9 +128,9 @@ class PoissonThinning:
 
         def body(s):
             hi, lo, rejected, bad, k, touched, rounds = s
-            k, k1, k3 = jax.random.split(k, 3)
-            idx, rate = draw_items(k1, t, m)
-            u2 = jax.random.uniform(k3, (2, m), dtype)  # the thinning's uniforms, and the next gaps'
+            k, k1, k3 = hashed(split3, lambda k: jnp.stack([k, k, k]), k)
+            w, u2 = hashed(draws, lambda ks: (jnp.zeros((4, m), jnp.uint32), jnp.zeros((2, m), dtype)), jnp.stack([k1, k3]))
+            idx, rate = items_of_bits(w, t)  # (draw_items(k1, t, m), from the same words)
             gaps = -jnp.log1p(-u2[1])
             # lane j's arrival: T + gaps[0] + ... + gaps[j-1] (lane 0 at T, the loop's condition)
             ahead = jnp.cumsum(gaps) - gaps

@@ -213,19 +213,36 @@ _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 # at the same speed (30 ms per step of 4 chains). Level 0 compiled in 0.8 s but sampled 3.5 times slower. It
 # changes the draws in float32's last bits (the order XLA's code rounds in), so it is a choice per program too.
 _CPU_QUICK = {"xla_backend_optimization_level": 1}
+# XLA's CPU backend cuts a program's LLVM code into this many modules (default 32) and compiles them on its thread pool.
+# Each module repeats work of its own (the math functions it inlines and optimises, a target machine): on a 2-core CPU
+# the default chain (N = 10^6, 4 chains) compiled in 1.20 CPU s with 2 modules, 1.16 with 1, and 1.31-1.35 with 32
+# (interleaved, 2026-11-29), the same code (the draws of tests/test_same_draws.py). So as many modules as the process
+# may use cores (up to the default): every core still compiles, and no more repeated work than that.
+_SPLIT = "xla_cpu_parallel_codegen_split_count"
+_SPLIT_DEFAULT = 32
+
+
+def _cpu_split() -> dict:
+    """``{_SPLIT: cores}`` where the process may use fewer cores than XLA's default count of modules, else {}."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (no affinity on this OS)
+        cores = os.cpu_count() or _SPLIT_DEFAULT
+    return {_SPLIT: max(1, cores)} if cores < _SPLIT_DEFAULT else {}
 
 
 def _cpu_options(elemental: bool = True, quick: bool = False) -> dict:
-    """The CPU compile options asked for (``_CPU_OPTIONS`` with ``elemental``, ``_CPU_QUICK`` with ``quick``)
-    where programs compile for the CPU (the default backend), less those this XLA refused."""
+    """The CPU compile options asked for (``_CPU_OPTIONS`` with ``elemental``, ``_CPU_QUICK`` with ``quick``, the
+    LLVM modules per core with either: :func:`_cpu_split`) where programs compile for the CPU (the default
+    backend), less those this XLA refused."""
     try:
         if jax.default_backend() != "cpu":
             return {}
     except Exception:  # noqa: BLE001
         return {}
     out = {}
-    for wanted, group in ((elemental, _CPU_OPTIONS), (quick, _CPU_QUICK)):
-        if wanted and not _REFUSED.get(tuple(group)):
+    for wanted, group in ((elemental, _CPU_OPTIONS), (quick, _CPU_QUICK), (elemental or quick, _cpu_split())):
+        if wanted and group and not _REFUSED.get(tuple(group)):
             out.update(group)
     return out
 
@@ -234,14 +251,14 @@ _REFUSED: dict = {}  # CPU option groups this XLA refused (asked once per proces
 
 
 def _compile(lowered, options: dict):
-    """``lowered.compile`` with ``options``; without a group of CPU options (``_CPU_OPTIONS``, ``_CPU_QUICK``)
-    that this XLA does not know, one group at a time."""
+    """``lowered.compile`` with ``options``; without a group of CPU options (``_CPU_OPTIONS``, ``_CPU_QUICK``,
+    ``_SPLIT``) that this XLA does not know, one group at a time."""
     if not options:
         return lowered.compile()
     try:
         return lowered.compile(compiler_options=options)
     except Exception:  # noqa: BLE001 - an XLA without one of the CPU options: compiled without that group
-        for group in (_CPU_OPTIONS, _CPU_QUICK):
+        for group in (_CPU_OPTIONS, _CPU_QUICK, {_SPLIT: None}):
             if any(k in options for k in group):
                 rest = {k: v for k, v in options.items() if k not in group}
                 try:

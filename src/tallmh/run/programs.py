@@ -195,7 +195,8 @@ def compile_early(run):
     """Start compiling the chunk in a thread before the set-up, for the chain states the set-up will
     make (their shapes follow from the kernel's init on a start, the control variates' sums and the
     Laplace covariance, whatever their values): the compile then overlaps the set-up's passes. Returns
-    what :func:`compile_chunk` needs to use it (it checks that the states came out as assumed), or None."""
+    what :func:`compile_chunk` needs to use it (it checks that the states came out as assumed), or None.
+    The states' shapes (a trace of the kernel's init) are found in the thread too: the set-up starts at once."""
     if run.plan is not None or run.program is not None:
         return None
     stats0 = run.stats
@@ -205,11 +206,64 @@ def compile_early(run):
         from .. import factor_bounds as fbm
 
         stats0 = {**(stats0 or {}), fbm.FACTOR_KEY: fbm.table_shapes(run.n, run.d, run.dtype)}
+    if run.control_variates is None and getattr(run.test, "wants_mode", False):
+        return None
+    box = {"keyed": threading.Event(), "traced": threading.Event(), "ready": threading.Event()}
+
+    def audit_program(entry, states):
+        try:
+            audit_compiled(run, entry, states)
+        except BaseException:  # noqa: BLE001 - compiled at its first use instead
+            pass
+
+    def work():
+        try:
+            shaped = _early_shapes(run, stats0)
+            if shaped is None:  # (shapes not known before the set-up, or the chunk already compiled)
+                return
+            rkey, entry, states, args0 = shaped
+            box.update(rkey=rkey, avals=avals(args0))
+            box["keyed"].set()
+
+            def lower():
+                try:
+                    return entry["fn"].lower(*args0)
+                finally:
+                    box["traced"].set()
+                    if defer_audit(run):  # the audit's program traced and compiled beside the chain's XLA compile
+                        threading.Thread(target=threads.as_caller(lambda: audit_program(entry, states)), daemon=True,
+                                         name="tallmh-audit-compile").start()
+
+            dkey = disk_key(run, run.length, args0)
+            compiled = _exec_cache.load(dkey)
+            if compiled is None:
+                compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=run.program is None,
+                                                         elemental=elemental(run), quick=elemental(run),
+                                                         background=True)
+            else:
+                box["loaded"] = (entry, states)
+            box["compiled"] = compiled
+        except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
+            box["error"] = e
+        finally:
+            box["keyed"].set()
+            box["traced"].set()
+            box["ready"].set()
+        if defer_audit(run) and "loaded" in box:  # (the chain loaded from the disk: the audit's too, once it is ready)
+            audit_program(*box["loaded"])
+
+    box["thread"] = threading.Thread(target=threads.as_caller(work), daemon=True, name="tallmh-compile")
+    box["thread"].start()
+    return box
+
+
+def _early_shapes(run, stats0):
+    """``(cache key, cache entry, states' shapes, the chunk's arguments' shapes)`` of the chunk for the states the
+    set-up will make (:func:`compile_early`), or None where their shapes are not known before it or the chunk is
+    compiled."""
     try:
         d, dt = run.d, run.dtype
         cvo = run.control_variates
-        if cvo is None and getattr(run.test, "wants_mode", False):
-            return None
         shaped = lambda *s: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
         k = 0 if cvo is None else cvo.exact_row_count(run.n)
         rows = jax.ShapeDtypeStruct((k,), jnp.int32) if k else None
@@ -225,44 +279,7 @@ def compile_early(run):
         return None
     i32 = to_device(np.int32(0))  # (not jnp.asarray: it compiles a conversion program)
     args0 = (states, *rng.chunk_keys(run, 0, 0), i32, i32, i32, to_device(np.float32(0.0)), run.data, stats0)
-    box = {"rkey": rkey, "avals": avals(args0), "traced": threading.Event(), "ready": threading.Event()}
-    length = run.length
-
-    def audit_program():
-        try:
-            audit_compiled(run, entry, states)
-        except BaseException:  # noqa: BLE001 - compiled at its first use instead
-            pass
-
-    def lower():
-        try:
-            return entry["fn"].lower(*args0)
-        finally:
-            box["traced"].set()
-            if defer_audit(run):  # the audit's program traced and compiled beside the chain's XLA compile
-                threading.Thread(target=threads.as_caller(audit_program), daemon=True,
-                                 name="tallmh-audit-compile").start()
-
-    def work():
-        try:
-            dkey = disk_key(run, length, args0)
-            compiled = _exec_cache.load(dkey)
-            if compiled is None:
-                compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=run.program is None,
-                                                         elemental=elemental(run), quick=elemental(run),
-                                                         background=True)
-            box["compiled"] = compiled
-        except BaseException as e:  # noqa: BLE001 - compiled again after the set-up
-            box["error"] = e
-        finally:
-            box["traced"].set()
-            box["ready"].set()
-        if defer_audit(run) and "compiled" in box:  # (the chain loaded from the disk: the audit's too)
-            audit_program()
-
-    box["thread"] = threading.Thread(target=threads.as_caller(work), daemon=True, name="tallmh-compile")
-    box["thread"].start()
-    return box
+    return rkey, entry, states, args0
 
 
 def wait_stored():
@@ -274,6 +291,10 @@ def compile_chunk(run, early=None):
     """The compiled chunk (cached across calls by model, proposal, test, shapes and options); ``early``:
     the compile started before the set-up (:func:`compile_early`), used when the states match it."""
     plan = run.plan
+    tc = time.perf_counter()
+    while early is not None and not early["keyed"].wait(0.05) and early["thread"].is_alive():
+        pass  # (its states' shapes and key, found in its thread; short waits: Ctrl-C stays responsive)
+    run.timings["compile_s"] += time.perf_counter() - tc
     rkey, entry = chunk_entry(run, run.states)
     run.entry = entry
     length = run.length
@@ -294,12 +315,12 @@ def compile_chunk(run, early=None):
     run.arg = arg
     args0 = (run.states, *rng.chunk_keys(run, 0, 0), arg(0, jnp.int32), arg(0, jnp.int32), arg(0, jnp.int32),
              arg(0.0, jnp.float32), run.run_data, run.run_stats)
-    if entry["compiled"] is None and early is not None and early["rkey"] == rkey \
-            and early["avals"] == avals(args0):
+    if entry["compiled"] is None and early is not None:
         tc = time.perf_counter()
-        while not early["ready"].wait(0.05) and early["thread"].is_alive():  # (short waits: Ctrl-C stays responsive)
-            pass
-        entry["compiled"] = early.get("compiled")
+        if early.get("rkey") == rkey and early.get("avals") == avals(args0):  # (the states came out as assumed)
+            while not early["ready"].wait(0.05) and early["thread"].is_alive():  # (short waits, as above)
+                pass
+            entry["compiled"] = early.get("compiled")
         run.timings["compile_s"] += time.perf_counter() - tc
     if entry["compiled"] is None:
         tc = time.perf_counter()

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from .. import _cache
+from .. import _cache, _gc
 from ..storage import datasource as ds
 from ..storage.data import num_items, validate_data
 from ..kernel import make_problem
@@ -52,6 +52,7 @@ _cache.setup_default()  # JAX's persistent compilation cache, before the runner 
 __all__ = ["sample", "decide", "decision_fn"]
 
 
+@_gc.fewer_collections()  # (tracing's short-lived objects: see tallmh._gc)
 @threads.full_float32
 def sample(
            model,

@@ -21,6 +21,8 @@ import numpy as np
 
 READERS = 16  # threads copying runs (their page faults wait on the disk, not the cores)
 _MIN_ROWS = 1 << 16  # below this many rows, a[idx] as it is
+_MIN_ROWS_MEMORY = 1 << 22  # ... and below this many for an array in memory (no page faults to wait on: the threads'
+# start-up cost more than the copy at N = 10^6, beside the chain's trace in another thread)
 
 
 def gather(a: np.ndarray, idx, source=None) -> np.ndarray:
@@ -28,7 +30,9 @@ def gather(a: np.ndarray, idx, source=None) -> np.ndarray:
     is long and mostly runs of consecutive rows. ``source``: the file's memory map behind ``a`` (``np.memmap``,
     C order), whose runs' reads are advised first; None for none."""
     idx = np.asarray(idx)
-    if idx.ndim != 1 or idx.size < _MIN_ROWS or not isinstance(a, np.ndarray) or a.ndim < 1:
+    paged = source is not None or isinstance(a, np.memmap)  # (a file's pages, else rows in memory)
+    if idx.ndim != 1 or idx.size < (_MIN_ROWS if paged else _MIN_ROWS_MEMORY) \
+            or not isinstance(a, np.ndarray) or a.ndim < 1:
         return a[idx]
     i64 = idx.astype(np.int64)
     if i64.min() < 0 or i64.max() >= a.shape[0]:
