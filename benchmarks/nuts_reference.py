@@ -278,6 +278,9 @@ def summarise(draws, names, G, diagnostics, gname):
         out["sds"][k] = float(v.std(ddof=1))
         out["bulk ESS"][k] = float(diagnostics.ess(v))
         out["R-hat"][k] = float(diagnostics.rhat(v))
+        h = v.shape[1] // 2  # each chain's halves: where a split R-hat above 1.01 comes from
+        out.setdefault("chain halves' means", {})[k] = [[float(v[c_, :h].mean()), float(v[c_, h:].mean())]
+                                                       for c_ in range(v.shape[0])]
     out["group means"] = eff.mean((0, 1)).tolist()
     out["group sds"] = eff.reshape(-1, G).std(0, ddof=1).tolist()
     ge, gr = diagnostics.ess_all(eff), diagnostics.rhat_all(eff)
