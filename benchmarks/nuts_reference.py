@@ -3,7 +3,7 @@ tallmh run, cached as a summary (means and sds per site, R-hat and bulk ESS, the
 
 Two cases, each with the priors of the model tallmh samples:
 
-- ``flights``: ``late ~ log_dist + C(dep_time) + (1|origin)``, Bernoulli, on the 3,000,000 flights of
+- ``flights``: ``late ~ log_dist + C(dep_time) + (1|origin)`` (``--group day``: ``(1|day)``), Bernoulli, on the 3,000,000 flights of
   ``bambi_flights3m.py`` (the same table and columns), with the common terms' columns centred as Bambi's PyMC model
   centres them (``center_predictors``), so the reference's ``Intercept`` is the model's parameter, the intercept of
   the centred predictors: tallmh samples it and reports it as ``Intercept_centred``, beside ``Intercept`` on the
@@ -97,15 +97,16 @@ def intercept_pairs(ref, means):
     return {"Intercept": ("Intercept", "as the model samples it in both (no centred predictors)")}
 
 
-def flights_data(path):
-    """(X, names, g, levels, k, n, sigma prior scale): binomial counts per distinct design row of the flights."""
+def flights_data(path, group="origin"):
+    """(X, names, g, levels, k, n, sigma prior scale): binomial counts per distinct design row of the flights, the
+    group-level intercept's group ``origin`` (229 airports) or ``day`` (182 calendar days)."""
     sys.path.insert(0, HERE)
     from bambi_flights3m import table
 
     df = table(path)
     bands = ["06-09", "09-13", "13-17", "17-21", "21-06"]
-    levels = sorted(df["origin"].unique().tolist())
-    code = np.asarray(__import__("pandas").Categorical(df["origin"], categories=levels).codes)
+    levels = sorted(df[group].unique().tolist())
+    code = np.asarray(__import__("pandas").Categorical(df[group], categories=levels).codes)
     band = np.asarray(__import__("pandas").Categorical(df["dep_time"].astype(str), categories=bands).codes)
     assert code.min() >= 0 and band.min() >= 0
     keys = np.stack([df["log_dist"].to_numpy(), band.astype(float), code.astype(float)], 1)
@@ -125,15 +126,15 @@ def flights_data(path):
     from bambi_flights3m import FORMULA
     from tallmh.frontends.bambi_index import indexed_bambi_model
 
-    bm = indexed_bambi_model(FORMULA.format(group="origin"), df, family="bernoulli")
-    term = bm.components["p"].group_specific_terms["1|origin"]
+    bm = indexed_bambi_model(FORMULA.format(group=group), df, family="bernoulli")
+    term = bm.components["p"].group_specific_terms[f"1|{group}"]
     s_scale = float(term.prior.args["sigma"].args["sigma"])
     assert list(bm.components["p"].common_terms["C(dep_time)"].levels) == bands[1:]
     info = {"rows": int(len(df)), "patterns": int(len(uniq)), "levels": levels, "late share": float(y.mean()),
             CENTRED_INFO: dict(zip(names, x_mean.tolist())),
             "priors": {"Intercept": "Normal(0, 1.5)", "log_dist": "Normal(0, 1)", "C(dep_time)": "Normal(0, 1)",
-                       "1|origin_sigma": f"HalfNormal({s_scale:.4f})"}}
-    return X, names, uniq[:, 2].astype(np.int32), k, n, s_scale, "1|origin", info
+                       f"1|{group}_sigma": f"HalfNormal({s_scale:.4f})"}}
+    return X, names, uniq[:, 2].astype(np.int32), k, n, s_scale, f"1|{group}", info
 
 
 def simulated_data(rows, groups, seed):
@@ -344,6 +345,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("case", choices=("flights", "simulated"))
     ap.add_argument("--table", default="flights-3m.parquet", help="flights-3m.parquet (flights)")
+    ap.add_argument("--group", default="origin", choices=("origin", "day"), help="the flights' group (flights)")
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--groups", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0, help="the simulation's seed (simulated)")
@@ -374,8 +376,8 @@ def main(argv=None):
 
     load0 = open("/proc/loadavg").read().split()[:3]
     if a.case == "flights":
-        X, names, g, k, n, s_scale, gname, info = flights_data(a.table)
-        stem = "nuts_reference_flights3m_origin"
+        X, names, g, k, n, s_scale, gname, info = flights_data(a.table, a.group)
+        stem = f"nuts_reference_flights3m_{a.group}"
     else:
         X, names, g, k, n, s_scale, gname, info = simulated_data(a.rows, a.groups, a.seed)
         stem = f"nuts_reference_{a.rows}x{a.groups}"
