@@ -3,9 +3,9 @@ tallmh run, cached as a summary (means and sds per site, R-hat and bulk ESS, the
 
 Two cases, each with the priors of the model tallmh samples:
 
-- ``flights``: ``late ~ log_dist + C(dep_time) + (1|origin)`` (``--group day``: ``(1|day)``), Bernoulli, on the 3,000,000 flights of
-  ``bambi_flights3m.py`` (the same table and columns), with the common terms' columns centred as Bambi's PyMC model
-  centres them (``center_predictors``), so the reference's ``Intercept`` is the model's parameter, the intercept of
+- ``flights``: ``late ~ log_dist + C(dep_time) + (1|origin)`` (``--group day``: ``(1|day)``), Bernoulli, on the
+  3,000,000 flights of ``bambi_flights3m.py`` (the same table and columns), with the common terms' columns centred
+  as Bambi's PyMC model centres them (``center_predictors``), so the reference's ``Intercept`` is the model's parameter, the intercept of
   the centred predictors: tallmh samples it and reports it as ``Intercept_centred``, beside ``Intercept`` on the
   data's scale (``Intercept_centred - mean(X) @ beta``, what Bambi's own ``fit`` reports), and :func:`compare`
   compares the reference's with ``Intercept_centred``. Bambi's priors for that formula: ``Intercept ~ Normal(0, 1.5)``,
