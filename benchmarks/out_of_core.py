@@ -388,6 +388,9 @@ def main(argv=None):
         args.n, args.samples, args.warmup = [2e4], 100, 100
     meta = C.machine_info(argv, mem_total_gb=_meminfo("MemTotal") / 2**20)
     base = args.data_dir or tempfile.mkdtemp(prefix="tallmh_ooc_")
+    if args.data_dir and os.path.exists(os.path.join(base, "meta.json")):  # (an N<n> folder given: its N<n> inside
+        # would be written anew, tens of GB at 1e9)
+        sys.exit(f"--data-dir {base} holds data files itself: give the folder that holds its N<n> folders")
     keep = args.keep_files or args.data_dir is not None
     rows, writes, cold = [], [], None
     try:
