@@ -31,3 +31,15 @@ def posterior_check(draws, true_mean, true_sd, p=0.01):
         lines.append(f"[{j}] mean {x.mean():.5g} vs {true_mean[j]:.5g} (z {zm:+.2f}); "
                      f"sd {x.std(ddof=1):.4g} vs {true_sd[j]:.4g} (z {zs:+.2f}); crit {zcrit:.2f}")
     return bool(ok), "\n".join(lines)
+
+
+def means_agree(a, b, p=0.01):
+    """z-tests (Bonferroni over the columns) that two samplers' means agree: draws ``(chain, draw, d)`` each, each z
+    with both Monte Carlo errors (``tallmh.diagnostics.mcse_mean``). Returns ``(all agree, the z values)``."""
+    from tallmh.diagnostics import mcse_mean
+
+    d = a.shape[-1]
+    zcrit = stats.norm.isf(p / (2 * d))
+    z = [(a[..., j].mean() - b[..., j].mean()) / np.hypot(mcse_mean(a[..., j]), mcse_mean(b[..., j]))
+         for j in range(d)]
+    return bool(np.all(np.abs(z) < zcrit)), np.round(z, 2)

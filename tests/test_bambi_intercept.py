@@ -5,6 +5,8 @@ import pytest
 
 import tallmh as tm
 
+from .stats_helpers import means_agree
+
 bmb = pytest.importorskip("bambi")
 pd = pytest.importorskip("pandas")
 
@@ -132,17 +134,6 @@ def test_summary_and_arviz_carry_both_intercepts(tmp_path):
     assert list(loaded.summary().table.index) == rows
 
 
-def _agree(a, b, p=0.01):
-    """z-tests (Bonferroni over the columns) that two samplers' means agree, each z with both Monte Carlo errors."""
-    from scipy import stats
-
-    d = a.shape[-1]
-    zcrit = stats.norm.isf(p / (2 * d))
-    z = [(a[..., j].mean() - b[..., j].mean()) / np.hypot(tm.diagnostics.mcse_mean(a[..., j]),
-                                                          tm.diagnostics.mcse_mean(b[..., j])) for j in range(d)]
-    return bool(np.all(np.abs(z) < zcrit)), np.round(z, 2)
-
-
 @pytest.mark.slow  # Bambi's own fit (NumPyro's NUTS) and tallmh on a 400-row logistic regression: about a minute
 def test_intercept_against_bambis_own_fit():
     pytest.importorskip("numpyro")
@@ -161,9 +152,9 @@ def test_intercept_against_bambis_own_fit():
                       seed=0, progress=False)
         s = r.samples
         ours = np.concatenate([s["Intercept"][..., None], s["x"][..., None], s["C(g)"]], -1).astype(float)
-        ok, z = _agree(ours, nuts)
+        ok, z = means_agree(ours, nuts)
         assert ok, (route, z)
         # negative control: the sampled (centred) intercept, reported as before, fails the same comparison
         centred = np.concatenate([s["Intercept_centred"][..., None], s["x"][..., None], s["C(g)"]], -1).astype(float)
-        ok_bad, z_bad = _agree(centred, nuts)
+        ok_bad, z_bad = means_agree(centred, nuts)
         assert not ok_bad, (route, z_bad)

@@ -189,10 +189,9 @@ def test_the_set_up_thread_traces_full_float32_products():
     assert "precision = [HIGHEST, HIGHEST]" in threads.in_thread(dot_text)
 
 
-def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unknown(monkeypatch):
-    """On the CPU the chain compiles with ``_CPU_OPTIONS`` (XLA's elemental emitters: a cheaper compile, the same
-    draws: tests/test_same_draws.py) and ``_CPU_QUICK`` (LLVM's level 1), and so does the audit's program with
-    ``_CPU_QUICK``; an XLA that does not know an option compiles without it, and draws the same."""
+def _spy_compile(monkeypatch):
+    """The compiler options of every ``Lowered.compile`` from here on (a list, filled as programs compile) and the
+    real ``compile``."""
     import jax.stages
 
     seen = []
@@ -203,6 +202,14 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
         return real(self, compiler_options=compiler_options, **kw)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    return seen, real
+
+
+def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unknown(monkeypatch):
+    """On the CPU the chain compiles with ``_CPU_OPTIONS`` (XLA's elemental emitters: a cheaper compile, the same
+    draws: tests/test_same_draws.py) and ``_CPU_QUICK`` (LLVM's level 1), and so does the audit's program with
+    ``_CPU_QUICK``; an XLA that does not know an option compiles without it, and draws the same."""
+    seen, real = _spy_compile(monkeypatch)
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     monkeypatch.setattr(_exec_cache, "_REFUSED", {})  # (asked afresh, whatever earlier tests learned)
     programs.RUNNERS.clear()
@@ -240,20 +247,11 @@ def test_the_chain_compiles_with_the_cpu_emitter_option_and_without_it_where_unk
 def test_the_chain_compiles_in_as_many_llvm_modules_as_cores_and_draws_the_same(monkeypatch):
     """Where the process may use fewer cores than XLA's default count of LLVM modules (32), the chain compiles in
     one module per core (less repeated work per module); the draws are those of the default count."""
-    import jax.stages
-
     monkeypatch.setattr(_exec_cache.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert _exec_cache._cpu_split() == {_exec_cache._SPLIT: 2}
     monkeypatch.setattr(_exec_cache.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert _exec_cache._cpu_split() == {}
-    seen = []
-    real = jax.stages.Lowered.compile
-
-    def spy(self, compiler_options=None, **kw):
-        seen.append(dict(compiler_options or {}))
-        return real(self, compiler_options=compiler_options, **kw)
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", spy)
+    seen, _ = _spy_compile(monkeypatch)
     monkeypatch.setattr(_exec_cache, "load", lambda key: None)
     monkeypatch.setattr(_exec_cache, "_REFUSED", {})
     runs = {}

@@ -17,7 +17,7 @@ import pytensor.tensor as pt  # noqa: E402
 import tallmh as tm  # noqa: E402
 from tallmh.errors import ModelError  # noqa: E402
 
-from .stats_helpers import posterior_check  # noqa: E402
+from .stats_helpers import means_agree, posterior_check  # noqa: E402
 
 N = 60
 
@@ -470,17 +470,6 @@ def test_exact_mh_on_conjugate_normal_mean():
     assert not ok_bad
 
 
-def _agree(a, b, p=0.01):
-    """z-tests (Bonferroni over columns) that two samplers' means agree: draws (chain, draw, d) each."""
-    from scipy import stats
-
-    d = a.shape[-1]
-    zcrit = stats.norm.isf(p / (2 * d))
-    z = [(a[..., j].mean() - b[..., j].mean()) / np.hypot(tm.diagnostics.mcse_mean(a[..., j]),
-                                                          tm.diagnostics.mcse_mean(b[..., j])) for j in range(d)]
-    return bool(np.all(np.abs(z) < zcrit)), np.round(z, 2)
-
-
 @pytest.mark.slow  # PyMC's NUTS (NumPyro backend) and tallmh on the same PyMC model: about a minute
 def test_logistic_glm_against_pymc_nuts():
     pytest.importorskip("numpyro")
@@ -500,10 +489,10 @@ def test_logistic_glm_against_pymc_nuts():
                   control_variates=tm.ControlVariates(), num_samples=2000, num_warmup=500, num_chains=2, seed=0,
                   progress=False)
     ours = np.concatenate([r.samples["a"][..., None], r.samples["b"]], axis=-1)
-    ok, z = _agree(ours, nuts)
+    ok, z = means_agree(ours, nuts)
     assert ok, z
     sd = nuts.reshape(-1, 3).std(axis=0)
-    ok_bad, _ = _agree(ours + 5 * sd, nuts)  # negative control: 5 posterior sd away fails the same check
+    ok_bad, _ = means_agree(ours + 5 * sd, nuts)  # negative control: 5 posterior sd away fails the same check
     assert not ok_bad
 
 
