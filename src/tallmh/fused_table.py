@@ -137,17 +137,16 @@ class FusedTable:
                 def sink(a, b, w):
                     jobs.append(ex.submit(tb.add, a, w))
 
-                for cv, cg, ch in full_pass(chunk_vgh, data, n, (t0,), desc, host=(part, sink)):
-                    v += float(cv)
-                    g = g + np.asarray(cg, np.float64)
-                    h = h + np.asarray(ch, np.float64)
+                blocks = full_pass(chunk_vgh, data, n, (t0,), desc, host=(part, sink))
             else:
-                fn = _fused_fn(chunk_vgh, self.bound)
-                for cv, cg, ch, cw in full_pass(fn, data, n, (t0, jnp.asarray(ainv, dt)), desc):
-                    v += float(cv)
-                    g = g + np.asarray(cg, np.float64)
-                    h = h + np.asarray(ch, np.float64)
-                    buf.append(cw)
+                blocks = full_pass(_fused_fn(chunk_vgh, self.bound), data, n, (t0, jnp.asarray(ainv, dt)), desc)
+            for out in blocks:
+                cv, cg, ch = out[:3]
+                v += float(cv)
+                g = g + np.asarray(cg, np.float64)
+                h = h + np.asarray(ch, np.float64)
+                if part is None:  # (the compiled call's weights, out[3])
+                    buf.append(out[3])
                     if sum(b.size for b in buf) >= _BLOCK or filled + sum(b.size for b in buf) >= n:
                         w = np.concatenate(buf)[:n - filled]
                         jobs.append(ex.submit(tb.add, filled, w.astype(np.float64) * _INFLATE))
