@@ -378,8 +378,8 @@ def _tables(c, gl, P, lstf, v, s, lam, w, g, G):
     """The per-group bucket tables for weights ``w`` (see :class:`GLMSetup`), and the order: the rows of positive
     weight by group and bucket, then those of zero weight (rows whose remainder is zero: no bucket points at them, so
     the thinning never draws them; they are there so that the order, stored beside the data, has N rows)."""
-    if not np.all(w >= 0):
-        raise ValueError("glm_effects: a row's bound weight is negative or not a number")
+    if not np.all(np.isfinite(w) & (w >= 0)):  # (an overflowed Poisson rate too: its bucket key would be meaningless)
+        raise ValueError("glm_effects: a row's bound weight is negative or not finite")
     items = np.nonzero(w > 0)[0]
     wk = w[items]
     key = np.floor(8.0 * np.log2(wk)).astype(np.int64)
