@@ -112,7 +112,7 @@ class PoissonThinning:
         def once(fn, idx):
             # fn(idx) computed in a branch of its own, so that its result is stored once and read by each use (XLA
             # otherwise re-emits the remainder's series into every consumer: 2 to 4 copies to compile per loop)
-            return jax.lax.cond(valid, jax.jit(fn), lambda i: jnp.full(i.shape, jnp.nan, dtype), idx)
+            return hashed(jax.jit(fn), lambda i: jnp.full(i.shape, jnp.nan, dtype), idx)
 
         # the superposed process on [0, Lambda) by its unit-rate arrival times T_1 < T_2 < ... (exponential
         # gaps; T_1 drawn above): the points are those with T_j < Lambda, K ~ Poisson(Lambda) of them, met one by
