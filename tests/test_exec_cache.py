@@ -295,45 +295,6 @@ def test_the_kernels_init_is_traced_after_the_chains_trace(monkeypatch):
     assert chain and init and max(chain) < min(init), events
 
 
-def test_the_set_ups_passes_and_the_design_check_start_after_the_chains_trace(monkeypatch):
-    """The chain's trace (the first part of a fresh process's longest wait) runs alone in the interpreter: the
-    set-up's mode search and the check of the design's columns start once it is done, and the draws are those of
-    a call that compiles after the set-up (no early compile)."""
-    import threading
-
-    from tallmh import setup_passes
-    from tallmh.run import data_notes
-
-    events = []
-
-    class Recording(tm.models.LogisticRegression):
-        def log_prior(self, theta):
-            events.append(threading.current_thread().name)
-            return super().log_prior(theta)
-
-    def spy(module, name):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, **k: events.append(name) or real(*a, **k))
-
-    spy(setup_passes, "mode_search")
-    spy(data_notes, "notes_of")
-    monkeypatch.setattr(_exec_cache, "load", lambda key: None)
-    monkeypatch.setattr(_exec_cache, "stored", lambda key: False)
-    programs.RUNNERS.clear()
-    data, _ = tm.models.LogisticRegression.simulate(2000, d=3, seed=3)
-    kw = dict(num_samples=30, num_warmup=20, num_chains=2, seed=5, progress=False)
-    first = tm.sample(Recording(), data, **kw)
-    chain = [i for i, e in enumerate(events) if e == "tallmh-compile"]
-    assert chain and "mode_search" in events and "notes_of" in events, events
-    assert max(chain) < events.index("mode_search") and max(chain) < events.index("notes_of"), events
-    programs.RUNNERS.clear()
-    monkeypatch.setattr(programs, "compile_early", lambda run: None)  # compiled after the set-up, as without a gate
-    second = tm.sample(Recording(), data, **kw)
-    programs.RUNNERS.clear()
-    np.testing.assert_array_equal(first.flat_samples, second.flat_samples)
-    assert first.notes == second.notes
-
-
 _LAPACK_CHILD = r"""
 import sys
 import jax, jax.numpy as jnp, numpy as np

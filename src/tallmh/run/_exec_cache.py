@@ -279,12 +279,6 @@ def own_options(key: str) -> dict:
     return dict(_OWN_OPTIONS, xla_debug_buffer_assignment_show_max=16 + int(key[:12], 16))
 
 
-def stored(key: Optional[str]) -> bool:
-    """Whether an entry is stored under ``key`` (:func:`load` may still find it damaged)."""
-    path = _path(key)
-    return path is not None and os.path.exists(path)
-
-
 def load(key: Optional[str]):
     """The compiled program stored under ``key``, or None (none stored, unreadable, or made elsewhere)."""
     path = _path(key)

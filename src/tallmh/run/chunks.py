@@ -92,8 +92,6 @@ def go(run, init, init_jitter, progress):
             selfaudit.audit_rates(run)
             del run.notes[n0:]
             early = programs.compile_early(run)
-            if getattr(run, "check_design", False):  # (after the chain's trace too: programs.after_trace)
-                data_notes.start(run, after=lambda: programs.after_trace(early))
             ts = time.perf_counter()
             run.states = threads.wait(start.set_up(run, init_jitter, early))
             start.resolve_stats(run)

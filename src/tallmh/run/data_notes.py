@@ -86,10 +86,10 @@ def notes_of(X, y, binary: bool) -> list:
     return notes
 
 
-def start(run, after=None) -> None:
+def start(run) -> None:
     """Start the check of a built-in regression's in-memory design in a thread (``run.degenerate``), where it
     applies (not for data read from files, nor where the caller checks the table itself): its notes are taken by
-    :func:`name_degenerate` before sampling. ``after``: called first in the thread (what the check waits for)."""
+    :func:`name_degenerate` before sampling."""
     from ..storage import datasource as ds
     from . import threads
 
@@ -103,7 +103,7 @@ def start(run, after=None) -> None:
         return
     X = np.asarray(X)
     y = None if y is None else np.asarray(y)
-    run.degenerate = (X.shape[0], threads.started(lambda: (after is not None and after()) or notes_of(X, y, binary)))
+    run.degenerate = (X.shape[0], threads.started(lambda: notes_of(X, y, binary)))
 
 
 def name_degenerate(run) -> None:

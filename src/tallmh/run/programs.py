@@ -235,8 +235,6 @@ def compile_early(run):
                                          name="tallmh-audit-compile").start()
 
             dkey = disk_key(run, run.length, args0)
-            if _exec_cache.stored(dkey):  # (read from the disk, not traced: the set-up need not wait for it)
-                box["traced"].set()
             compiled = _exec_cache.load(dkey)
             if compiled is None:
                 compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=run.program is None,
@@ -257,19 +255,6 @@ def compile_early(run):
     box["thread"] = threading.Thread(target=threads.as_caller(work), daemon=True, name="tallmh-compile")
     box["thread"].start()
     return box
-
-
-def after_trace(early) -> None:
-    """Wait until the chunk started by :func:`compile_early` is traced (or is read from the disk instead, or failed);
-    at once without one. The set-up's passes and checks wait for it: the trace is pure Python, the first part of a
-    fresh process's longest wait (the chain's trace, then XLA's compile), and the set-up's own Python work beside it
-    shares the one interpreter lock (it held the trace back by ~0.3-0.4 s at N = 10^6 on 2 cores), while the set-up
-    itself had time to spare; beside XLA's compile, which holds no lock, it costs the chain nothing. Called in the
-    set-up's threads: the caller's thread waits in short sleeps elsewhere (Ctrl-C stays responsive)."""
-    if early is None or "traced" not in early:
-        return
-    while not early["traced"].wait(0.05) and early["thread"].is_alive():
-        pass
 
 
 def _early_shapes(run, stats0):

@@ -191,8 +191,8 @@ def sample(
         configure.method_of_program(run, data, init)
     else:
         configure.method(run, data, init)
-        # collinear or separating columns of a built-in regression's X (checked in a thread: chunks.go starts it)
-        run.check_design = resume is None
+        if resume is None:
+            data_notes.start(run)  # collinear or separating columns of a built-in regression's X (a thread)
     configure.plan_devices(run, mesh)
     restore.restore(run, resume)
     if stream_draws and checkpoint is not None:

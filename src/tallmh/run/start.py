@@ -23,7 +23,6 @@ from ..proposals import AdaptiveMetropolis
 from ..console import first_line
 from ..errors import ConfigError
 from . import configure, rng, threads
-from .programs import after_trace
 
 
 INIT_SPREAD = 1.5  # chains start at mode + INIT_SPREAD * (Laplace sd) * z
@@ -130,18 +129,17 @@ def start_points(model, data, n, unravel, flat0, control_variates, num_chains, i
 def set_up(run, init_jitter, early=None):
     """The chains' start states: for a program, its blocks' init from the model's; else the mode, the
     Laplace covariance, the control variates (:func:`start_points`) and the kernel's init. With ``early``
-    (the chain compiling beside the set-up), the passes and the kernel's init start once the chain's trace is done:
-    Python work at once shares one interpreter, and the chain's compile is the longer wait."""
+    (the chain compiling beside the set-up), the kernel's init is traced once the chain's trace is done:
+    two traces at once share one interpreter, and the chain's is the longer wait."""
     if run.program is not None:
         return run.init_states(jax.random.split(run.k_jit, run.num_chains))
     model, data, n, test, proposal = run.model, run.data, run.n, run.test, run.proposal
     try:
         with ds.tapping(data, run.stats_tap), fused_table.requesting(data, _fused_bound(run), _plan(run)) as fused:
             # (the model's statistics from the first full pass's blocks; the exact test's weights from the last)
-            # (after the chain's trace, which the passes' Python work beside it held back: programs.after_trace)
-            st = threads.in_thread(lambda: after_trace(early) or start_points(
-                model, data, n, run.unravel, run.flat0, run.control_variates, run.num_chains, run.init_given,
-                init_jitter, run.k_jit, run.dtype, run.notes))
+            st = threads.in_thread(lambda: start_points(model, data, n, run.unravel, run.flat0,
+                                                  run.control_variates, run.num_chains, run.init_given,
+                                                  init_jitter, run.k_jit, run.dtype, run.notes))
     except ds.StatsFailed:
         resolve_stats(run)  # raises the model's own error on the block it could not take
         raise
@@ -166,7 +164,9 @@ def set_up(run, init_jitter, early=None):
         cv_h = jax.tree_util.tree_map(lambda a: np.asarray(a, jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)), cv0)
         run.table_job = threads.started(lambda: (fused is not None and fused.table(model, run.unravel, cv_h))
                                         or _table(run, cv_h, mean))
-    after_trace(early)  # (the chain's trace already waited for by the passes above)
+    if early is not None and "traced" in early:
+        while not early["traced"].wait(0.05) and early["thread"].is_alive():
+            pass  # (short waits: Ctrl-C stays responsive)
     args = (st["starts"], data, cv0, hint) + ((to_device(np.asarray(mean), run.dtype),) if mean is not None else ())
     states = threads.wait(init_program(run, args)(*args))
     if tracks_log_lik(test, model):
