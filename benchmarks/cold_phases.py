@@ -146,6 +146,19 @@ def summary(r):
             "first_draw_wait_s": first("warmup / sampling") - c0}
 
 
+def _without_out(argv):
+    """The arguments less ``--out DIR`` (no machine's paths in the saved command)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--N", type=float, default=1e6)
@@ -178,7 +191,8 @@ def main(argv=None):
     path = os.path.join(args.out, f"cold_phases{args.tag}.json")
     with open(path, "w") as f:
         json.dump({"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "N": n,
-                   "command": "python benchmarks/cold_phases.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   "command": "python benchmarks/cold_phases.py " + " ".join(_without_out(argv if argv is not None
+                                                                                         else sys.argv[1:])),
                    "note": "times from the call's start; thread CPU of the thread that ran the stage", "runs": rows},
                   f, indent=1)
     print(f"# wrote {path}")
