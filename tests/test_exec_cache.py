@@ -324,3 +324,26 @@ def test_a_program_read_back_with_lapack_calls_runs_in_a_fresh_process(tmp_path)
         proc = subprocess.run([sys.executable, "-c", _LAPACK_CHILD, str(tmp_path), step], capture_output=True,
                               text=True, timeout=300)
         assert proc.returncode == 0 and "done" in proc.stdout, (step, proc.returncode, proc.stderr[-2000:])
+
+
+def test_a_program_kept_here_leaves_no_entry_in_jax_cache(tmp_path):
+    """A program stored under tallmh's key is not also written to JAX's persistent cache (its JAX options are that
+    key's, so only a process holding tallmh's entry could read it); a program without a key still is."""
+    previous = jax.config.jax_compilation_cache_dir
+    tm.set_compilation_cache(str(tmp_path))
+
+    def jax_entries():
+        return sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+
+    try:
+        x = np.arange(5.0, dtype=np.float32)
+        before = jax_entries()
+        key = _exec_cache.program_key("a test program", 1)
+        _exec_cache.compile_and_store(key, lambda: jax.jit(lambda v: v * 2.5 + 1.0).lower(x))
+        assert len(list((tmp_path / "tallmh-executables").glob("*.pkl"))) == 1
+        assert jax_entries() == before
+        _exec_cache.compile_and_store(None, lambda: jax.jit(lambda v: v * 3.5 - 1.0).lower(x))
+        # (negative control: JAX's cache is on and writes what tallmh does not keep)
+        assert len(jax_entries()) == len(before) + 1
+    finally:
+        tm.set_compilation_cache(previous)

@@ -186,10 +186,11 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True, eleme
     if key is None:
         return _compile(lowered, fast)
     hits = _hits()
-    try:
-        compiled = _compile(lowered, dict(own_options(key), **fast))
-    except Exception:  # noqa: BLE001 - an XLA without the debug option: JAX's key is then per program only
-        compiled = _compile(lowered, dict(_OWN_OPTIONS, **fast))
+    with _no_jax_entry():  # (kept here: JAX's own copy would be serialised in the caller's time for nothing)
+        try:
+            compiled = _compile(lowered, dict(own_options(key), **fast))
+        except Exception:  # noqa: BLE001 - an XLA without the debug option: JAX's key is then per program only
+            compiled = _compile(lowered, dict(_OWN_OPTIONS, **fast))
     if _hits() == hits:
         if background:
             t = threading.Thread(target=store, args=(key, compiled), name="tallmh-store")
@@ -198,6 +199,21 @@ def compile_and_store(key: Optional[str], lower_fn, unrolled: bool = True, eleme
         else:
             store(key, compiled)
     return compiled
+
+
+def _no_jax_entry():
+    """A context in which this thread's compiles write no entry to JAX's persistent cache (its threshold of compile
+    seconds set out of reach for this thread only). A program kept here under its own key is compiled under JAX
+    options of that key (:func:`own_options`), so JAX's entry could only be read by a process that has this entry
+    too; JAX serialised and compressed it in the compiling thread after the compile (0.05 s of the default chain's
+    ~1 s at N = 10^6, on a fresh process's critical path). Where this JAX has no such thread-local setting, nothing
+    changes."""
+    try:
+        from jax._src import config as jax_config
+
+        return jax_config.persistent_cache_min_compile_time_secs(float("inf"))
+    except Exception:  # noqa: BLE001 - another JAX: its entries are written as before
+        return contextlib.nullcontext()
 
 
 # XLA's CPU backend emits fusions by its MLIR "fusion emitters" by default; its elemental emitters compile the
