@@ -260,3 +260,28 @@ def test_unrolled_threefry_gives_the_same_bits_only_in_its_own_thread():
     got = lowered.compile()(key)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_unrolled_threefry_matches_jax_on_batched_keys_and_any_shape():
+    """The unrolled hash (emitted by tallmh's own rule) gives JAX's bits for keys broadcast against their counts
+    (chains' keys under vmap), several shapes and none."""
+    from tallmh import _lowering
+    from tallmh._lowering import unrolled_threefry
+
+    if not _lowering.measured_here():
+        pytest.skip("the unrolled form is used only with the jax versions where it was measured")
+    keys = jax.random.split(jax.random.PRNGKey(11), 4)
+
+    def f(ks):
+        return (jax.vmap(lambda k: jax.random.normal(k, (11,)))(ks), jax.vmap(lambda k: jax.random.split(k, 3))(ks),
+                jax.random.bits(ks[0], (7, 5), jnp.uint32), jax.vmap(lambda k: jax.random.uniform(k, ()))(ks),
+                jax.random.bits(ks[1], (0,), jnp.uint32), jax.random.exponential(ks[2], (2, 1)))
+
+    want = jax.jit(f)(keys)
+    with unrolled_threefry():
+        lowered = jax.jit(lambda ks: f(ks)).lower(keys)
+    assert "while" in jax.jit(f).lower(keys).as_text() and "while" not in lowered.as_text()  # (the rule was used)
+    got = lowered.compile()(keys)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
