@@ -30,6 +30,8 @@ condition: still exact. (A switch on the drawn count ``K`` would not be: ``K`` i
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,6 +44,23 @@ from .exact import exact_accept
 from ..factor_bounds import items_of_bits
 
 __all__ = ["PoissonThinning"]
+
+NEEDS_FULL_PASS = -1  # a step's ``rounds`` where it needed the fallback's full pass in a program traced without it
+_LOCAL = threading.local()
+
+
+@contextlib.contextmanager
+def without_full_pass():
+    """Within the block, what this thread traces of :meth:`PoissonThinning.decide` leaves the fallback's full pass
+    out: a step that needs it reports ``rounds == NEEDS_FULL_PASS`` and its outcome must not be used (the runner
+    makes such a chunk again with the whole program, :mod:`tallmh.run.programs`). Every other step is decided as
+    the whole program decides it, bit for bit. The full pass is rarely taken (the bound's rate is O(1) near the
+    mode against a limit of N/4) and is about a quarter of the chain's compile."""
+    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth -= 1
 
 
 @dataclass(frozen=True)
@@ -153,6 +172,9 @@ class PoissonThinning:
         # (one loop, the remainder materialised once per chunk: the chain's program compiles in about half the
         # time of a ladder of sizes whose every loop re-emitted the remainder for each of its uses)
         full = fallback & jnp.isfinite(problem.log_base)
+        if getattr(_LOCAL, "depth", 0) > 0:  # (traced without the full pass: such a step is marked, not decided)
+            accept = jnp.where(fallback, False, thin_accept)
+            return Decision(accept, touched, jnp.where(full, NEEDS_FULL_PASS, rounds).astype(jnp.int32), bad)
         reader = StreamReader(n, 4096, lambda idx: once(f.remainder, idx), permuted=False,
                               ladder_base=None, stop_on_nonfinite=True)
         acc = reader.advance(None, CompSum.zero(dtype), jnp.where(full, n, 0))

@@ -206,9 +206,10 @@ def run_chunk(run, pname, phase, count) -> float:
     """One compiled call of ``count`` steps; its draws and statistics kept. Returns its wall time."""
     arg = run.arg
     tcall = time.perf_counter()
-    new_states, out = run.compiled(run.states, *rng.chunk_keys(run, phase, run.done[pname]),
-                                    arg(run.done[pname], jnp.int32), arg(count, jnp.int32), arg(phase, jnp.int32),
-                                    arg(run.rates[phase], jnp.float32), run.run_data, run.run_stats)
+    new_states, out = programs.run_checked(run, (run.states, *rng.chunk_keys(run, phase, run.done[pname]),
+                                                 arg(run.done[pname], jnp.int32), arg(count, jnp.int32),
+                                                 arg(phase, jnp.int32), arg(run.rates[phase], jnp.float32),
+                                                 run.run_data, run.run_stats))
     threads.wait(new_states)
     # the chunk's outputs are buffers of ``run.length`` steps; a view of their first ``count`` would keep each
     # whole buffer alive (on a CPU, NumPy's view of a JAX array holds its buffer): copied, memory grows with

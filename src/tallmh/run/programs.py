@@ -29,6 +29,9 @@ from . import rng, runstate, threads
 
 AUDIT_SLOTS = 8  # slots of num_chains audited chain-steps per call of the deferred audit's program (audit_runner)
 RUNNERS: dict = {}
+# The exact subsampled test's chain compiled first without its fallback's full pass (about a quarter of its compile,
+# rarely taken); the whole program only once a step needs it (:func:`whole_chunk`). False: the whole from the start.
+FULL_PASS_LATER = True
 
 
 def avals(tree):
@@ -175,7 +178,7 @@ def chunk_entry(run, states, stats=None):
     rkey = (_value_key(run.model), _value_key(proposal), _value_key(test), n, _shape_key(run.data),
             _shape_key(run.stats if stats is None else stats), run.cv_order, num_chains, length, run.audit_on, d, str(run.dtype),
             _shape_key(states), _shape_key(run.init_tree), plan.key() if plan is not None else None,
-            defer_audit(run))
+            defer_audit(run), full_pass_later(run))
     entry = runner(run.kernel, rkey, num_chains, length, run.audit_on, plan,
                     (lambda m: run.kernel) if run.program is not None else
                     (lambda m: build_kernel(m, proposal, test, n, run.unravel, None, run.cv_order)), run.model, n,
@@ -189,6 +192,68 @@ def defer_audit(run) -> bool:
     return bool(run.audit_on and run.plan is None and run.program is None
                 and getattr(run.kernel, "audit_pass", None) is not None
                 and not getattr(run.kernel, "map_chains", False))
+
+
+def full_pass_later(run) -> bool:
+    """Whether the chunk is compiled first without the exact subsampled test's full pass (:data:`FULL_PASS_LATER`;
+    chains side by side on one device, tallmh's own test): a step that needs it is marked, and :func:`run_checked`
+    makes that chunk again with the whole program."""
+    from ..acceptance.thinning import PoissonThinning
+
+    return bool(FULL_PASS_LATER and run.plan is None and run.program is None and type(run.test) is PoissonThinning
+                and not getattr(run.kernel, "map_chains", False))
+
+
+def _lowering(run, lower):
+    """``lower`` in the context the chunk is traced in: without the full pass where :func:`full_pass_later`."""
+    if not full_pass_later(run):
+        return lower
+    from ..acceptance.thinning import without_full_pass
+
+    def traced():
+        with without_full_pass():
+            return lower()
+
+    return traced
+
+
+def _chunk_key(run, length, args0):
+    return disk_key(run, length, args0, "chain-without-full-pass" if full_pass_later(run) else "chain")
+
+
+def run_checked(run, args):
+    """The chunk's outputs for ``args``: from ``run.compiled``, and where that program left the full pass out and a
+    step needed it (``rounds == NEEDS_FULL_PASS`` among the chunk's first ``count`` steps), from the whole program
+    (:func:`whole_chunk`, compiled then), which ``run.compiled`` is from then on. Both programs decide every other
+    step alike, bit for bit, so the draws are those of the whole program from the start."""
+    out = run.compiled(*args)
+    entry = getattr(run, "entry", None)
+    if entry is None or run.compiled is not entry.get("compiled") or not full_pass_later(run):
+        return out
+    from ..acceptance.thinning import NEEDS_FULL_PASS
+
+    count = int(np.asarray(args[4]))
+    rounds = runstate.info_dict(out[1][1])["rounds"]
+    if not np.any(np.asarray(distributed.to_host(rounds))[:, :count] == NEEDS_FULL_PASS):
+        return out
+    run.compiled = whole_chunk(run, args)
+    return run.compiled(*args)
+
+
+def whole_chunk(run, args):
+    """The whole chunk's program (the exact subsampled test with its full pass) for the chunk's arguments ``args``:
+    kept with the chunk's entry, loaded from tallmh's executable cache or compiled (and stored)."""
+    entry = run.entry
+    if entry.get("whole") is None:
+        fn = jax.jit(chains_run(run.kernel, run.length, run.audit_on, defer_audit(run)))  # (a trace of its own)
+        dkey = disk_key(run, run.length, args)
+        compiled = _exec_cache.load(dkey)
+        if compiled is None:
+            compiled = threads.in_thread(lambda: _exec_cache.compile_and_store(
+                dkey, lambda: fn.lower(*args), unrolled=True, elemental=elemental(run), quick=elemental(run),
+                background=True))
+        entry["whole"] = compiled
+    return entry["whole"]
 
 
 def compile_early(run):
@@ -225,16 +290,18 @@ def compile_early(run):
             box.update(rkey=rkey, avals=avals(args0))
             box["keyed"].set()
 
+            traced = _lowering(run, lambda: entry["fn"].lower(*args0))
+
             def lower():
                 try:
-                    return entry["fn"].lower(*args0)
+                    return traced()
                 finally:
                     box["traced"].set()
                     if defer_audit(run):  # the audit's program traced and compiled beside the chain's XLA compile
                         threading.Thread(target=threads.as_caller(lambda: audit_program(entry, states)), daemon=True,
                                          name="tallmh-audit-compile").start()
 
-            dkey = disk_key(run, run.length, args0)
+            dkey = _chunk_key(run, run.length, args0)
             compiled = _exec_cache.load(dkey)
             if compiled is None:
                 compiled = _exec_cache.compile_and_store(dkey, lower, unrolled=run.program is None,
@@ -324,11 +391,11 @@ def compile_chunk(run, early=None):
         run.timings["compile_s"] += time.perf_counter() - tc
     if entry["compiled"] is None:
         tc = time.perf_counter()
-        dkey = disk_key(run, length, args0)
+        dkey = _chunk_key(run, length, args0)
         entry["compiled"] = _exec_cache.load(dkey)  # a warm process: no tracing at all
         if entry["compiled"] is None:
             entry["compiled"] = threads.in_thread(lambda: _exec_cache.compile_and_store(
-                dkey, lambda: entry["fn"].lower(*args0), unrolled=run.program is None,
+                dkey, _lowering(run, lambda: entry["fn"].lower(*args0)), unrolled=run.program is None,
                 elemental=elemental(run), quick=elemental(run), background=True))
         run.timings["compile_s"] += time.perf_counter() - tc
     run.compiled = entry["compiled"]
