@@ -78,7 +78,9 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     b)`` of each block's rows ``[a, b)`` (NumPy, unpadded) is made in a thread of its own while the compiled call
     of the same block runs (NumPy's arithmetic releases the GIL: it runs on the other core; for data in files,
     from the rows the reader threads have read, so that they stay on the disk's reads), and ``sink(a, b, part)``
-    takes them in row order, each before its block's chunks are yielded.
+    takes them in row order: for data in memory each before its block's chunks are yielded; for data in files
+    up to ``HOST_LAG`` blocks later (the compiled calls do not wait for the NumPy side), all before the pass
+    ends.
     """
     from .storage import datasource as ds
 
@@ -130,6 +132,9 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
 # threads reading a pass's blocks from files: one thread read ~0.7-1.5 GB/s from this machine's disk, two to
 # eight 1.5-2.4 GB/s (a 44 GB file, page cache dropped)
 FILE_READERS = 3
+# blocks whose host parts (full_pass's ``host``) may still be in the making while the compiled calls go on: the
+# compiled call of the next block does not wait for the NumPy side of this one (each side keeps its own core busy)
+HOST_LAG = 3
 
 
 def _memory_blocks(fn, args, data, n, rows_per_block, starts, host):
@@ -189,7 +194,7 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
 
     with ThreadPoolExecutor(FILE_READERS, thread_name_prefix="tallmh-read") as ex, \
             ThreadPoolExecutor(1, thread_name_prefix="tallmh-host") as hx:
-        queue = collections.deque()
+        queue, parts = collections.deque(), collections.deque()
         it = iter(starts)
         try:
             for s in it:
@@ -203,18 +208,23 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
                     queue.append((nxt, ex.submit(load, nxt)))
                 rows, part = f.result()
                 e = min(n, s + rows_per_block)
-                hp = None
                 if host is not None:
                     part, hp = part
-                    hp = hx.submit(host[0], hp, s, e)  # (beside the compiled call: NumPy on the other core)
+                    parts.append((s, e, hx.submit(host[0], hp, s, e)))  # (NumPy on the other core)
                 out = fn(args, rows, np.int32(e - s))  # (dispatched: runs meanwhile)
-                if host is not None:
-                    host[1](s, e, hp.result())
+                while parts and (parts[0][2].done() or len(parts) > HOST_LAG):
+                    a, b, hp = parts.popleft()
+                    host[1](a, b, hp.result())
                 if tap is not None:
                     tap.add(s, e, part)
                 yield s, out
+            while parts:
+                a, b, hp = parts.popleft()
+                host[1](a, b, hp.result())
         finally:
             for _, f in queue:
+                f.cancel()
+            for _, _, f in parts:
                 f.cancel()
 
 
