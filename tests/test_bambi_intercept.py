@@ -114,6 +114,15 @@ def test_a_response_with_levels_and_draws_of_another_sampler():
     assert np.allclose(host["Intercept"], ours, atol=1e-5) and np.array_equal(host["Intercept_centred"], raw["Intercept"])
 
 
+def test_a_response_with_levels_and_group_terms_labels_both_intercepts_by_level():
+    """With a group term the model is recentred after the intercept map is made; the sampled intercept keeps the
+    response's levels as its labels (it was labelled by index)."""
+    df = _frame().assign(r=lambda d: pd.Categorical(np.random.default_rng(3).choice(list("PQR"), len(d))))
+    model, _ = tm.from_bambi(bmb.Model("r ~ x + (1|g)", df, family="categorical"), check=False)
+    assert type(model).__name__ == "RecentredPyMCModel"
+    assert model.coords["Intercept_centred"] == model.coords["Intercept"] == [["Q", "R"]]
+
+
 def test_summary_and_arviz_carry_both_intercepts(tmp_path):
     df = _frame()
     model, data = tm.from_bambi(bmb.Model("yb ~ x + C(g)", df, family="bernoulli"))

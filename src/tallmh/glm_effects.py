@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import setup_reads
 from .blocks.state import BlockInfo
 from .factor_bounds import SAFETY
 from .glm_families import POISSON_RADIUS, host_terms, item_rates, remainder_diff
@@ -148,6 +149,7 @@ def _read(bm, data, n, form, fixed, group, size, rows) -> Optional[GLMView]:
     parts, kinds = [], set()
     for s in range(0, rows, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), rows - 1).astype(np.int32))
+        setup_reads.add(min(size, rows - s))
         kind, xf, gi, ci, b, y, k, ok = chunk(data, idx, e0)
         kinds.add(int(kind))
         if not bool(jnp.all(ok)) or len(kinds) > 1:
@@ -179,6 +181,7 @@ def _reread_flat(read, cat, size):
     for s in range(0, flat.size, size):
         sel = flat[s:s + size]
         idx = np.concatenate([sel, np.full(size - sel.size, sel[-1], np.int32)])  # (one shape: one program)
+        setup_reads.add(sel.size)
         x1, g1, c1, b1, ok1 = (np.asarray(t)[:sel.size] for t in read(jnp.asarray(idx)))
         new = ok1 & ~((c1 == 0) & np.all(x1 == 0, axis=1))
         for a, v in zip(cat[:4], (x1, g1, c1, b1)):
@@ -205,6 +208,7 @@ def _matches(bm, data, n, view, e, size) -> bool:
     size = max(size, 1 << 14)
     for s in range(0, n, size):
         idx = jnp.asarray(np.minimum(np.arange(s, s + size), n - 1).astype(np.int32))
+        setup_reads.add(min(size, n - s))
         if bool(differs(data, arrays, e, idx)):
             return False
     return True
@@ -242,6 +246,7 @@ def _glm_sums(view, ef, eg):
     G, p = view.group.size, view.x.shape[1]
     val, gf, gg = 0.0, np.zeros(p), np.zeros(G)
     A, B, D = np.zeros((p, p)), np.zeros((p, G)), np.zeros(G)
+    setup_reads.add(view.x.shape[0])
     for s in range(0, view.x.shape[0], _HOST_BLOCK):
         sl = slice(s, s + _HOST_BLOCK)
         x = view.x[sl].astype(np.float64)
@@ -264,6 +269,7 @@ def _glm_value(view, ef, eg):
     """``sum l_i`` at ``(ef, eg)`` over all rows (float64, in blocks of ``_HOST_BLOCK`` rows): the line search's
     value, without the gradient and precision sums of :func:`_glm_sums` (``p + 2`` weighted counts a block)."""
     val = 0.0
+    setup_reads.add(view.x.shape[0])
     for s in range(0, view.x.shape[0], _HOST_BLOCK):
         sl = slice(s, s + _HOST_BLOCK)
         m = view.x[sl].astype(np.float64) @ ef + view.c[sl].astype(np.float64) * eg[view.g[sl]] + view.b[sl]
@@ -355,6 +361,7 @@ def glm_setup(bm, view, e0):
     lam = 2.0 * math.sqrt(max(p, 1))
     v = Pw.B / Pw.D
     r = np.zeros(view.x.shape[0]) if p else 0.0
+    setup_reads.add(view.x.shape[0])  # (the rows' bounds and their margins at the centre: one pass)
     for a in range(0, view.x.shape[0] if p else 0, _HOST_BLOCK):  # (in blocks: float64 temporaries of a block)
         sl = slice(a, a + _HOST_BLOCK)
         xr = view.x[sl].astype(np.float64) - view.c[sl].astype(np.float64)[:, None] * v.T[view.g[sl]]

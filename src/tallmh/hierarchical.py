@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from . import setup_reads
 from .errors import ConfigError
 
 HYPER_STEPS = 10  # data-free MH steps on the hyperparameters per cycle
@@ -112,6 +113,7 @@ def _lik_ignores(model, theta, data, n, key, differs=None) -> bool:
     b = min(n, CHECK_ROWS)
     for s in range(0, n, b):
         idx = jnp.asarray(np.minimum(np.arange(s, s + b), n - 1).astype(np.int32))
+        setup_reads.add(min(b, n - s))
         if bool(differs(theta, moved, data, idx)):
             return False
     return True
@@ -213,6 +215,7 @@ def _effects_precision(model, data, n, start, effect_keys, dense: bool):
     e0, unravel = ravel_pytree({k: jnp.asarray(start[k]) for k in effect_keys})
     rest = {k: jnp.asarray(v) for k, v in start.items() if k not in effect_keys}
     m = min(n, PILOT_ROWS)
+    setup_reads.add(m)
     idx = np.sort(np.random.default_rng(1).choice(n, m, replace=False)) if m < n else np.arange(n)
     chunk = 4096
 
@@ -358,7 +361,8 @@ def _conditional_start(model, data, n, start, hyper, rounds=3):
     th = flat
     try:
         for fixed in (is_h, ~is_h, is_h)[:rounds]:
-            new, _, _ = setup._newton(model, full, n, unravel, th, 30, 1e-6, label="start", fixed=fixed)
+            new, passes, _ = setup._newton(model, full, n, unravel, th, 30, 1e-6, label="start", fixed=fixed)
+            setup_reads.add(passes * n)
             if not np.all(np.isfinite(np.asarray(new))):
                 return start
             th = new

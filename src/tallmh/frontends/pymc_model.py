@@ -657,6 +657,9 @@ class RecentredPyMCModel(PyMCModel):
         super().__init__(inner.pm_model, inner.n, [swap.get(k, k) for k in inner.value_names], inner.free_names,
                          inner.observed_names, inner.data_names, inner.output_names, inner._prior_fn,
                          inner._lik_fn, inner._out_fn, init_point, inner._dtypes)
+        # (the inner model's coords: they include those given to outputs added after its conversion, such as a Bambi
+        # intercept's ``Intercept_centred``, which PyMC's own coords do not name)
+        self.coords = {**self.coords, **{k: v for k, v in inner.coords.items() if k in self.output_names}}
 
     def _inner_theta(self, theta):
         """``(theta of the original model, log |d z / d u|)``."""

@@ -44,7 +44,7 @@ from ..storage.data import num_items, validate_data
 from ..kernel import make_problem
 from ..reporting.results import Result
 
-from .. import hierarchical
+from .. import hierarchical, setup_reads
 from . import chunks, configure, data_notes, finish, restore, runstate, threads
 
 _cache.setup_default()  # JAX's persistent compilation cache, before the runner first compiles
@@ -176,8 +176,12 @@ def sample(
     the default ones (the previous handlers are restored on return).
     """
     # a model with group-level terms and nothing about the method chosen: its blocked program (hierarchical.py)
-    model, program, auto_note = hierarchical.default_program(model, data, test, proposal, control_variates,
-                                                             program, resume)
+    # (its analysis reads the data: timed and counted as the run's set-up)
+    t_auto = time.perf_counter()
+    with setup_reads.counting() as auto_reads:
+        model, program, auto_note = hierarchical.default_program(model, data, test, proposal, control_variates,
+                                                                 program, resume)
+    auto_s = time.perf_counter() - t_auto
     data = hierarchical.data_for(model, data)
     run = runstate.Run(model, num_chains=num_chains, seed=seed, callback=callback, checkpoint=checkpoint,
                        checkpoint_every_s=checkpoint_every_s, chunk_seconds=chunk_seconds, chunk_size=chunk_size,
@@ -185,7 +189,7 @@ def sample(
     configure.options(run, test, proposal, num_samples, num_warmup, control_variates, audit, resume, program)
     if auto_note is not None:
         run.notes.extend([m for m in model.notes if m not in run.notes] + [auto_note])
-    run.t0 = time.perf_counter()
+    run.t0 = t_auto
     run.mesh = mesh
     if run.program is not None:
         configure.method_of_program(run, data, init)
@@ -195,6 +199,8 @@ def sample(
             data_notes.start(run)  # collinear or separating columns of a built-in regression's X (a thread)
     configure.plan_devices(run, mesh)
     restore.restore(run, resume)
+    run.setup_items += auto_reads[0]
+    run.timings["setup_s"] = run.timings.get("setup_s", 0.0) + auto_s
     if stream_draws and checkpoint is not None:
         restore.open_store(run, resume)
     chunks.go(run, init, init_jitter, progress)  # set-up, compile, warmup and sampling in chunks, the audits

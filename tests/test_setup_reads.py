@@ -1,0 +1,55 @@
+"""Every row the automatic program's analysis of a group-level model reads (the data-free check, the GLM
+recognition, the centre's Newton passes, the bounds) is counted in ``result.setup_items``, and its time in the
+set-up's (tallmh.setup_reads)."""
+
+import numpy as np
+import pytest
+
+import tallmh as tm
+from tallmh import hierarchical, setup_reads
+
+pm = pytest.importorskip("pymc")
+
+
+def test_the_ledger_counts_inside_its_block_only_and_nests():
+    setup_reads.add(5)  # (no ledger open: not recorded, no error)
+    with setup_reads.counting() as outer:
+        setup_reads.add(3)
+        with setup_reads.counting() as inner:
+            setup_reads.add(4)
+        assert inner[0] == 4
+        assert outer[0] == 7
+    setup_reads.add(2)
+    assert outer[0] == 7
+
+
+def _model(n=600, groups=6, seed=2):
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, n)
+    x = rng.normal(size=n)
+    a = rng.normal(0, 0.5, groups)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(-0.5 + 0.8 * x + a[g])))).astype(int)
+    with pm.Model() as m:
+        gi = pm.Data("g_idx", g)
+        mu = pm.Normal("mu", 0, 2)
+        b = pm.Normal("b", 0, 2)
+        s = pm.HalfNormal("s", 1)
+        u = pm.Normal("u", 0, s, shape=groups)
+        pm.Bernoulli("y", logit_p=mu + b * x + u[gi], observed=y)
+    return tm.from_pymc(m)
+
+
+@pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
+def test_the_automatic_programs_reads_are_in_setup_items():
+    model, data = _model()
+    n = 600
+    with setup_reads.counting() as ledger:
+        got = hierarchical.auto_program(model, data)
+    assert got is not None and "glm_effects" in got[1].blocks[-1].label
+    # the data-free check reads every row for the scale (one pass), the recognition all rows once for the
+    # design and twice for its checks, the bounds one pass: at least 5 passes
+    assert ledger[0] >= 5 * n
+    r = tm.sample(model, data, num_samples=30, num_warmup=30, num_chains=2, seed=0, progress=False)
+    assert r.label.startswith("cycle(")
+    assert r.setup_items == ledger[0]  # (the same deterministic analysis; the blocks' runner adds no pass)
+    assert 0 < r.timings["setup_s"] <= r.timings["total_s"]
