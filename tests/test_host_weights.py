@@ -177,3 +177,19 @@ def test_numpy_weights_that_overflow_are_reported_as_the_compiled_ones(monkeypat
         assert np.isfinite(v) and np.all(np.isfinite(g)) and req.result is None
         with pytest.raises(tm.errors.ConfigError):
             req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0)
+
+
+@pytest.mark.parametrize("radius", [None, 0.5])
+def test_numpy_weights_are_the_same_bits_whatever_the_slice(monkeypatch, radius):
+    from tallmh.models import _logistic_block as lb
+
+    rng = np.random.default_rng(7)
+    n, d = 70000, 11
+    X = (rng.standard_normal((n, d)) * np.geomspace(0.1, 10, d)).astype(np.float32)
+    rinv = np.linalg.inv(np.linalg.cholesky(np.cov(rng.standard_normal((d, 40))) + np.eye(d))).astype(np.float32)
+    c = (0.1 * rng.standard_normal(d)).astype(np.float32)
+    got = {}
+    for size in (8192, 32768, 1 << 17):  # (the last: one slice for all rows)
+        monkeypatch.setattr(lb, "SLICE", size)
+        got[size] = lb.weights_block(X, c, rinv, radius=radius)
+    assert all(np.array_equal(got[8192], w) for w in got.values())
