@@ -41,6 +41,9 @@ def main(argv):
                     help="the table's weights in the compiled pass, fused with the derivatives (the form before "
                          "they were made in NumPy beside it)")
     ap.add_argument("--threads", action="store_true", help="CPU ms per block by stage and by thread (see above)")
+    ap.add_argument("--direct-reads", default=None, choices=["auto", "always", "never"],
+                    help="tallmh.storage.direct_read.MODE (default: the library's, auto: files larger than half "
+                         "the memory)")
     args = ap.parse_args(argv[1:])
     import tallmh as tm
     from tallmh import factor_bounds as fbm
@@ -77,6 +80,12 @@ def main(argv):
         fused_table.FusedTable.run = lambda self, _fp, *a, **k: run0(self, timed_pass, *a, **k)
         fused_table.FusedTable.table = timed(fused_table.FusedTable.table, "fused table's grouping")
     prof = _Profile(t00) if args.threads else None
+    try:
+        from tallmh.storage import direct_read
+    except ImportError:  # (an earlier version)
+        direct_read = None
+    if direct_read is not None and args.direct_reads:
+        direct_read.MODE = args.direct_reads
     folder = f"{args.data_dir}/N{int(args.n)}"
     if args.evict:
         from out_of_core import evict
@@ -96,7 +105,8 @@ def main(argv):
            "call_s": round(res.timings["total_s"], 1), "setup_s": round(res.timings["setup_s"], 1),
            "wall_s": round(wall, 1), "setup_passes": res.setup_items / res.n, "steps": log,
            "commit": C.git_commit(), "trusted": bool(res.trusted),
-           "weights": "compiled" if args.compiled_weights else "numpy", "evicted": args.evict, "load_at_end": C.load_average()}
+           "weights": "compiled" if args.compiled_weights else "numpy", "evicted": args.evict,
+           "direct_reads": getattr(direct_read, "MODE", None), "load_at_end": C.load_average()}
     if prof is not None:
         out["per_block_cpu_ms"] = prof.report()
     C.print_json_line(out, args.out)
@@ -164,6 +174,18 @@ class _Profile:
             return None if read is None else clocked(read, "read (reader threads)")
 
         ds.host_reader = host_reader
+        try:
+            from tallmh.storage import direct_read
+        except ImportError:  # (an earlier version)
+            direct_read = None
+        if direct_read is not None:
+            dreader = direct_read.reader
+
+            def direct(data, mode=None):
+                read = dreader(data, mode)
+                return None if read is None else clocked(read, "read (reader threads)")
+
+            direct_read.reader = direct
         fb = sp._file_blocks
 
         def file_blocks(fn, *a, **k):

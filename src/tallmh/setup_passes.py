@@ -66,7 +66,8 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     maps ``chunk_fn`` over the block's chunks one after the other (``lax.map``: memory of one chunk's
     derivatives, not of the block's). Data in memory is read inside that call (``take``: a gather for
     in-memory and zero-copy data, a host read for :class:`~tallmh.storage.datasource.HostArray` leaves). Data in
-    files is read on the host by ``FILE_READERS`` threads, up to ``2 FILE_READERS`` blocks ahead of the
+    files is read on the host (files larger than memory by direct I/O: :mod:`tallmh.storage.direct_read`) by
+    ``FILE_READERS`` threads, up to ``2 FILE_READERS`` blocks ahead of the
     compiled calls (:func:`tallmh.storage.datasource.host_reader`): the disk then reads several blocks at once while
     the cores reduce the previous ones, and the model's set-up statistics, where a
     :class:`~tallmh.storage.datasource.StatsTap` is registered for the data, are made from the same blocks. Either
@@ -83,11 +84,12 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     ends.
     """
     from .storage import datasource as ds
+    from .storage import direct_read
 
     size = pass_chunk(n)
     nchunks = -(-n // size)
     k = min(nchunks, _BLOCK_CHUNKS)
-    read = ds.host_reader(data) if ds.in_files(data) else None
+    read = (direct_read.reader(data) or ds.host_reader(data)) if ds.in_files(data) else None
     key = (chunk_fn, n, size, k, read is not None)
     fn = _PASS_FNS.get(key)
     if fn is None:
