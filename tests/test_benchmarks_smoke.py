@@ -111,6 +111,21 @@ def test_time_to_trusted_quick(tmp_path):
     assert row["cpu_s"] > 0.0  # the process's CPU seconds, as the parent counted them
 
 
+def test_cold_phases_smoke(tmp_path):
+    """``cold_phases.py --smoke`` times the stages of one fresh process's call (N = 2000): the chain's trace and
+    XLA's compile in the compile thread, the set-up's parts, the wait for the chain, and the interpreter's exit."""
+    cmd = [sys.executable, os.path.join(BENCH, "cold_phases.py"), "--smoke", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = json.loads((tmp_path / "cold_phases.json").read_text())["runs"]
+    stages = {(e["stage"], e["thread"]) for e in run["events"]}
+    assert {("trace", "tallmh-compile"), ("XLA compile", "tallmh-compile"), ("set-up", "MainThread"),
+            ("wait for the chain", "MainThread")} <= stages, stages
+    s = run["summary"]
+    assert 0 < s["trace_start_s"] < s["chain_ready_s"] <= s["call_s"] and 0 < s["setup_end_s"] <= s["call_s"]
+    assert run["exit_s"] > 0 and run["process_s"] > run["call_end"] - run["call_start"] and run["draws_per_chain"] > 0
+
+
 def test_host_pass_blas_smoke(tmp_path):
     """``host_pass_blas.py`` times the host pass with OpenBLAS's threads and with one, and says which sums keep
     their bits (the value and the line search's sum do: their products ``X theta`` give each row to one thread;
