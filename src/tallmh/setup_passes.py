@@ -178,8 +178,10 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
     blocks' pages, so that the thread that calls ``fn`` does nothing else; on the CPU a memory map's rows go to
     the compiled call in place, without a copy (where no tap reads them first, the call's own page faults read
     them, with the read-ahead the pass asks for). ``host``'s parts (:func:`full_pass`) are made in one more thread
-    while the block's compiled call runs. Measured per block of 2**20 rows of the logistic model with d = 11: the
-    compiled gradient-and-Hessian pass 18 ms, the model's statistics 18 ms."""
+    while the block's compiled call runs, and taken up to ``HOST_LAG`` blocks later. Measured per block of 2**20 rows
+    of the logistic model with d = 11, CPU ms on a 2-core machine (``benchmarks/table_pass_breakdown.py --threads``):
+    the compiled value, gradient and Hessian ~33, the NumPy weights ~18, the model's statistics and finiteness check
+    ~11-15, the reading ~5 by direct reads and 23-40 through page faults from the disk."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
