@@ -32,8 +32,8 @@ def main(argv):
     ap.add_argument("--call", default=None, help="an out_of_core.py result JSON to compare with")
     ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
     ap.add_argument("--direct-reads", default=None, choices=["auto", "always", "never"],
-                    help="tallmh.storage.direct_read.MODE (default: the library's, auto: files larger than half "
-                         "the memory read with O_DIRECT)")
+                    help="tallmh.storage.direct_read.MODE (default: the library's, auto: files larger than the "
+                         "memory read with O_DIRECT)")
     args = ap.parse_args(argv[1:])
     import jax.numpy as jnp
 

@@ -42,8 +42,8 @@ def main(argv):
                          "they were made in NumPy beside it)")
     ap.add_argument("--threads", action="store_true", help="CPU ms per block by stage and by thread (see above)")
     ap.add_argument("--direct-reads", default=None, choices=["auto", "always", "never"],
-                    help="tallmh.storage.direct_read.MODE (default: the library's, auto: files larger than half "
-                         "the memory)")
+                    help="tallmh.storage.direct_read.MODE (default: the library's, auto: files larger than the "
+                         "memory)")
     args = ap.parse_args(argv[1:])
     import tallmh as tm
     from tallmh import factor_bounds as fbm

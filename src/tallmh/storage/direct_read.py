@@ -11,8 +11,9 @@ bound by the reads' own CPU.
 :func:`reader` gives ``read(a, b)`` with the same rows, bytes for bytes, as
 :func:`tallmh.storage.datasource.host_reader`'s (each block read as one aligned range of the file into a
 page-aligned buffer; the rows are a view of it), where every leaf is a C-contiguous memory map of a file in the
-dtype compiled code sees and the files together are larger than ``RAM_FRACTION`` of the machine's memory
-(``MODE = "auto"``): a file that fits in memory is read from the page cache, where a second pass finds it.
+dtype compiled code sees and the files together are larger than ``RAM_FRACTION`` times the machine's memory
+(``MODE = "auto"``): a file that fits in memory is read from the page cache, where a second pass (and the chain's
+rows) may find it; one larger than memory is read from the disk by every pass anyway.
 Buffers are reused once every array that views one (the block's rows, the compiled call's zero-copy input, the
 statistics' and weights' parts) has gone. Where the file system refuses ``O_DIRECT`` (tmpfs, some network file
 systems), or a read fails, the caller keeps the memory maps (:func:`reader` returns None).
@@ -32,7 +33,7 @@ import numpy as np
 __all__ = ["MODE", "RAM_FRACTION", "reader"]
 
 MODE = "auto"  # "auto": files larger than RAM_FRACTION of memory; "always"; "never"
-RAM_FRACTION = 0.5
+RAM_FRACTION = 1.0
 _ALIGN = 4096  # offsets, lengths and addresses of O_DIRECT reads: multiples of the disk's block size
 
 
