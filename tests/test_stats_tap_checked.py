@@ -16,7 +16,22 @@ def _three_sweeps(X):
     hi, lo = X.max(), X.min()
     if not (np.isfinite(hi) and np.isfinite(lo)):
         return None
-    return max(float(hi), -float(lo)), float(np.sqrt(np.max(np.einsum("ij,ij->i", X, X))))
+    biggest = max(float(hi), -float(lo))
+    if biggest > logistic.MAX_FEATURE:
+        return biggest, np.inf
+    return biggest, float(np.sqrt(np.max(np.einsum("ij,ij->i", X, X))))
+
+
+def _same_verdict(X):
+    """The one sweep's statistics against the three sweeps': the same largest row norm bit for bit, the same range
+    check, and the largest entry itself where the check's error would name it."""
+    got, want = logistic._feature_stats_host(X), _three_sweeps(X)
+    if want is None:
+        return got is None
+    (b, norm), (b0, norm0) = got, want
+    if b0 > logistic.MAX_FEATURE / 2:
+        return b == b0 and norm == norm0
+    return norm == norm0 and b0 <= b * (1 + 1e-6) and b <= logistic.MAX_FEATURE  # (b: the norm, a bound of b0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -25,11 +40,21 @@ def test_one_sweep_statistics_equal_the_three_sweeps_bit_for_bit(dtype, n):
     rng = np.random.default_rng(n)
     X = (rng.standard_normal((n, 11)) * np.geomspace(1e-3, 1e3, 11)).astype(dtype)
     X[n // 2, 4] = -7e3  # (the largest magnitude a negative entry)
-    assert logistic._feature_stats_host(X) == _three_sweeps(X)
-    for bad in (np.nan, np.inf, -np.inf):  # in the last slice: the one sweep sees it there
+    assert _same_verdict(X)
+    for bad in (np.nan, np.inf, -np.inf):  # in the last slice, and in the first with the last NaN
         Y = X.copy()
         Y[-1, 2] = bad
         assert logistic._feature_stats_host(Y) is None and _three_sweeps(Y) is None
+        Y[0, 0] = bad
+        assert logistic._feature_stats_host(Y) is None
+    for big in (-6e14, 9e14, -2e15, 3e19, 1e25):  # (near and beyond the range: the largest entry, exactly)
+        Y = X.copy()
+        Y[n // 3, 1] = big
+        assert _same_verdict(Y)
+    if n > 1:
+        Y = X.copy()
+        Y[n // 3, 1], Y[-1, 0] = 3e19, np.nan  # (a square that overflows before a NaN: still refused)
+        assert logistic._feature_stats_host(Y) is None
 
 
 def _files(tmp_path, monkeypatch, X, y):
