@@ -408,8 +408,8 @@ class LogisticRegression(Model):
 
     def setup_checked(self, data):
         """:meth:`setup`'s statistics and the data keys its sweep found all finite: ``"y"`` (its values are 0 or 1)
-        and ``"X"`` where the statistics were made on the host (every slice's largest and smallest entry is
-        finite: :func:`_feature_stats_host`). The set-up's first pass over files then skips those leaves'
+        and ``"X"`` where the statistics were made on the host (every row's squared norm is finite, so every
+        entry is: :func:`_feature_stats_host`). The set-up's first pass over files then skips those leaves'
         own finiteness check (:class:`tallmh.storage.datasource.StatsTap`)."""
         y = np.asarray(data["y"])
         if y.ndim != 1:

@@ -687,8 +687,8 @@ class StatsTap:
         raised: made in any thread (a pass's reader threads), taken in row order by :meth:`add`.
 
         A model with ``setup_checked(rows) -> (statistics, keys)`` (the same statistics as ``setup``, and the
-        data's top-level keys whose values its own sweep found all finite: a NaN or an infinity shows in a
-        maximum or a minimum, or fails a check that the values are 0 or 1) saves the finiteness check those
+        data's top-level keys whose values its own sweep found all finite: a NaN or an infinity makes a sum of
+        squares or a maximum not finite, or fails a check that the values are 0 or 1) saves the finiteness check those
         leaves' sweep; where ``setup_checked`` raises, the full check runs first, so that a non-finite value is
         reported, naming its rows and count, before any error of the model's, as where the check came first."""
         try:
