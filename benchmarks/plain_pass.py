@@ -31,12 +31,22 @@ def main(argv):
     ap.add_argument("--evict", action="store_true", help="drop the files' pages from the page cache first")
     ap.add_argument("--call", default=None, help="an out_of_core.py result JSON to compare with")
     ap.add_argument("--out", default=None, help="a JSON-lines file to append the result to")
+    ap.add_argument("--direct-reads", default=None, choices=["auto", "always", "never"],
+                    help="tallmh.storage.direct_read.MODE (default: the library's, auto: files larger than the "
+                         "memory read with O_DIRECT)")
     args = ap.parse_args(argv[1:])
     import jax.numpy as jnp
 
     import tallmh as tm
     from out_of_core import evict, true_theta
     from tallmh import setup_passes as sp
+
+    try:
+        from tallmh.storage import direct_read
+    except ImportError:  # (an earlier version)
+        direct_read = None
+    if direct_read is not None and args.direct_reads:
+        direct_read.MODE = args.direct_reads
 
     n = int(args.n)
     folder = os.path.join(args.data_dir, f"N{n}")
@@ -54,7 +64,7 @@ def main(argv):
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     out = {"n": n, "evicted": bool(args.evict), "pass_s": round(pass_s, 2),
            "pass_cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 2),
-           "value": float(v), "grad_norm": float(np.linalg.norm(g)), "load": [round(x, 2) for x in load],
+           "direct_reads": getattr(direct_read, "MODE", None), "value": float(v), "grad_norm": float(np.linalg.norm(g)), "load": [round(x, 2) for x in load],
            "load_after": [round(x, 2) for x in os.getloadavg()], "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if args.call:
         with open(args.call) as f:

@@ -10,6 +10,7 @@ import pytest
 import tallmh as tm
 from tallmh import fused_table
 from tallmh import setup_passes as setup
+from tallmh.storage import datasource as ds
 from tallmh.models.logistic import LogisticCubicBound, LogisticLocalBound
 
 from .test_fused_table import fused_search, heavy_rows
@@ -92,6 +93,49 @@ def test_full_pass_hands_the_host_parts_in_row_order_beside_unchanged_sums(monke
         assert (a, b) == (a2, b2) and np.array_equal(rows, data["X"][a:b])
 
 
+def test_over_files_the_compiled_blocks_do_not_wait_for_a_slow_host_part(monkeypatch, tmp_path):
+    import time
+
+    monkeypatch.setattr(setup, "_BLOCK_CHUNKS", 2)
+    monkeypatch.setattr(setup, "_CHUNK", 512)
+    data, theta = tm.models.LogisticRegression.simulate(9000, d=3, seed=4)
+    paths = {k: str(tmp_path / f"{k}.npy") for k in data}
+    for k, p in paths.items():
+        np.save(p, data[k])
+    src = tm.data.from_npy(paths)
+    vgh = setup._newton_chunk_fns(tm.models.LogisticRegression(), lambda x: x, jnp.asarray(theta, jnp.float32))[0]
+    events = []
+
+    def part(rows, a, b):
+        if a == 0:
+            time.sleep(0.5)  # (the first block's NumPy side slow: the compiled calls go on meanwhile)
+        return a, b, float(np.sum(rows["X"]))
+
+    def sink(a, b, p):
+        events.append(("sink", a, b, p))
+
+    n = 9000
+    for s, _ in setup._file_blocks(jax.jit(lambda args, rows, k: rows["X"].sum()), (), ds.host_reader(src), n, 1024,
+                                   range(0, n, 1024), None, host=(part, sink)):
+        events.append(("block", s))
+    sinks = [e for e in events if e[0] == "sink"]
+    assert [(a, b) for _, a, b, _ in sinks] == [(s, min(n, s + 1024)) for s in range(0, n, 1024)]  # (in order, all)
+    assert all(p == (a, b, float(np.sum(data["X"][a:b]))) for _, a, b, p in sinks)
+    first = events.index(sinks[0])
+    assert first > 1 and first <= 1 + setup.HOST_LAG + 1  # (blocks went on, at most HOST_LAG of them ahead)
+    assert [s for e in events if e[0] == "block" for s in e[1:]] == list(range(0, n, 1024))
+
+    def bad(rows, a, b):
+        if a == 2048:
+            raise ValueError("a host part failed")
+        return a
+
+    with pytest.raises(ValueError, match="a host part failed"):
+        for _ in setup._file_blocks(jax.jit(lambda args, rows, k: rows["X"].sum()), (), ds.host_reader(src), n, 1024,
+                                    range(0, n, 1024), None, host=(bad, lambda a, b, p: None)):
+            pass
+
+
 def test_the_fused_pass_with_numpy_weights_keeps_the_sums_and_the_tables_rates(monkeypatch):
     """The set-up's fused pass with the weights in NumPy and in the compiled call: the same centre and derivatives
     bit for bit, and each item's weight within float32's rounding of the other's."""
@@ -133,3 +177,19 @@ def test_numpy_weights_that_overflow_are_reported_as_the_compiled_ones(monkeypat
         assert np.isfinite(v) and np.all(np.isfinite(g)) and req.result is None
         with pytest.raises(tm.errors.ConfigError):
             req.run(setup.full_pass, chunk_vgh, jd, 3000, flat0, "test", neg_h=np.eye(d) * 100.0)
+
+
+@pytest.mark.parametrize("radius", [None, 0.5])
+def test_numpy_weights_are_the_same_bits_whatever_the_slice(monkeypatch, radius):
+    from tallmh.models import _logistic_block as lb
+
+    rng = np.random.default_rng(7)
+    n, d = 70000, 11
+    X = (rng.standard_normal((n, d)) * np.geomspace(0.1, 10, d)).astype(np.float32)
+    rinv = np.linalg.inv(np.linalg.cholesky(np.cov(rng.standard_normal((d, 40))) + np.eye(d))).astype(np.float32)
+    c = (0.1 * rng.standard_normal(d)).astype(np.float32)
+    got = {}
+    for size in (8192, 32768, 1 << 17):  # (the last: one slice for all rows)
+        monkeypatch.setattr(lb, "SLICE", size)
+        got[size] = lb.weights_block(X, c, rinv, radius=radius)
+    assert all(np.array_equal(got[8192], w) for w in got.values())

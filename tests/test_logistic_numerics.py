@@ -75,7 +75,8 @@ def test_feature_statistics_on_the_host_match_the_compiled_ones():
     X = (rng.standard_normal((5000, 7)) * np.geomspace(1e-3, 1e3, 7)).astype(np.float32)
     biggest, max_norm = logistic._feature_stats_host(X)
     b2, n2 = logistic._feature_stats(jnp.asarray(X))
-    assert biggest == float(b2)
+    # (below half the range limit the host's "biggest" is the largest row norm, a bound of the largest entry)
+    assert float(b2) <= biggest * (1 + 1e-6) and biggest == max_norm
     np.testing.assert_allclose(max_norm, float(n2), rtol=1e-6)
     X[17, 3] = np.nan  # a non-finite entry (the finiteness check waived): the compiled path decides
     assert logistic._feature_stats_host(X) is None

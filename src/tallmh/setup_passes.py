@@ -66,7 +66,8 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     maps ``chunk_fn`` over the block's chunks one after the other (``lax.map``: memory of one chunk's
     derivatives, not of the block's). Data in memory is read inside that call (``take``: a gather for
     in-memory and zero-copy data, a host read for :class:`~tallmh.storage.datasource.HostArray` leaves). Data in
-    files is read on the host by ``FILE_READERS`` threads, up to ``2 FILE_READERS`` blocks ahead of the
+    files is read on the host (files larger than memory by direct I/O: :mod:`tallmh.storage.direct_read`) by
+    ``FILE_READERS`` threads, up to ``2 FILE_READERS`` blocks ahead of the
     compiled calls (:func:`tallmh.storage.datasource.host_reader`): the disk then reads several blocks at once while
     the cores reduce the previous ones, and the model's set-up statistics, where a
     :class:`~tallmh.storage.datasource.StatsTap` is registered for the data, are made from the same blocks. Either
@@ -78,14 +79,17 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
     b)`` of each block's rows ``[a, b)`` (NumPy, unpadded) is made in a thread of its own while the compiled call
     of the same block runs (NumPy's arithmetic releases the GIL: it runs on the other core; for data in files,
     from the rows the reader threads have read, so that they stay on the disk's reads), and ``sink(a, b, part)``
-    takes them in row order, each before its block's chunks are yielded.
+    takes them in row order: for data in memory each before its block's chunks are yielded; for data in files
+    up to ``HOST_LAG`` blocks later (the compiled calls do not wait for the NumPy side), all before the pass
+    ends.
     """
     from .storage import datasource as ds
+    from .storage import direct_read
 
     size = pass_chunk(n)
     nchunks = -(-n // size)
     k = min(nchunks, _BLOCK_CHUNKS)
-    read = ds.host_reader(data) if ds.in_files(data) else None
+    read = (direct_read.reader(data) or ds.host_reader(data)) if ds.in_files(data) else None
     key = (chunk_fn, n, size, k, read is not None)
     fn = _PASS_FNS.get(key)
     if fn is None:
@@ -130,6 +134,9 @@ def full_pass(chunk_fn, data, n, args, desc="tallmh: set-up pass", host=None):
 # threads reading a pass's blocks from files: one thread read ~0.7-1.5 GB/s from this machine's disk, two to
 # eight 1.5-2.4 GB/s (a 44 GB file, page cache dropped)
 FILE_READERS = 3
+# blocks whose host parts (full_pass's ``host``) may still be in the making while the compiled calls go on: the
+# compiled call of the next block does not wait for the NumPy side of this one (each side keeps its own core busy)
+HOST_LAG = 3
 
 
 def _memory_blocks(fn, args, data, n, rows_per_block, starts, host):
@@ -171,8 +178,10 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
     blocks' pages, so that the thread that calls ``fn`` does nothing else; on the CPU a memory map's rows go to
     the compiled call in place, without a copy (where no tap reads them first, the call's own page faults read
     them, with the read-ahead the pass asks for). ``host``'s parts (:func:`full_pass`) are made in one more thread
-    while the block's compiled call runs. Measured per block of 2**20 rows of the logistic model with d = 11: the
-    compiled gradient-and-Hessian pass 18 ms, the model's statistics 18 ms."""
+    while the block's compiled call runs, and taken up to ``HOST_LAG`` blocks later. Measured per block of 2**20 rows
+    of the logistic model with d = 11, CPU ms on a 2-core machine (``benchmarks/table_pass_breakdown.py --threads``):
+    the compiled value, gradient and Hessian ~33, the NumPy weights ~18, the model's statistics and finiteness check
+    ~11-15, the reading ~5 by direct reads and 23-40 through page faults from the disk."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
@@ -189,7 +198,7 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
 
     with ThreadPoolExecutor(FILE_READERS, thread_name_prefix="tallmh-read") as ex, \
             ThreadPoolExecutor(1, thread_name_prefix="tallmh-host") as hx:
-        queue = collections.deque()
+        queue, parts = collections.deque(), collections.deque()
         it = iter(starts)
         try:
             for s in it:
@@ -203,18 +212,23 @@ def _file_blocks(fn, args, read, n, rows_per_block, starts, tap, host=None):
                     queue.append((nxt, ex.submit(load, nxt)))
                 rows, part = f.result()
                 e = min(n, s + rows_per_block)
-                hp = None
                 if host is not None:
                     part, hp = part
-                    hp = hx.submit(host[0], hp, s, e)  # (beside the compiled call: NumPy on the other core)
+                    parts.append((s, e, hx.submit(host[0], hp, s, e)))  # (NumPy on the other core)
                 out = fn(args, rows, np.int32(e - s))  # (dispatched: runs meanwhile)
-                if host is not None:
-                    host[1](s, e, hp.result())
+                while parts and (parts[0][2].done() or len(parts) > HOST_LAG):
+                    a, b, hp = parts.popleft()
+                    host[1](a, b, hp.result())
                 if tap is not None:
                     tap.add(s, e, part)
                 yield s, out
+            while parts:
+                a, b, hp = parts.popleft()
+                host[1](a, b, hp.result())
         finally:
             for _, f in queue:
+                f.cancel()
+            for _, _, f in parts:
                 f.cancel()
 
 

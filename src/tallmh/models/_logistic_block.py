@@ -20,7 +20,8 @@ import numpy as np
 
 M3_LOGISTIC = math.sqrt(3.0) / 18.0  # sup |(d/du)^3 log sigmoid(u)|
 U_PEAK = math.log(2.0 + math.sqrt(3.0))  # |f'''(u)| = p q tanh(|u|/2) (f = log sigmoid) is largest at |u| = U_PEAK
-SLICE = 8192  # rows per slice: the temporaries (d + 1 columns) stay in the cache
+SLICE = 32768  # rows per slice: the temporaries (d + 1 columns, 1.5 MB at d = 11) stay in the cache (measured per
+# block of 2^20 rows of d = 11 on one core: 15.7 ms against 17.6 ms with slices of 8,192 rows; the same numbers)
 
 
 def weights_block(X, center, rinv, radius=None, offset=None):

@@ -98,7 +98,9 @@ def sample(
     num_samples : draws kept per chain, or ``"auto"`` (the default): sample until the smallest bulk ESS is at
         least ``min_ess`` (400) and the largest R-hat at most 1.01, checked as the draws grow, within
         ``budget_s`` (default 600 s of sampling) and at most ``AUTO_MAX_SAMPLES`` draws per chain;
-        ``result.notes`` says which was reached
+        ``result.notes`` says which was reached. The checks are spaced by their measured cost (at most about a
+        fifth of sampling's time), so two runs of the same seed can stop at different lengths: their draws are
+        the same sequence, one a prefix of the other. An integer gives a run of repeatable length
     num_warmup : warmup steps per chain (adaptation happens in warmup only), or ``"auto"`` (the default):
         ``AUTO_WARMUP_LAPLACE`` (300) when preconditioned adaptive Langevin starts from the Laplace
         approximation at the mode (only its step size is tuned), else ``AUTO_WARMUP`` (1,000); said in
@@ -106,7 +108,8 @@ def sample(
         may follow these (:mod:`tallmh.run.proposal_choice`), also after a ``num_warmup`` given: the notes say so
     num_chains : chains run side by side (``jax.vmap``)
     seed : integer seed; chain c at step k of phase p uses ``fold_in(fold_in(split(PRNGKey(seed))[c], p),
-        k)``, so the same seed gives the same draws, however the run is cut into chunks or resumed
+        k)``, so the same seed gives the same draws, however the run is cut into chunks or resumed (with
+        ``num_samples="auto"``, the same sequence up to where its checks stop it: see ``num_samples``)
     init : starting point (a pytree like the model's parameter). By default the posterior mode, found by
         damped Newton on the full data (its passes counted in ``result.setup_items``; the model's
         ``init(data)`` is Newton's start, and the fallback when Newton fails), with chains dispersed

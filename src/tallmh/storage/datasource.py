@@ -668,7 +668,7 @@ class StatsTap:
         setup = setup if callable(setup) else None  # (None: the finiteness check alone)
         combine = getattr(model, "combine_setup", None)
         self.setup, self.combine = setup, (combine if callable(combine) else _combine_default)
-        self.data, self.n = data, int(n)
+        self.model, self.data, self.n = model, data, int(n)
         self.next = 0  # rows [0, next) are in self.stats
         self.stats = None
         self.error: Optional[BaseException] = None
@@ -676,14 +676,31 @@ class StatsTap:
         self.unchecked = _positions(data, unchecked)  # leaves whose finiteness check was deferred
         self.probe = setup(read_rows(data, 0, min(self.n, 16))) if setup is not None else None
 
-    def _finite(self, rows, a, b):
-        """Raise :class:`DataError` if an unchecked leaf holds NaN or inf in rows ``[a, b)``."""
-        _check_rows(rows, self.unchecked, a, b, "found by the set-up's first pass over the files")
+    def _finite(self, rows, a, b, proven=()):
+        """Raise :class:`DataError` if an unchecked leaf holds NaN or inf in rows ``[a, b)`` (the leaves under
+        the data's top-level keys ``proven`` left out: the model's ``setup_checked`` found them finite)."""
+        leaves = [u for u in self.unchecked if _top_key(self.data, u[0]) not in proven] if proven else self.unchecked
+        _check_rows(rows, leaves, a, b, "found by the set-up's first pass over the files")
 
     def part(self, rows, a: int, b: int):
         """The finiteness check of rows ``[a, b)`` (host arrays) and ``setup`` of them, or the exception
-        raised: made in any thread (a pass's reader threads), taken in row order by :meth:`add`."""
+        raised: made in any thread (a pass's reader threads), taken in row order by :meth:`add`.
+
+        A model with ``setup_checked(rows) -> (statistics, keys)`` (the same statistics as ``setup``, and the
+        data's top-level keys whose values its own sweep found all finite: a NaN or an infinity makes a sum of
+        squares or a maximum not finite, or fails a check that the values are 0 or 1) saves the finiteness check those
+        leaves' sweep; where ``setup_checked`` raises, the full check runs first, so that a non-finite value is
+        reported, naming its rows and count, before any error of the model's, as where the check came first."""
         try:
+            checked = _setup_checked(self.model) if self.setup is not None else None
+            if checked is not None:
+                try:
+                    stats, proven = checked(rows)
+                except Exception:
+                    self._finite(rows, a, b)
+                    raise
+                self._finite(rows, a, b, tuple(proven))
+                return jax.block_until_ready(stats)
             self._finite(rows, a, b)
             return jax.block_until_ready(self.setup(rows)) if self.setup is not None else None
         except Exception as e:  # noqa: BLE001 - raised by add(), in row order
@@ -758,6 +775,26 @@ def _positions(data, leaves) -> list:
     ids = {id(a) for a in leaves}
     paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
     return [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths) if id(a) in ids]
+
+
+def _setup_checked(model):
+    """``model.setup_checked`` where the class that defines it defines ``setup`` or derives from the one that does
+    (a subclass with its own ``setup`` does not inherit another's), else None."""
+    fn = getattr(model, "setup_checked", None)
+    if not callable(fn) or "setup" in getattr(model, "__dict__", {}):
+        return None
+
+    def owner(name):
+        return next((c for c in type(model).__mro__ if name in vars(c)), None)
+
+    mine, setup = owner("setup_checked"), owner("setup")
+    return fn if mine is not None and setup is not None and issubclass(mine, setup) else None
+
+
+def _top_key(data, position):
+    """The top-level dict key of the data's leaf at ``position`` (None where the data is not a dict)."""
+    path = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0][position][0]
+    return getattr(path[0], "key", None) if path else None
 
 
 def _check_rows(rows, unchecked, a, b, how):
