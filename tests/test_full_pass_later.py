@@ -54,3 +54,31 @@ def test_a_chunk_not_made_again_would_differ(monkeypatch):
         programs.RUNNERS.clear()
     with pytest.raises(AssertionError):
         _same(whole, kept)
+
+
+def test_both_programs_are_kept_and_a_later_call_loads_them(tmp_path, monkeypatch):
+    import jax
+
+    from tallmh.run import _exec_cache
+
+    previous = jax.config.jax_compilation_cache_dir
+    tm.set_compilation_cache(str(tmp_path))
+    loaded = []
+    real_load = _exec_cache.load
+
+    def spy(key):
+        compiled = real_load(key)
+        loaded.append(compiled is not None)
+        return compiled
+
+    monkeypatch.setattr(_exec_cache, "load", spy)
+    try:
+        first = _run(1.0)  # (a step needs the full pass: the whole program is compiled, and kept, too)
+        assert loaded == [False, False]
+        assert len(list((tmp_path / "tallmh-executables").glob("*.pkl"))) == 2
+        second = _run(1.0)  # (as in a new process: both read from the disk, none traced)
+        assert loaded[2:] == [True, True]
+        _same(first, second)
+    finally:
+        programs.RUNNERS.clear()
+        tm.set_compilation_cache(previous)
