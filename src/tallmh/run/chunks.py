@@ -218,7 +218,7 @@ def run_chunk(run, pname, phase, count) -> float:
     info = dict(info)
     if deferred:
         selfaudit.audits_of_chunk(run, phase, info, *deferred)
-    dt = time.perf_counter() - tcall
+    dt = time.perf_counter() - tcall - run.__dict__.pop("recompile_s", 0.0)
     run.states = new_states
     if run.store is not None:
         run.store.append(pname, theta, info)

@@ -236,7 +236,10 @@ def run_checked(run, args):
     rounds = runstate.info_dict(out[1][1])["rounds"]
     if not np.any(np.asarray(distributed.to_host(rounds))[:, :count] == NEEDS_FULL_PASS):
         return out
+    tc = time.perf_counter()
     run.compiled = whole_chunk(run, args)
+    run.recompile_s = time.perf_counter() - tc  # (compile time, not the chunk's: run.chunks.run_chunk)
+    run.timings["compile_s"] += run.recompile_s
     return run.compiled(*args)
 
 
@@ -245,7 +248,8 @@ def whole_chunk(run, args):
     kept with the chunk's entry, loaded from tallmh's executable cache or compiled (and stored)."""
     entry = run.entry
     if entry.get("whole") is None:
-        fn = jax.jit(chains_run(run.kernel, run.length, run.audit_on, defer_audit(run)))  # (a trace of its own)
+        fn = jax.jit(chains_run(entry.get("kernel", run.kernel), run.length, run.audit_on,  # (a trace of its own)
+                                defer_audit(run)))
         dkey = disk_key(run, run.length, args)
         compiled = _exec_cache.load(dkey)
         if compiled is None:
