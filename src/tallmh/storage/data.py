@@ -82,7 +82,7 @@ def validate_data(data, check_finite: bool = True, in_place: bool = False, defer
     """
     from . import datasource as ds
 
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(data, is_leaf=ds._is_leaf)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(data, is_leaf=ds.is_data_leaf)
     if not leaves:
         raise DataError("data has no arrays: pass a pytree of arrays with a leading axis of length N")
     lengths = {}

@@ -156,7 +156,7 @@ def _aliases(x, mm) -> bool:
         return False
 
 
-def _canonical(dtype) -> np.dtype:
+def canonical_dtype(dtype) -> np.dtype:
     return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
@@ -179,7 +179,7 @@ def host_leaf(mm: np.ndarray, gather: str = "auto", name: str = "data", checked:
 
         raise ConfigError(f"gather must be one of {_MODES}; got {gather!r}")
     _check_array(mm, name)
-    want = _canonical(mm.dtype)
+    want = canonical_dtype(mm.dtype)
     if gather != "callback":
         reason = None
         if jax.default_backend() != "cpu":
@@ -322,7 +322,7 @@ def in_place_leaf(arr, checked: bool = False):
         return None
     if jax.default_backend() != "cpu" or jax.device_count() != 1 or jax.process_count() != 1:
         return None
-    if arr.dtype != _canonical(arr.dtype) or not arr.flags.c_contiguous or not arr.flags.aligned:
+    if arr.dtype != canonical_dtype(arr.dtype) or not arr.flags.c_contiguous or not arr.flags.aligned:
         return None
     if arr.dtype.itemsize > _ALIGN or _ALIGN % arr.dtype.itemsize:
         return None
@@ -419,13 +419,13 @@ def is_host_leaf(leaf) -> bool:
     return isinstance(leaf, (HostArray, InPlaceArray)) or memmap_of(leaf) is not None
 
 
-def _is_leaf(x):
+def is_data_leaf(x):
     return isinstance(x, (HostArray, InPlaceArray))
 
 
 def leaves_of(data):
     """The data's leaves, a :class:`HostArray` counting as one leaf."""
-    return jax.tree_util.tree_leaves(data, is_leaf=_is_leaf)
+    return jax.tree_util.tree_leaves(data, is_leaf=is_data_leaf)
 
 
 def is_out_of_core(data) -> bool:
@@ -568,7 +568,7 @@ def _rows_of(leaf, a: int, b: int):
         return np.asarray(leaf.array[a:b], leaf.dtype)
     mm = memmap_of(leaf)
     if mm is not None:
-        return np.asarray(mm[a:b], _canonical(mm.dtype))
+        return np.asarray(mm[a:b], canonical_dtype(mm.dtype))
     view = host_view(leaf) if isinstance(leaf, jax.Array) else None
     if view is not None:  # (a NumPy slice: slicing a jax.Array compiles a program per shape)
         return view[a:b]
@@ -591,7 +591,7 @@ def host_reader(data):
     """``read(a, b)``: rows ``[a, b)`` of every leaf as NumPy arrays in the dtype compiled code sees (the leaf's
     canonical dtype), where every leaf lies in host memory or in a file (read with no device program); None
     where a leaf lives on an accelerator (it would first be copied whole to the host)."""
-    leaves, tree = jax.tree_util.tree_flatten(data, is_leaf=_is_leaf)
+    leaves, tree = jax.tree_util.tree_flatten(data, is_leaf=is_data_leaf)
     srcs = []
     for leaf in leaves:
         mm = memmap_of(leaf) if is_host_leaf(leaf) else None
@@ -601,7 +601,7 @@ def host_reader(data):
         src = mm if mm is not None else host_view(leaf)
         if src is None:
             return None
-        srcs.append((src, _canonical(src.dtype)))
+        srcs.append((src, canonical_dtype(src.dtype)))
 
     def read(a: int, b: int):
         return jax.tree_util.tree_unflatten(tree, [np.asarray(src[a:b], dt) for src, dt in srcs])
@@ -611,7 +611,7 @@ def host_reader(data):
 
 def read_rows(data, a: int, b: int):
     """Rows ``[a, b)`` of every leaf, as in-memory arrays (outside compiled code)."""
-    return jax.tree_util.tree_map(lambda x: _rows_of(x, a, b), data, is_leaf=_is_leaf)
+    return jax.tree_util.tree_map(lambda x: _rows_of(x, a, b), data, is_leaf=is_data_leaf)
 
 
 def _combine_default(a, b, path=""):
@@ -647,7 +647,7 @@ def setup_stats(model, data, n: int):
             return _setup_streamed(setup, _combine_default, data, n)
         except ModelError:
             return setup(jax.tree_util.tree_map(lambda a: np.asarray(a) if isinstance(a, InPlaceArray) else a,
-                                                data, is_leaf=_is_leaf))
+                                                data, is_leaf=is_data_leaf))
     return _setup_streamed(setup, combine if callable(combine) else _combine_default, data, n)
 
 
@@ -773,7 +773,7 @@ _TAPS: dict = {}  # id(data) -> StatsTap, while a set-up runs on that data (tapp
 def _positions(data, leaves) -> list:
     """``(position among the data's leaves, name, leaf)`` of each of ``leaves``."""
     ids = {id(a) for a in leaves}
-    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0]
+    paths = jax.tree_util.tree_flatten_with_path(data, is_leaf=is_data_leaf)[0]
     return [(i, jax.tree_util.keystr(p) or "data", a) for i, (p, a) in enumerate(paths) if id(a) in ids]
 
 
@@ -793,7 +793,7 @@ def _setup_checked(model):
 
 def _top_key(data, position):
     """The top-level dict key of the data's leaf at ``position`` (None where the data is not a dict)."""
-    path = jax.tree_util.tree_flatten_with_path(data, is_leaf=_is_leaf)[0][position][0]
+    path = jax.tree_util.tree_flatten_with_path(data, is_leaf=is_data_leaf)[0][position][0]
     return getattr(path[0], "key", None) if path else None
 
 
@@ -802,7 +802,7 @@ def _check_rows(rows, unchecked, a, b, how):
     (rows ``[a, b)`` of the data, host arrays)."""
     if not unchecked:
         return
-    leaves = jax.tree_util.tree_leaves(rows, is_leaf=_is_leaf)
+    leaves = jax.tree_util.tree_leaves(rows, is_leaf=is_data_leaf)
     for i, name, _ in unchecked:
         block = np.asarray(leaves[i])
         if np.issubdtype(block.dtype, np.inexact):
@@ -893,4 +893,4 @@ def describe(data) -> Any:
             return "in_place"
         return "zero_copy" if memmap_of(x) is not None else "memory"
 
-    return jax.tree_util.tree_map(kind, data, is_leaf=_is_leaf)
+    return jax.tree_util.tree_map(kind, data, is_leaf=is_data_leaf)

@@ -73,14 +73,14 @@ class _Pool:
 def _sources(data):
     """``(tree, [(path, offset, row bytes, dtype, row shape, rows)])`` for the data's leaves, or None where a leaf is
     not a whole ``.npy`` memory map in the dtype compiled code sees."""
-    from .datasource import _canonical, _is_leaf, is_host_leaf, memmap_of
+    from .datasource import canonical_dtype, is_data_leaf, is_host_leaf, memmap_of
 
-    leaves, tree = jax.tree_util.tree_flatten(data, is_leaf=_is_leaf)
+    leaves, tree = jax.tree_util.tree_flatten(data, is_leaf=is_data_leaf)
     srcs = []
     for leaf in leaves:
         mm = memmap_of(leaf) if is_host_leaf(leaf) else None
         if not isinstance(mm, np.memmap) or getattr(mm, "filename", None) is None or not mm.flags.c_contiguous \
-                or _canonical(mm.dtype) != mm.dtype or mm.ndim < 1:
+                or canonical_dtype(mm.dtype) != mm.dtype or mm.ndim < 1:
             return None
         if not isinstance(getattr(mm, "offset", None), int) or mm.offset < 0:
             return None
