@@ -233,7 +233,7 @@ def run_checked(run, args):
     from ..acceptance.thinning import NEEDS_FULL_PASS
 
     count = int(np.asarray(args[4]))
-    rounds = runstate.info_dict(out[1][1])["rounds"]
+    rounds = threads.wait(runstate.info_dict(out[1][1])["rounds"])  # (Ctrl-C seen while the chunk runs)
     if not np.any(np.asarray(distributed.to_host(rounds))[:, :count] == NEEDS_FULL_PASS):
         return out
     tc = time.perf_counter()
