@@ -45,30 +45,6 @@ def test_each_mode_is_its_proposal(mode):
     np.testing.assert_allclose(float(lq), float(lq2), rtol=1e-3, atol=1e-3)
 
 
-def test_the_guarded_draw_is_the_same_draw():
-    """With ``guard`` (the kernel's shared predicate: the Gaussian draw made in a conditional's branch of its own,
-    stored once) each chain's theta' and log q ratio are those without it, to float rounding, both modes, chains
-    side by side under vmap with the guard shared; negative control: a false guard (no draw) gives other values."""
-    c, cov = _laplace()
-    choice = tm.proposals.LaplaceChoice(rho=0.3, mala_step=0.8)
-    thetas = jnp.asarray(c + np.random.default_rng(1).normal(size=(3, c.size)), jnp.float32)
-    keys = jax.random.split(jax.random.PRNGKey(5), 3)
-    for mode in (0, 1):
-        st = jax.vmap(lambda t: choice.init(t, 100, jnp.asarray(cov, jnp.float32), jnp.asarray(c, jnp.float32)))(thetas)
-        st = st._replace(mode=jnp.full((3,), mode, jnp.int32))
-
-        def run(guard):
-            fn = jax.jit(jax.vmap(lambda k, t, s, g: choice.propose(k, t, s, guard=g), in_axes=(0, 0, 0, None)))
-            return fn(keys, thetas, st, guard)
-
-        tp, lq = jax.jit(jax.vmap(choice.propose))(keys, thetas, st)
-        tpg, lqg = run(jnp.bool_(True))
-        np.testing.assert_allclose(np.asarray(tpg), np.asarray(tp), rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(lqg), np.asarray(lq), rtol=1e-5, atol=1e-5)
-        tp0, _ = run(jnp.bool_(False))
-        assert not np.allclose(np.asarray(tp0), np.asarray(tp), rtol=1e-3, atol=1e-3)
-
-
 def test_only_crank_nicolson_adapts():
     c, cov = _laplace()
     theta = jnp.asarray(c, jnp.float32)

@@ -290,16 +290,6 @@ def _audit_decision(oracle, key, problem, in_support, audit):
     return jax.lax.cond(audit, run_audit, no_audit)
 
 
-def _proposed(proposal, key, state, step_index):
-    """``proposal.propose`` at the chain's state; a proposal that ``takes_guard`` is given a predicate true for every
-    step index, shared by the chains (the index is) and not folded by XLA, so that it can make its draws once in a
-    conditional's branch (:meth:`tallmh.proposals.LaplaceChoice.propose`)."""
-    if getattr(proposal, "takes_guard", False):
-        g = jnp.asarray(step_index)
-        return proposal.propose(key, state.theta, state.proposal, guard=(g >= 0) | (g < 0))
-    return proposal.propose(key, state.theta, state.proposal)
-
-
 def _adapted(proposal, pstate, theta, acc, step_index, adapt):
     """The proposal's state after the step: adapted when ``adapt`` (a Python or traced bool) is on."""
     if isinstance(adapt, bool):
@@ -362,7 +352,7 @@ def build_kernel(model, proposal, test, n: int, unravel, stats=None, cv_order=No
             theta_p, log_q = proposal.propose_with_data(
                 k_prop, state.theta, state.proposal, grad_estimate(data, cv), n)
         else:
-            theta_p, log_q = _proposed(proposal, k_prop, state, step_index)
+            theta_p, log_q = proposal.propose(k_prop, state.theta, state.proposal)
         lp_p = jnp.asarray(model.log_prior(unravel(theta_p)), dtype)
         # Support: a proposal with -inf (or NaN) prior or proposal ratio, or a non-finite theta', is rejected
         # without reading data: its log_base is set to -inf, for which every test reads nothing and rejects.

@@ -44,7 +44,6 @@ class LaplaceChoice:
     needs_data = False
     uses_center = uses_cov_hint = True
     selects = True  # the runner chooses the mode in warmup
-    takes_guard = True  # propose(..., guard=): see there
 
     def __init__(self, rho: float = 0.0, target_accept: float = 0.25, mala_step=None):
         if not 0.0 <= rho < 1.0:
@@ -70,19 +69,9 @@ class LaplaceChoice:
         lap = LaplaceState(c, L, Linv, jnp.asarray(np.log1p(-self.rho), theta.dtype))
         return ChoiceState(lap, jnp.zeros((), jnp.int32), jnp.asarray(e, theta.dtype))
 
-    def propose(self, key, theta, state: ChoiceState, guard=None):
-        """``guard``: a boolean the caller knows is true that is shared by the chains (not batched) and that the
-        compiler cannot fold; the Gaussian draw is then made in a conditional's branch of its own, so that it is
-        stored once and read by its uses (XLA otherwise re-emits Threefry's rounds into each fusion that reads the
-        draw: about a sixth of the exact default's chain). The law is the same; the draws may differ from an
-        unguarded call's in their last bit (where the compiler contracts a multiply into an add)."""
+    def propose(self, key, theta, state: ChoiceState):
         lap = state.lap
-
-        def normal(k):
-            return jax.random.normal(k, theta.shape, theta.dtype)
-
-        xi = normal(key) if guard is None else \
-            jax.lax.cond(guard, normal, lambda k: jnp.zeros(theta.shape, theta.dtype), key)
+        xi = jax.random.normal(key, theta.shape, theta.dtype)
         z = lap.chol_inv @ (theta - lap.center)
         # Crank-Nicolson: reversible for N(0, I) in whitened coordinates
         r = -jnp.expm1(lap.log_gap)
