@@ -148,6 +148,8 @@ def test_numpy_data_at_another_offset_hits_the_cache(tmp_path):
     """Small NumPy arrays land at malloc-dependent offsets within 64 bytes: a second process whose arrays sit
     elsewhere compiles nothing (they are copied into aligned buffers, not read in place at their offset)."""
     first = _run(tmp_path, "numpy-at-4")
-    assert first["misses"] >= 5
+    assert first["misses"] >= 4  # (the set-up's programs; the chain goes to tallmh's own store, not JAX's cache)
+    assert first["loaded"] == 0
     second = _run(tmp_path, "numpy-at-36")
     assert second["misses"] == 0 and second["hits"] + second["loaded"] >= first["misses"], (first, second)
+    assert second["loaded"] >= 1, second  # (the chain, from tallmh's own store)
