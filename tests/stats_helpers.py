@@ -43,3 +43,14 @@ def means_agree(a, b, p=0.01):
     z = [(a[..., j].mean() - b[..., j].mean()) / np.hypot(mcse_mean(a[..., j]), mcse_mean(b[..., j]))
          for j in range(d)]
     return bool(np.all(np.abs(z) < zcrit)), np.round(z, 2)
+
+
+def npy_files(tmp_path, data):
+    """``data`` (a dict of arrays) written to one ``.npy`` file per key under ``tmp_path`` and opened with
+    ``tm.data.from_npy``: the same rows, read from files."""
+    import tallmh as tm
+
+    paths = {k: str(tmp_path / f"{k}.npy") for k in data}
+    for k, p in paths.items():
+        np.save(p, data[k])
+    return tm.data.from_npy(paths)

@@ -13,14 +13,13 @@ from tallmh import setup_passes as setup
 from tallmh.storage import datasource as ds
 from tallmh.storage import direct_read
 
+from .stats_helpers import npy_files
+
 
 def _files(tmp_path, n, d, dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
     data = {"X": rng.standard_normal((n, d)).astype(dtype), "y": (rng.random(n) < 0.4).astype(np.float32)}
-    paths = {k: str(tmp_path / f"{k}.npy") for k in data}
-    for k, p in paths.items():
-        np.save(p, data[k])
-    return data, tm.data.from_npy(paths)
+    return data, npy_files(tmp_path, data)
 
 
 @pytest.mark.parametrize("d", [1, 3, 11])
@@ -54,10 +53,7 @@ def test_the_pass_gives_the_same_sums_with_direct_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(setup, "_BLOCK_CHUNKS", 2)  # (several blocks, the last one short)
     monkeypatch.setattr(setup, "_CHUNK", 512)
     data, theta = tm.models.LogisticRegression.simulate(5000, d=3, seed=2)
-    paths = {k: str(tmp_path / f"{k}.npy") for k in data}
-    for k, p in paths.items():
-        np.save(p, data[k])
-    src = tm.data.from_npy(paths)
+    src = npy_files(tmp_path, data)
     t0 = jnp.asarray(theta, jnp.float32)
     vgh = setup._newton_chunk_fns(tm.models.LogisticRegression(), lambda x: x, t0)[0]
     used = []

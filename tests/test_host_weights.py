@@ -13,6 +13,7 @@ from tallmh import setup_passes as setup
 from tallmh.storage import datasource as ds
 from tallmh.models.logistic import LogisticCubicBound, LogisticLocalBound
 
+from .stats_helpers import npy_files
 from .test_fused_table import fused_search, heavy_rows
 
 
@@ -71,10 +72,7 @@ def test_full_pass_hands_the_host_parts_in_row_order_beside_unchanged_sums(monke
     monkeypatch.setattr(setup, "_CHUNK", 512)
     data, theta = tm.models.LogisticRegression.simulate(5000, d=3, seed=2)
     if where == "files":
-        paths = {k: str(tmp_path / f"{k}.npy") for k in data}
-        for k, p in paths.items():
-            np.save(p, data[k])
-        src = tm.data.from_npy(paths)
+        src = npy_files(tmp_path, data)
     else:
         src = jax.tree_util.tree_map(jnp.asarray, data)
     model = tm.models.LogisticRegression()
@@ -93,17 +91,11 @@ def test_full_pass_hands_the_host_parts_in_row_order_beside_unchanged_sums(monke
         assert (a, b) == (a2, b2) and np.array_equal(rows, data["X"][a:b])
 
 
-def test_over_files_the_compiled_blocks_do_not_wait_for_a_slow_host_part(monkeypatch, tmp_path):
+def test_over_files_the_compiled_blocks_do_not_wait_for_a_slow_host_part(tmp_path):
     import time
 
-    monkeypatch.setattr(setup, "_BLOCK_CHUNKS", 2)
-    monkeypatch.setattr(setup, "_CHUNK", 512)
-    data, theta = tm.models.LogisticRegression.simulate(9000, d=3, seed=4)
-    paths = {k: str(tmp_path / f"{k}.npy") for k in data}
-    for k, p in paths.items():
-        np.save(p, data[k])
-    src = tm.data.from_npy(paths)
-    vgh = setup._newton_chunk_fns(tm.models.LogisticRegression(), lambda x: x, jnp.asarray(theta, jnp.float32))[0]
+    data, _ = tm.models.LogisticRegression.simulate(9000, d=3, seed=4)
+    src = npy_files(tmp_path, data)
     events = []
 
     def part(rows, a, b):

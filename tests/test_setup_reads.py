@@ -2,13 +2,14 @@
 recognition, the centre's Newton passes, the bounds) is counted in ``result.setup_items``, and its time in the
 set-up's (tallmh.setup_reads)."""
 
-import numpy as np
 import pytest
 
 import tallmh as tm
 from tallmh import hierarchical, setup_reads
 
-pm = pytest.importorskip("pymc")
+pytest.importorskip("pymc")
+
+from .test_glm_effects import _groups_model  # noqa: E402 - (needs PyMC)
 
 
 def test_the_ledger_counts_inside_its_block_only_and_nests():
@@ -23,26 +24,11 @@ def test_the_ledger_counts_inside_its_block_only_and_nests():
     assert outer[0] == 7
 
 
-def _model(n=600, groups=6, seed=2):
-    rng = np.random.default_rng(seed)
-    g = rng.integers(0, groups, n)
-    x = rng.normal(size=n)
-    a = rng.normal(0, 0.5, groups)
-    y = (rng.random(n) < 1 / (1 + np.exp(-(-0.5 + 0.8 * x + a[g])))).astype(int)
-    with pm.Model() as m:
-        gi = pm.Data("g_idx", g)
-        mu = pm.Normal("mu", 0, 2)
-        b = pm.Normal("b", 0, 2)
-        s = pm.HalfNormal("s", 1)
-        u = pm.Normal("u", 0, s, shape=groups)
-        pm.Bernoulli("y", logit_p=mu + b * x + u[gi], observed=y)
-    return tm.from_pymc(m)
-
-
 @pytest.mark.filterwarnings("ignore::tallmh.TrustWarning")
 def test_the_automatic_programs_reads_are_in_setup_items():
-    model, data = _model()
-    n = 600
+    n_j = (100,) * 6
+    model, data = _groups_model(n_j)
+    n = sum(n_j)
     with setup_reads.counting() as ledger:
         got = hierarchical.auto_program(model, data)
     assert got is not None and "glm_effects" in got[1].blocks[-1].label
