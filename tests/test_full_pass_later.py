@@ -23,8 +23,10 @@ def _same(a, b):
         np.testing.assert_array_equal(np.asarray(a.stats[k]), np.asarray(b.stats[k]), err_msg=k)
 
 
-@pytest.mark.parametrize("max_rate, switches", [(None, 0), (1.0, 1), (0.02, 1)])
-def test_the_draws_are_the_whole_programs(monkeypatch, max_rate, switches):
+# (read: whether the discarded first run of the chunk made again read rows; at max_rate 0.02 every step of it
+# falls back, and a step that falls back reads none in that program)
+@pytest.mark.parametrize("max_rate, switches, read", [(None, 0, False), (1.0, 1, True), (0.02, 1, False)])
+def test_the_draws_are_the_whole_programs(monkeypatch, max_rate, switches, read):
     monkeypatch.setattr(programs, "FULL_PASS_LATER", False)
     whole = _run(max_rate)
     monkeypatch.setattr(programs, "FULL_PASS_LATER", True)
@@ -39,6 +41,8 @@ def test_the_draws_are_the_whole_programs(monkeypatch, max_rate, switches):
     full = np.asarray(whole.stats["n_data"]) >= 2000  # (steps that took the full pass)
     assert full.any() == bool(switches)
     _same(whole, later)
+    # every row read is counted: a chunk made again adds the rows its first run read
+    assert (later.setup_items > whole.setup_items) == read and later.setup_items >= whole.setup_items
 
 
 def test_a_chunk_not_made_again_would_differ(monkeypatch):

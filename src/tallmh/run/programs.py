@@ -225,7 +225,8 @@ def run_checked(run, args):
     """The chunk's outputs for ``args``: from ``run.compiled``, and where that program left the full pass out and a
     step needed it (``rounds == NEEDS_FULL_PASS`` among the chunk's first ``count`` steps), from the whole program
     (:func:`whole_chunk`, compiled then), which ``run.compiled`` is from then on. Both programs decide every other
-    step alike, bit for bit, so the draws are those of the whole program from the start."""
+    step alike, bit for bit, so the draws are those of the whole program from the start. The rows the first run of
+    such a chunk read are added to ``run.setup_items``."""
     out = run.compiled(*args)
     entry = getattr(run, "entry", None)
     if entry is None or run.compiled is not entry.get("compiled") or not full_pass_later(run):
@@ -236,6 +237,9 @@ def run_checked(run, args):
     rounds = threads.wait(runstate.info_dict(out[1][1])["rounds"])  # (Ctrl-C seen while the chunk runs)
     if not np.any(np.asarray(distributed.to_host(rounds))[:, :count] == NEEDS_FULL_PASS):
         return out
+    # the rows the discarded run read are counted too, as a one-off of the set-up's kind (the chunk is made again)
+    n_data = runstate.info_dict(out[1][1])["n_data"]
+    run.setup_items += int(np.sum(np.asarray(distributed.to_host(n_data), np.int64)[:, :count]))
     tc = time.perf_counter()
     run.compiled = whole_chunk(run, args)
     run.recompile_s = time.perf_counter() - tc  # (compile time, not the chunk's: run.chunks.run_chunk)
